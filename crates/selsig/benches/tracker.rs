@@ -1,0 +1,82 @@
+//! Cost of the tracker per work request: post, then handle the completions of the
+//! signaled ones and collect every retired work request, for several signal intervals.
+//!
+//! The provider is not involved: this is the bookkeeping selsig adds to each work request.
+//! `post_and_retire` reads the clock once per round (fill the queue, then handle the
+//! completions), as a driver does; `distinct_timestamps` gives every work request its own
+//! instant, the worst case for the lag histogram.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use selsig::{Policy, SendTracker, Signal, TrackerConfig, WcStatus, WorkCompletion};
+
+/// Work requests per measured iteration.
+const BATCH: u64 = 4096;
+/// Send-queue depth (a typical `max_send_wr`).
+const DEPTH: u32 = 256;
+
+fn post_and_retire(c: &mut Criterion) {
+    bench(c, "post_and_retire", false);
+}
+
+fn distinct_timestamps(c: &mut Criterion) {
+    bench(c, "distinct_timestamps", true);
+}
+
+fn bench(c: &mut Criterion, name: &str, per_wr_instant: bool) {
+    let mut group = c.benchmark_group(name);
+    group.throughput(Throughput::Elements(BATCH));
+    let start = Instant::now();
+    let instants: Vec<Instant> = (0..BATCH)
+        .map(|i| start + Duration::from_nanos(i * 7))
+        .collect();
+    for every in [1u32, 16, 64] {
+        group.bench_with_input(BenchmarkId::new("every", every), &every, |b, &every| {
+            let now = Instant::now();
+            let config = TrackerConfig::new(DEPTH, DEPTH).policy(Policy::Every(every));
+            let mut tracker: SendTracker<u64> =
+                SendTracker::new(config, now).expect("valid config");
+            let mut signaled: Vec<u64> = Vec::with_capacity(DEPTH as usize);
+            b.iter(|| {
+                let mut sum = 0u64;
+                let mut posted = 0u64;
+                while posted < BATCH {
+                    // Fill the queue like an application that posts until full, then polls.
+                    let now = Instant::now();
+                    while posted < BATCH {
+                        let at = if per_wr_instant {
+                            instants[posted as usize]
+                        } else {
+                            now
+                        };
+                        match tracker.post(posted, Signal::Auto, at) {
+                            Ok(p) => {
+                                posted += 1;
+                                if p.signaled() {
+                                    signaled.push(p.seq.wr_id());
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    for &seq in &signaled {
+                        let wc = WorkCompletion::new(seq, WcStatus::Success, 0);
+                        if tracker.handle_completion(&wc, now).is_ok() {
+                            while let Some(r) = tracker.poll_retired() {
+                                sum = sum.wrapping_add(r.payload);
+                            }
+                        }
+                    }
+                    signaled.clear();
+                }
+                black_box(sum)
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, post_and_retire, distinct_timestamps);
+criterion_main!(benches);

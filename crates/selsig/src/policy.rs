@@ -1,0 +1,253 @@
+//! Signaling policies: which work requests ask for a completion.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Decides which work requests are posted with `IBV_SEND_SIGNALED`.
+///
+/// Whatever the policy, the tracker also signals a work request when the caller asks for
+/// it and when leaving it unsignaled could deadlock the queue (see
+/// [`SendTracker`](crate::SendTracker)), so `Never` still signals before the queue fills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Signal the `n`-th work request after the previous signaled one: at most `n - 1`
+    /// unsignaled work requests in a row. `Every(1)` signals everything.
+    Every(u32),
+    /// Signal every work request (the same as `Every(1)`).
+    Always,
+    /// Signal only when forced (by the caller, or to keep the queue from deadlocking).
+    Never,
+    /// Bound both the completion rate and the confirmation lag: signal when the run of
+    /// unsignaled work requests would reach `max_unsignaled`, or when the oldest work
+    /// request of that run was posted `max_lag` or longer ago. A caller with nothing more to
+    /// post confirms the run at [`SendTracker::next_deadline`](crate::SendTracker::next_deadline).
+    Adaptive {
+        /// Signal at the latest every `max_unsignaled`-th work request.
+        max_unsignaled: u32,
+        /// Signal when the oldest unsignaled work request of the run is this old.
+        max_lag: Duration,
+    },
+}
+
+impl Policy {
+    /// The policy perftest's `--cq-mod n` applies: signal every `n`-th work request.
+    pub const fn every(n: u32) -> Policy {
+        Policy::Every(n)
+    }
+
+    /// Checks the policy's parameters.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        match *self {
+            Policy::Every(0) => Err(PolicyError::ZeroInterval),
+            Policy::Adaptive {
+                max_unsignaled: 0, ..
+            } => Err(PolicyError::ZeroInterval),
+            _ => Ok(()),
+        }
+    }
+
+    /// The longest run of work requests the policy allows between signals, if bounded.
+    pub const fn interval(&self) -> Option<u32> {
+        match *self {
+            Policy::Every(n) => Some(n),
+            Policy::Always => Some(1),
+            Policy::Never => None,
+            Policy::Adaptive { max_unsignaled, .. } => Some(max_unsignaled),
+        }
+    }
+}
+
+impl Default for Policy {
+    /// `Every(4)`: the seed example's policy.
+    fn default() -> Self {
+        Policy::Every(4)
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::Every(n) => write!(f, "every:{n}"),
+            Policy::Always => f.write_str("always"),
+            Policy::Never => f.write_str("never"),
+            Policy::Adaptive {
+                max_unsignaled,
+                max_lag,
+            } => write!(f, "adaptive:{max_unsignaled},{}", DisplayDuration(*max_lag)),
+        }
+    }
+}
+
+/// Why a policy is invalid or could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// An interval or budget of zero work requests.
+    #[error("the signal interval must be at least 1")]
+    ZeroInterval,
+    /// The text is not one of the known forms.
+    #[error(
+        "unknown policy {0:?}: expected every:N, always, never or adaptive:N,LAG (e.g. adaptive:64,50us)"
+    )]
+    Unknown(String),
+    /// A number could not be read.
+    #[error("invalid number {text:?} in policy: {reason}")]
+    Number {
+        /// The text that is not a number.
+        text: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A duration could not be read.
+    #[error(
+        "invalid duration {0:?} in policy: expected a number followed by ns, us, ms or s (e.g. 50us)"
+    )]
+    Duration(String),
+}
+
+impl FromStr for Policy {
+    type Err = PolicyError;
+
+    /// Parses `every:N`, `always`, `never`, `adaptive:N,LAG` (`LAG` such as `50us`, `2ms`),
+    /// or `adaptive:max_unsignaled=N,max_lag=LAG`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        let (name, args) = match s.split_once(':') {
+            Some((name, args)) => (name.trim(), Some(args.trim())),
+            None => (s, None),
+        };
+        let policy = match (name.to_ascii_lowercase().as_str(), args) {
+            ("always", None) => Policy::Always,
+            ("never", None) => Policy::Never,
+            ("every", Some(n)) => Policy::Every(parse_u32(n)?),
+            ("adaptive", Some(args)) => {
+                let mut max_unsignaled = None;
+                let mut max_lag = None;
+                for (i, part) in args.split(',').map(str::trim).enumerate() {
+                    match (i, part.split_once('=')) {
+                        (_, Some(("max_unsignaled" | "budget", v))) => {
+                            max_unsignaled = Some(parse_u32(v.trim())?)
+                        }
+                        (_, Some(("max_lag" | "lag", v))) => {
+                            max_lag = Some(parse_duration(v.trim())?)
+                        }
+                        (0, None) => max_unsignaled = Some(parse_u32(part)?),
+                        (1, None) => max_lag = Some(parse_duration(part)?),
+                        _ => return Err(PolicyError::Unknown(s.to_string())),
+                    }
+                }
+                match (max_unsignaled, max_lag) {
+                    (Some(max_unsignaled), Some(max_lag)) => Policy::Adaptive {
+                        max_unsignaled,
+                        max_lag,
+                    },
+                    _ => return Err(PolicyError::Unknown(s.to_string())),
+                }
+            }
+            _ => return Err(PolicyError::Unknown(s.to_string())),
+        };
+        policy.validate()?;
+        Ok(policy)
+    }
+}
+
+fn parse_u32(text: &str) -> Result<u32, PolicyError> {
+    text.parse::<u32>().map_err(|e| PolicyError::Number {
+        text: text.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// Parses `123ns`, `50us`, `2ms`, `1s` (also `µs`); a bare number is not accepted.
+pub fn parse_duration(text: &str) -> Result<Duration, PolicyError> {
+    let bad = || PolicyError::Duration(text.to_string());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .filter(|&i| i > 0)
+        .ok_or_else(bad)?;
+    let (num, unit) = text.split_at(split);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let nanos_per_unit: u64 = match unit.trim() {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(nanos_per_unit)
+        .map(Duration::from_nanos)
+        .ok_or_else(bad)
+}
+
+/// Formats a duration the way [`parse_duration`] reads it, in the largest exact unit.
+struct DisplayDuration(Duration);
+
+impl fmt::Display for DisplayDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ns = self.0.as_nanos();
+        for (unit, per) in [("s", 1_000_000_000u128), ("ms", 1_000_000), ("us", 1_000)] {
+            if ns >= per && ns % per == 0 {
+                return write!(f, "{}{unit}", ns / per);
+            }
+        }
+        write!(f, "{ns}ns")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form() {
+        assert_eq!("every:4".parse(), Ok(Policy::Every(4)));
+        assert_eq!(" always ".parse(), Ok(Policy::Always));
+        assert_eq!("never".parse(), Ok(Policy::Never));
+        let adaptive = Policy::Adaptive {
+            max_unsignaled: 64,
+            max_lag: Duration::from_micros(50),
+        };
+        assert_eq!("adaptive:64,50us".parse(), Ok(adaptive));
+        assert_eq!(
+            "adaptive:max_lag=50us,max_unsignaled=64".parse(),
+            Ok(adaptive)
+        );
+        assert_eq!("adaptive:budget=64,lag=50000ns".parse(), Ok(adaptive));
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for p in [
+            Policy::Every(7),
+            Policy::Always,
+            Policy::Never,
+            Policy::Adaptive {
+                max_unsignaled: 3,
+                max_lag: Duration::from_millis(2),
+            },
+            Policy::Adaptive {
+                max_unsignaled: 3,
+                max_lag: Duration::from_nanos(1500),
+            },
+        ] {
+            assert_eq!(p.to_string().parse(), Ok(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn rejects_bad_input_with_a_reason() {
+        assert_eq!("every:0".parse::<Policy>(), Err(PolicyError::ZeroInterval));
+        let e = "every:x".parse::<Policy>().unwrap_err().to_string();
+        assert!(e.contains("\"x\""), "{e}");
+        let e = "sometimes".parse::<Policy>().unwrap_err().to_string();
+        assert!(e.contains("sometimes") && e.contains("every:N"), "{e}");
+        let e = "adaptive:4,50".parse::<Policy>().unwrap_err().to_string();
+        assert!(e.contains("\"50\"") && e.contains("us"), "{e}");
+        assert!("adaptive:4".parse::<Policy>().is_err());
+        assert!("every".parse::<Policy>().is_err());
+        assert!("always:3".parse::<Policy>().is_err());
+        assert!(parse_duration("99999999999999999999s").is_err());
+        assert!(parse_duration("18446744073709551615s").is_err());
+    }
+}

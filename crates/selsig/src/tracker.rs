@@ -1,0 +1,1600 @@
+//! The sans-IO send-queue tracker.
+//!
+//! See the [crate documentation](crate) for the call order.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::credits::CqBudget;
+use crate::policy::{Policy, PolicyError};
+use crate::stats::{MAX_LAG_NS, Stats};
+use crate::wc::{WcStatus, WorkCompletion};
+
+/// The sequence number of a work request on one send queue; selsig posts it as the
+/// `wr_id`, so a completion names the work request it belongs to.
+///
+/// Sequence numbers are `u64` and rise by one per work request; they never wrap (at a
+/// billion work requests a second that takes centuries). Providers may count in `u16`
+/// internally; that is theirs to wrap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Seq(pub u64);
+
+impl Seq {
+    /// The value posted as `wr_id`.
+    pub const fn wr_id(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Seq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// What the caller asks of one post.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Signal {
+    /// Let the policy decide (the tracker may still force a signal).
+    #[default]
+    Auto,
+    /// Signal this work request, e.g. the last of a batch.
+    Force,
+}
+
+/// Why a work request was signaled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SignalReason {
+    /// The policy asked for it.
+    Policy,
+    /// The caller asked for it ([`Signal::Force`]).
+    Requested,
+    /// The queue was created with `sq_sig_all`: every work request is signaled.
+    SqSigAll,
+    /// One more unsignaled work request would have made a run as long as the queue: with
+    /// no signaled work request in a full queue, no slot would ever be freed (mlx5). Also
+    /// the work request with the last sequence number, which no marker could follow.
+    Deadlock,
+    /// This work request took the last credit of a shared completion-queue pool; it is
+    /// signaled so that some completion is always on its way while the pool is empty.
+    CqCredit,
+    /// A zero-length marker (`confirm_all`, drain): always signaled.
+    Marker,
+}
+
+impl SignalReason {
+    /// A short lowercase name for traces.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SignalReason::Policy => "policy",
+            SignalReason::Requested => "requested",
+            SignalReason::SqSigAll => "sq_sig_all",
+            SignalReason::Deadlock => "deadlock",
+            SignalReason::CqCredit => "cq_credit",
+            SignalReason::Marker => "marker",
+        }
+    }
+}
+
+/// The decision for one posted work request: its sequence number (post it as `wr_id`)
+/// and whether to set `IBV_SEND_SIGNALED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Posted {
+    /// The sequence number, to be posted as `wr_id`.
+    pub seq: Seq,
+    /// `Some(why)` when the work request must be posted signaled.
+    pub signal: Option<SignalReason>,
+}
+
+impl Posted {
+    /// `true` when the work request must be posted with `IBV_SEND_SIGNALED`.
+    pub const fn signaled(&self) -> bool {
+        self.signal.is_some()
+    }
+}
+
+/// The outcome of one work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// It completed: a later (or its own) successful completion covered it, or the error
+    /// completion of a later work request proved it done.
+    Completed,
+    /// It failed with this status; the queue went to the error state.
+    Failed(WcStatus),
+    /// It was flushed: the queue was in the error state before it executed.
+    Flushed,
+}
+
+impl Outcome {
+    /// A short lowercase name for traces (`completed`, `failed`, `flushed`).
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Failed(_) => "failed",
+            Outcome::Flushed => "flushed",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Failed(status) => write!(f, "failed ({status})"),
+            other => f.write_str(other.as_str()),
+        }
+    }
+}
+
+/// A retired work request handed back to the caller, in posting order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retired<T> {
+    /// Its sequence number.
+    pub seq: Seq,
+    /// The payload given to [`SendTracker::post`]; the provider no longer uses it.
+    pub payload: T,
+    /// What happened to it.
+    pub outcome: Outcome,
+    /// Whether it was posted signaled.
+    pub signaled: bool,
+}
+
+/// The state of the queue as the tracker knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueState {
+    /// Accepting posts.
+    Ready,
+    /// [`SendTracker::start_drain`] was called: no more posts, only markers.
+    Draining,
+    /// A completion reported an error: no more posts; outstanding work requests await
+    /// their flush completions.
+    Error {
+        /// The work request whose completion first reported the error.
+        first: Seq,
+        /// Its status.
+        status: WcStatus,
+    },
+}
+
+/// The settings of one tracker.
+#[derive(Debug, Clone)]
+pub struct TrackerConfig {
+    sq_capacity: u32,
+    cq: CqBudget,
+    policy: Policy,
+    sq_sig_all: bool,
+    first_seq: u64,
+    qp_num: Option<u32>,
+}
+
+impl TrackerConfig {
+    /// A send queue of `sq_capacity` slots (the `cap.max_send_wr` read back from QP
+    /// creation, never the requested value) reporting to a CQ of its own with
+    /// `cq_capacity` slots. Policy `Every(4)`, first sequence number 1.
+    pub fn new(sq_capacity: u32, cq_capacity: u32) -> Self {
+        TrackerConfig {
+            sq_capacity,
+            cq: CqBudget::Exclusive(cq_capacity),
+            policy: Policy::default(),
+            sq_sig_all: false,
+            first_seq: 1,
+            qp_num: None,
+        }
+    }
+
+    /// Sets the signaling policy.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets the completion-queue budget (e.g. a shared pool).
+    pub fn cq(mut self, cq: CqBudget) -> Self {
+        self.cq = cq;
+        self
+    }
+
+    /// The QP was created with `sq_sig_all = 1`: every work request is signaled.
+    pub fn sq_sig_all(mut self, yes: bool) -> Self {
+        self.sq_sig_all = yes;
+        self
+    }
+
+    /// The sequence number of the first work request (default 1).
+    pub fn first_seq(mut self, seq: u64) -> Self {
+        self.first_seq = seq;
+        self
+    }
+
+    /// Completions must carry this QP number; others are refused.
+    pub fn qp_num(mut self, qp_num: u32) -> Self {
+        self.qp_num = Some(qp_num);
+        self
+    }
+}
+
+/// Why a [`TrackerConfig`] is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The send queue has no slot.
+    #[error("the send queue capacity must be at least 1")]
+    ZeroSqCapacity,
+    /// The completion queue has no slot.
+    #[error("the completion queue capacity must be at least 1")]
+    ZeroCqCapacity,
+    /// The first sequence number leaves no room to post.
+    #[error("the first sequence number must be below {}", u64::MAX)]
+    FirstSeqTooHigh,
+    /// The policy is invalid.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+/// Why a post was refused. The payload is handed back untouched.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostError<T> {
+    /// Every slot of the send queue is held by an outstanding work request.
+    #[error("the send queue is full: {capacity} work requests outstanding")]
+    Full {
+        /// The caller's payload.
+        payload: T,
+        /// The send queue's capacity.
+        capacity: u32,
+    },
+    /// The completion queue could not hold one more completion.
+    #[error("the completion queue has no room for one more completion ({capacity} slots)")]
+    CqFull {
+        /// The caller's payload.
+        payload: T,
+        /// The completion queue's capacity.
+        capacity: u32,
+    },
+    /// The queue is in the error state.
+    #[error("the queue is in the error state: work request {first} completed with {status}")]
+    QueueError {
+        /// The caller's payload.
+        payload: T,
+        /// The work request that failed first.
+        first: Seq,
+        /// Its status.
+        status: WcStatus,
+    },
+    /// The queue is draining.
+    #[error("the queue is draining and accepts no more work requests")]
+    Draining {
+        /// The caller's payload.
+        payload: T,
+    },
+    /// No sequence number is left (only reachable with a first sequence number near
+    /// `u64::MAX`).
+    #[error("no sequence number left")]
+    SeqExhausted {
+        /// The caller's payload.
+        payload: T,
+    },
+}
+
+impl<T> PostError<T> {
+    /// The caller's payload.
+    pub fn into_payload(self) -> T {
+        match self {
+            PostError::Full { payload, .. }
+            | PostError::CqFull { payload, .. }
+            | PostError::QueueError { payload, .. }
+            | PostError::Draining { payload }
+            | PostError::SeqExhausted { payload } => payload,
+        }
+    }
+
+    /// The same error with the payload replaced.
+    pub fn map_payload<U>(self, f: impl FnOnce(T) -> U) -> PostError<U> {
+        match self {
+            PostError::Full { payload, capacity } => PostError::Full {
+                payload: f(payload),
+                capacity,
+            },
+            PostError::CqFull { payload, capacity } => PostError::CqFull {
+                payload: f(payload),
+                capacity,
+            },
+            PostError::QueueError {
+                payload,
+                first,
+                status,
+            } => PostError::QueueError {
+                payload: f(payload),
+                first,
+                status,
+            },
+            PostError::Draining { payload } => PostError::Draining {
+                payload: f(payload),
+            },
+            PostError::SeqExhausted { payload } => PostError::SeqExhausted {
+                payload: f(payload),
+            },
+        }
+    }
+
+    /// `true` for the errors that go away once completions are polled (`Full`, `CqFull`).
+    pub fn is_full(&self) -> bool {
+        matches!(self, PostError::Full { .. } | PostError::CqFull { .. })
+    }
+}
+
+/// Why a completion was refused. A refused completion changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompletionError {
+    /// The completion belongs to another QP (retire per QP, never per CQ).
+    #[error("completion for QP {got}, but this send queue is QP {expected}")]
+    WrongQueue {
+        /// This queue's QP number.
+        expected: u32,
+        /// The completion's QP number.
+        got: u32,
+    },
+    /// No work request with this id was ever posted.
+    #[error("completion for wr_id {wr_id}, which was never posted (next is {next})")]
+    Unknown {
+        /// The completion's `wr_id`.
+        wr_id: u64,
+        /// The next sequence number to be posted.
+        next: Seq,
+    },
+    /// The work request was already retired by an earlier completion.
+    #[error("completion for wr_id {wr_id}, which is already retired")]
+    AlreadyRetired {
+        /// The completion's `wr_id`.
+        wr_id: u64,
+    },
+    /// A successful completion for a work request posted unsignaled.
+    #[error("successful completion for wr_id {wr_id}, which was posted unsignaled")]
+    Unsignaled {
+        /// The completion's `wr_id`.
+        wr_id: u64,
+    },
+    /// An earlier signaled work request has not completed yet: completions of one send
+    /// queue arrive in order, so this one cannot come first.
+    #[error(
+        "completion for wr_id {wr_id} out of order: signaled work request {expected} must complete first"
+    )]
+    OutOfOrder {
+        /// The completion's `wr_id`.
+        wr_id: u64,
+        /// The earliest signaled work request still outstanding.
+        expected: Seq,
+    },
+    /// A successful completion after the queue went to the error state.
+    #[error(
+        "successful completion for wr_id {wr_id} after work request {first} failed: the queue is in the error state"
+    )]
+    SuccessAfterError {
+        /// The completion's `wr_id`.
+        wr_id: u64,
+        /// The work request that failed first.
+        first: Seq,
+    },
+}
+
+/// What one accepted completion did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handled {
+    /// The completion's sequence number.
+    pub seq: Seq,
+    /// Work requests (the caller's, not markers) it retired; [`SendTracker::poll_retired`]
+    /// hands them back.
+    pub retired: u64,
+    /// `true` when this completion moved the queue to the error state.
+    pub entered_error: bool,
+}
+
+/// Why [`SendTracker::rollback`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RollbackError {
+    /// The sequence number is not an outstanding work request: it was retired, or never
+    /// posted.
+    #[error(
+        "cannot roll back from {from}: only outstanding work requests {first}..{next} can be handed back"
+    )]
+    NotOutstanding {
+        /// The requested start.
+        from: Seq,
+        /// The first outstanding sequence number.
+        first: Seq,
+        /// The next sequence number to be posted.
+        next: Seq,
+    },
+}
+
+/// Why a slot could not be reserved; turned into a [`PostError`] with the payload.
+enum Refusal {
+    Full(u32),
+    CqFull(u32),
+    SeqExhausted,
+}
+
+impl Refusal {
+    fn with<T>(self, payload: T) -> PostError<T> {
+        match self {
+            Refusal::Full(capacity) => PostError::Full { payload, capacity },
+            Refusal::CqFull(capacity) => PostError::CqFull { payload, capacity },
+            Refusal::SeqExhausted => PostError::SeqExhausted { payload },
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    /// `None` for markers.
+    payload: Option<T>,
+    posted_ns: u64,
+    signal: Option<SignalReason>,
+    /// Meaningful once the entry is retired.
+    outcome: Outcome,
+}
+
+/// Tracks every work request of one RC send queue with selective signaling.
+///
+/// `T` is the caller's payload (a buffer, an id); the tracker holds it from
+/// [`post`](Self::post) until the work request is retired and hands it back through
+/// [`poll_retired`](Self::poll_retired).
+///
+/// The tracker guarantees:
+/// - every posted work request gets exactly one [`Outcome`], handed back in posting order;
+/// - never more outstanding work requests than the send queue's capacity, and never more
+///   than the completion queue can report (every outstanding work request holds a CQ
+///   credit, since errors and flushes produce a completion for each);
+/// - no deadlock: of any `min(sq_capacity, cq_capacity)` consecutive work requests at least
+///   one is signaled, so a full queue always has a signaled work request outstanding; with a
+///   shared CQ pool, the work request that takes the pool's last credit is signaled;
+/// - impossible completions are refused with a [`CompletionError`] and change nothing.
+///
+/// No allocation per work request in steady state: the ring is sized at creation and only
+/// grows if retired work requests are not collected with `poll_retired`.
+#[derive(Debug)]
+pub struct SendTracker<T> {
+    ring: VecDeque<Entry<T>>,
+    first_seq: u64,
+    /// Sequence number of `ring[0]`.
+    head_seq: u64,
+    next_seq: u64,
+    /// Retired entries at the front of the ring, awaiting `poll_retired`.
+    retired: usize,
+    /// Outstanding signaled sequence numbers, oldest first.
+    signaled_seqs: VecDeque<u64>,
+    /// Unsignaled work requests posted since the last signaled one.
+    run: u32,
+    /// `posted_ns` of the first work request of the run (when `run > 0`).
+    run_start_ns: u64,
+    sq_capacity: u32,
+    cq: CqBudget,
+    /// Longest unsignaled run allowed by the deadlock rule, plus one.
+    run_limit: u32,
+    policy: Policy,
+    sq_sig_all: bool,
+    qp_num: Option<u32>,
+    draining: bool,
+    error: Option<(Seq, WcStatus)>,
+    epoch: Instant,
+    /// The last `now` seen and its offset from `epoch` in nanoseconds.
+    last_now: Instant,
+    last_ns: u64,
+    stats: Stats,
+}
+
+impl<T> SendTracker<T> {
+    /// A tracker for a send queue described by `config`; `now` starts its clock.
+    pub fn new(config: TrackerConfig, now: Instant) -> Result<Self, ConfigError> {
+        if config.sq_capacity == 0 {
+            return Err(ConfigError::ZeroSqCapacity);
+        }
+        if config.cq.capacity() == 0 {
+            return Err(ConfigError::ZeroCqCapacity);
+        }
+        if config.first_seq == u64::MAX {
+            return Err(ConfigError::FirstSeqTooHigh);
+        }
+        config.policy.validate()?;
+        let run_limit = match &config.cq {
+            CqBudget::Exclusive(n) => config.sq_capacity.min(*n),
+            CqBudget::Shared(_) => config.sq_capacity,
+        };
+        let slots = config.sq_capacity as usize;
+        Ok(SendTracker {
+            ring: VecDeque::with_capacity(slots + 1),
+            first_seq: config.first_seq,
+            head_seq: config.first_seq,
+            next_seq: config.first_seq,
+            retired: 0,
+            signaled_seqs: VecDeque::with_capacity(slots + 1),
+            run: 0,
+            run_start_ns: 0,
+            sq_capacity: config.sq_capacity,
+            cq: config.cq,
+            run_limit,
+            policy: config.policy,
+            sq_sig_all: config.sq_sig_all,
+            qp_num: config.qp_num,
+            draining: false,
+            error: None,
+            epoch: now,
+            last_now: now,
+            last_ns: 0,
+            stats: Stats::new(),
+        })
+    }
+
+    // ----- getters -------------------------------------------------------------------
+
+    /// Work requests posted and not yet retired (each holds a send-queue slot and a CQ
+    /// credit).
+    pub fn outstanding(&self) -> u32 {
+        // At most sq_capacity entries are outstanding, so this fits.
+        (self.ring.len() - self.retired) as u32
+    }
+
+    /// Outstanding work requests that were posted signaled.
+    pub fn signaled_outstanding(&self) -> u32 {
+        self.signaled_seqs.len() as u32
+    }
+
+    /// Free send-queue slots.
+    pub fn free_slots(&self) -> u32 {
+        self.sq_capacity - self.outstanding()
+    }
+
+    /// How many more work requests could be posted now (slots and CQ credits).
+    pub fn available(&self) -> u32 {
+        let cq_free = match &self.cq {
+            CqBudget::Exclusive(n) => n.saturating_sub(self.outstanding()),
+            CqBudget::Shared(pool) => pool.available(),
+        };
+        self.free_slots().min(cq_free)
+    }
+
+    /// The send queue's capacity.
+    pub fn sq_capacity(&self) -> u32 {
+        self.sq_capacity
+    }
+
+    /// `true` when no work request is outstanding.
+    pub fn is_idle(&self) -> bool {
+        self.outstanding() == 0
+    }
+
+    /// Retired work requests not yet collected with [`poll_retired`](Self::poll_retired)
+    /// (markers included).
+    pub fn pending_retired(&self) -> usize {
+        self.retired
+    }
+
+    /// The sequence number the next post will get.
+    pub fn next_seq(&self) -> Seq {
+        Seq(self.next_seq)
+    }
+
+    /// The first outstanding sequence number (equal to `next_seq` when idle).
+    pub fn first_outstanding(&self) -> Seq {
+        Seq(self.head_seq + self.retired as u64)
+    }
+
+    /// Unsignaled work requests posted since the last signaled one: the tail a
+    /// [`confirm_all`](Self::confirm_all) would confirm. Zero in the error state, where
+    /// nothing can be confirmed any more.
+    pub fn unsignaled_run(&self) -> u32 {
+        if self.error.is_some() { 0 } else { self.run }
+    }
+
+    /// The queue's state.
+    pub fn state(&self) -> QueueState {
+        match (self.error, self.draining) {
+            (Some((first, status)), _) => QueueState::Error { first, status },
+            (None, true) => QueueState::Draining,
+            (None, false) => QueueState::Ready,
+        }
+    }
+
+    /// The signaling policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Statistics so far.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The QP number completions must carry, if set.
+    pub fn qp_num(&self) -> Option<u32> {
+        self.qp_num
+    }
+
+    /// When the unsignaled run must be confirmed to keep the `Adaptive` policy's lag
+    /// bound: a caller with nothing more to post calls [`confirm_all`](Self::confirm_all)
+    /// at this instant. `None` when there is no unsignaled run, the policy has no
+    /// deadline, or the queue is not ready.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match self.policy {
+            Policy::Adaptive { max_lag, .. } if self.run > 0 && self.error.is_none() => {
+                Some(self.epoch + Duration::from_nanos(self.run_start_ns) + max_lag)
+            }
+            _ => None,
+        }
+    }
+
+    // ----- inputs --------------------------------------------------------------------
+
+    /// Changes the signaling policy from the next post on.
+    pub fn set_policy(&mut self, policy: Policy) -> Result<(), PolicyError> {
+        policy.validate()?;
+        self.policy = policy;
+        Ok(())
+    }
+
+    /// Sets the QP number completions must carry.
+    pub fn set_qp_num(&mut self, qp_num: u32) {
+        self.qp_num = Some(qp_num);
+    }
+
+    /// Registers one work request about to be posted and decides whether it is signaled.
+    ///
+    /// Post it with `wr_id = posted.seq.wr_id()` and `IBV_SEND_SIGNALED` when
+    /// `posted.signaled()`. If the provider refuses it (or a later one of the same batch),
+    /// hand it back with [`rollback`](Self::rollback).
+    pub fn post(
+        &mut self,
+        payload: T,
+        signal: Signal,
+        now: Instant,
+    ) -> Result<Posted, PostError<T>> {
+        if let Some((first, status)) = self.error {
+            return Err(PostError::QueueError {
+                payload,
+                first,
+                status,
+            });
+        }
+        if self.draining {
+            return Err(PostError::Draining { payload });
+        }
+        self.push(payload, signal, now)
+    }
+
+    /// Posts a zero-length signaled marker if the unsignaled run is not empty; its
+    /// completion confirms every earlier work request. Post it as a signaled zero-length
+    /// RDMA WRITE with `wr_id = seq`. `Ok(None)`: nothing to confirm beyond what is
+    /// already signaled; poll until [`is_idle`](Self::is_idle).
+    pub fn confirm_all(&mut self, now: Instant) -> Result<Option<Seq>, PostError<()>> {
+        if let Some((first, status)) = self.error {
+            return Err(PostError::QueueError {
+                payload: (),
+                first,
+                status,
+            });
+        }
+        if self.run == 0 {
+            return Ok(None);
+        }
+        self.post_marker(now).map(Some)
+    }
+
+    /// Posts a zero-length signaled marker, in any state: its completion (success, or a
+    /// flush in the error state) retires every earlier work request. Used to drain a queue
+    /// in the error state: move the QP to the error state, post the marker, wait for its
+    /// completion (like the kernel's `ib_drain_sq`). Needs one slot and one CQ credit.
+    pub fn post_marker(&mut self, now: Instant) -> Result<Seq, PostError<()>> {
+        self.reserve().map_err(|refusal| refusal.with(()))?;
+        let now_ns = self.nanos(now);
+        self.record_post(None, Some(SignalReason::Marker), now_ns);
+        Ok(Seq(self.next_seq - 1))
+    }
+
+    /// Stops accepting posts; markers are still accepted. Outstanding work requests retire
+    /// as their completions arrive.
+    pub fn start_drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// Hands back the work requests from `from` on, which the provider did not post (a
+    /// partly failed batch: `bad_wr` and everything after it). They are forgotten as if
+    /// never posted, and their payloads come back in posting order, markers left out.
+    pub fn rollback(&mut self, from: Seq) -> Result<impl Iterator<Item = T> + '_, RollbackError> {
+        let first = self.head_seq + self.retired as u64;
+        if from.0 < first || from.0 > self.next_seq {
+            return Err(RollbackError::NotOutstanding {
+                from,
+                first: Seq(first),
+                next: Seq(self.next_seq),
+            });
+        }
+        let idx = (from.0 - self.head_seq) as usize;
+        let removed = self.ring.len() - idx;
+        while self.signaled_seqs.back().is_some_and(|&s| s >= from.0) {
+            self.signaled_seqs.pop_back();
+        }
+        for entry in self.ring.range(idx..) {
+            match (entry.payload.is_some(), entry.signal) {
+                (false, _) => self.stats.markers -= 1,
+                (true, signal) => {
+                    self.stats.posted -= 1;
+                    if let Some(reason) = signal {
+                        self.stats.signaled -= 1;
+                        match reason {
+                            SignalReason::Requested => self.stats.requested -= 1,
+                            SignalReason::Deadlock | SignalReason::CqCredit => {
+                                self.stats.forced -= 1
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        self.release_credits(removed as u32);
+        self.next_seq = from.0;
+        // The new run: the unsignaled outstanding entries at the end of what stays.
+        let mut run = 0usize;
+        while idx > self.retired + run && self.ring[idx - run - 1].signal.is_none() {
+            run += 1;
+        }
+        self.run = run as u32;
+        if run > 0 {
+            self.run_start_ns = self.ring[idx - run].posted_ns;
+        }
+        Ok(self.ring.drain(idx..).filter_map(|e| e.payload))
+    }
+
+    /// Handles one completion of this send queue, retiring every work request it covers.
+    /// Collect them with [`poll_retired`](Self::poll_retired).
+    ///
+    /// - success for `k` (signaled): retires everything up to `k` as completed;
+    /// - error for `k`: everything before `k` completed, `k` failed, the queue enters the
+    ///   error state;
+    /// - flush for `k`: in the error state, everything up to `k` flushed; otherwise (the QP
+    ///   was moved to the error state without an error completion) everything before `k`
+    ///   completed and `k` flushed, and the queue enters the error state.
+    pub fn handle_completion(
+        &mut self,
+        wc: &WorkCompletion,
+        now: Instant,
+    ) -> Result<Handled, CompletionError> {
+        let result = self.check_completion(wc);
+        let seq = match result {
+            Ok(seq) => seq,
+            Err(e) => {
+                self.stats.rejected_cqes += 1;
+                return Err(e);
+            }
+        };
+        let idx = (seq - self.head_seq) as usize;
+        let now_ns = self.nanos(now);
+        let (before, this, entered_error) = match (wc.status, self.error) {
+            (WcStatus::Success, _) => {
+                self.stats.success_cqes += 1;
+                (Outcome::Completed, Outcome::Completed, false)
+            }
+            (WcStatus::WrFlushErr, None) => {
+                self.stats.flush_cqes += 1;
+                (Outcome::Completed, Outcome::Flushed, true)
+            }
+            (WcStatus::WrFlushErr, Some(_)) => {
+                self.stats.flush_cqes += 1;
+                (Outcome::Flushed, Outcome::Flushed, false)
+            }
+            (status, None) => {
+                self.stats.error_cqes += 1;
+                (Outcome::Completed, Outcome::Failed(status), true)
+            }
+            (status, Some(_)) => {
+                self.stats.error_cqes += 1;
+                (Outcome::Flushed, Outcome::Failed(status), false)
+            }
+        };
+        self.stats.cqes += 1;
+        if entered_error {
+            self.error = Some((Seq(seq), wc.status));
+        }
+        // Every covered entry gets `before`, the completion's own entry gets `this`. Lags are
+        // recorded run-length encoded: a batch posted at one instant shares one lag.
+        let mut user = 0u64;
+        let (mut lag_value, mut lag_count) = (0u64, 0u64);
+        for entry in self.ring.range_mut(self.retired..=idx) {
+            entry.outcome = before;
+            if entry.payload.is_some() {
+                user += 1;
+                let lag = now_ns.saturating_sub(entry.posted_ns).min(MAX_LAG_NS);
+                if lag != lag_value {
+                    if lag_count > 0 {
+                        self.stats.lag_ns.saturating_record_n(lag_value, lag_count);
+                    }
+                    lag_value = lag;
+                    lag_count = 0;
+                }
+                lag_count += 1;
+            }
+        }
+        if lag_count > 0 {
+            self.stats.lag_ns.saturating_record_n(lag_value, lag_count);
+        }
+        let own = &mut self.ring[idx];
+        own.outcome = this;
+        let own_user = u64::from(own.payload.is_some());
+        for (outcome, n) in [(before, user - own_user), (this, own_user)] {
+            match outcome {
+                Outcome::Completed => self.stats.completed += n,
+                Outcome::Failed(_) => self.stats.failed += n,
+                Outcome::Flushed => self.stats.flushed += n,
+            }
+        }
+        self.stats.wrs_per_cqe.saturating_record(user);
+        let count = idx + 1 - self.retired;
+        self.retired = idx + 1;
+        while self.signaled_seqs.front().is_some_and(|&s| s <= seq) {
+            self.signaled_seqs.pop_front();
+        }
+        self.release_credits(count as u32);
+        Ok(Handled {
+            seq: Seq(seq),
+            retired: user,
+            entered_error,
+        })
+    }
+
+    // ----- outputs -------------------------------------------------------------------
+
+    /// The next retired work request, in posting order, with its payload and outcome.
+    /// Call until `None` after handling completions.
+    pub fn poll_retired(&mut self) -> Option<Retired<T>> {
+        while self.retired > 0 {
+            let entry = self.ring.pop_front()?;
+            let seq = Seq(self.head_seq);
+            self.head_seq += 1;
+            self.retired -= 1;
+            if let Some(payload) = entry.payload {
+                return Some(Retired {
+                    seq,
+                    payload,
+                    outcome: entry.outcome,
+                    signaled: entry.signal.is_some(),
+                });
+            }
+        }
+        None
+    }
+
+    // ----- internals -----------------------------------------------------------------
+
+    fn nanos(&mut self, now: Instant) -> u64 {
+        // Callers pass one `now` for a whole batch: convert it once.
+        if now != self.last_now {
+            // u64 nanoseconds last 584 years; saturate rather than wrap beyond.
+            let since = now.saturating_duration_since(self.epoch);
+            self.last_ns = since
+                .as_secs()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(u64::from(since.subsec_nanos()));
+            self.last_now = now;
+        }
+        self.last_ns
+    }
+
+    fn check_completion(&self, wc: &WorkCompletion) -> Result<u64, CompletionError> {
+        if let Some(expected) = self.qp_num {
+            if wc.qp_num != expected {
+                return Err(CompletionError::WrongQueue {
+                    expected,
+                    got: wc.qp_num,
+                });
+            }
+        }
+        let seq = wc.wr_id;
+        let wr_id = seq;
+        if seq >= self.next_seq || seq < self.first_seq {
+            return Err(CompletionError::Unknown {
+                wr_id,
+                next: Seq(self.next_seq),
+            });
+        }
+        if seq < self.head_seq + self.retired as u64 {
+            return Err(CompletionError::AlreadyRetired { wr_id });
+        }
+        let earliest_signaled = self.signaled_seqs.front().copied();
+        match (wc.status, self.error) {
+            (WcStatus::Success, Some((first, _))) => {
+                Err(CompletionError::SuccessAfterError { wr_id, first })
+            }
+            (WcStatus::Success, None) => {
+                let entry = &self.ring[(seq - self.head_seq) as usize];
+                if entry.signal.is_none() {
+                    Err(CompletionError::Unsignaled { wr_id })
+                } else if earliest_signaled != Some(seq) {
+                    // `seq` is signaled and outstanding, so it is in `signaled_seqs`, and
+                    // something earlier is at the front.
+                    Err(CompletionError::OutOfOrder {
+                        wr_id,
+                        expected: Seq(earliest_signaled.unwrap_or(seq)),
+                    })
+                } else {
+                    Ok(seq)
+                }
+            }
+            // The first error (or flush) completion: every earlier signaled work request
+            // must have completed before it.
+            (_, None) => match earliest_signaled {
+                Some(s) if s < seq => Err(CompletionError::OutOfOrder {
+                    wr_id,
+                    expected: Seq(s),
+                }),
+                _ => Ok(seq),
+            },
+            // In the error state every outstanding work request ends flushed (IBTA
+            // 10.7.3.1): a completion for `k` retires everything up to it.
+            (_, Some(_)) => Ok(seq),
+        }
+    }
+
+    /// Takes a slot and a CQ credit for one more work request; `Ok(true)` when it took the
+    /// last credit of a shared pool.
+    fn reserve(&mut self) -> Result<bool, Refusal> {
+        let outstanding = self.outstanding();
+        if outstanding >= self.sq_capacity {
+            return Err(Refusal::Full(self.sq_capacity));
+        }
+        if self.next_seq == u64::MAX {
+            return Err(Refusal::SeqExhausted);
+        }
+        match &self.cq {
+            CqBudget::Exclusive(n) if outstanding >= *n => Err(Refusal::CqFull(*n)),
+            CqBudget::Exclusive(_) => Ok(false),
+            CqBudget::Shared(pool) => match pool.try_acquire(1) {
+                Some(left) => Ok(left == 0),
+                None => Err(Refusal::CqFull(pool.capacity())),
+            },
+        }
+    }
+
+    fn push(&mut self, payload: T, signal: Signal, now: Instant) -> Result<Posted, PostError<T>> {
+        let last_credit = match self.reserve() {
+            Ok(last_credit) => last_credit,
+            Err(refusal) => return Err(refusal.with(payload)),
+        };
+        let now_ns = self.nanos(now);
+        let reason = self.decide(signal, last_credit, now_ns);
+        self.record_post(Some(payload), reason, now_ns);
+        Ok(Posted {
+            seq: Seq(self.next_seq - 1),
+            signal: reason,
+        })
+    }
+
+    /// Whether the next work request is signaled, and why.
+    fn decide(&self, signal: Signal, last_credit: bool, now_ns: u64) -> Option<SignalReason> {
+        let run_after = self.run + 1;
+        let by_policy = match self.policy {
+            Policy::Every(n) => run_after >= n,
+            Policy::Always => true,
+            Policy::Never => false,
+            Policy::Adaptive {
+                max_unsignaled,
+                max_lag,
+            } => {
+                run_after >= max_unsignaled
+                    || (self.run > 0
+                        && u128::from(now_ns.saturating_sub(self.run_start_ns))
+                            >= max_lag.as_nanos())
+            }
+        };
+        if self.sq_sig_all {
+            Some(SignalReason::SqSigAll)
+        } else if signal == Signal::Force {
+            Some(SignalReason::Requested)
+        } else if by_policy {
+            Some(SignalReason::Policy)
+        } else if run_after >= self.run_limit || self.next_seq == u64::MAX - 1 {
+            // The run limit, or the last sequence number: no later marker could confirm an
+            // unsignaled run.
+            Some(SignalReason::Deadlock)
+        } else if last_credit {
+            Some(SignalReason::CqCredit)
+        } else {
+            None
+        }
+    }
+
+    fn record_post(&mut self, payload: Option<T>, signal: Option<SignalReason>, now_ns: u64) {
+        let seq = self.next_seq;
+        let user = payload.is_some();
+        self.ring.push_back(Entry {
+            payload,
+            posted_ns: now_ns,
+            signal,
+            outcome: Outcome::Completed,
+        });
+        self.next_seq += 1;
+        match signal {
+            Some(reason) => {
+                self.signaled_seqs.push_back(seq);
+                self.run = 0;
+                if user {
+                    self.stats.signaled += 1;
+                    match reason {
+                        SignalReason::Requested => self.stats.requested += 1,
+                        SignalReason::Deadlock | SignalReason::CqCredit => self.stats.forced += 1,
+                        _ => {}
+                    }
+                } else {
+                    self.stats.markers += 1;
+                }
+            }
+            None => {
+                if self.run == 0 {
+                    self.run_start_ns = now_ns;
+                }
+                self.run += 1;
+            }
+        }
+        if user {
+            self.stats.posted += 1;
+        }
+    }
+
+    fn release_credits(&mut self, n: u32) {
+        if let CqBudget::Shared(pool) = &self.cq {
+            pool.release(n);
+        }
+    }
+}
+
+impl<T> Drop for SendTracker<T> {
+    fn drop(&mut self) {
+        // Outstanding work requests of a shared pool give their credits back.
+        let outstanding = self.outstanding();
+        self.release_credits(outstanding);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::credits::CqCredits;
+
+    fn tracker(sq: u32, cq: u32, policy: Policy) -> (SendTracker<u64>, Instant) {
+        let now = Instant::now();
+        let t = SendTracker::new(TrackerConfig::new(sq, cq).policy(policy).qp_num(7), now)
+            .expect("valid config");
+        (t, now)
+    }
+
+    fn wc(seq: u64, status: WcStatus) -> WorkCompletion {
+        WorkCompletion::new(seq, status, 7)
+    }
+
+    fn post_n(t: &mut SendTracker<u64>, now: Instant, n: u64) -> Vec<Posted> {
+        (0..n)
+            .map(|_| {
+                let id = t.next_seq().0;
+                t.post(id, Signal::Auto, now).expect("room to post")
+            })
+            .collect()
+    }
+
+    fn drain(t: &mut SendTracker<u64>) -> Vec<(u64, Outcome)> {
+        std::iter::from_fn(|| t.poll_retired())
+            .map(|r| {
+                assert_eq!(r.seq.0, r.payload, "payload travels with its seq");
+                (r.payload, r.outcome)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn seed_example_every_4_signals_wr4_and_wr8() {
+        let (mut t, now) = tracker(16, 16, Policy::Every(4));
+        let posted = post_n(&mut t, now, 8);
+        let signaled: Vec<u64> = posted
+            .iter()
+            .filter(|p| p.signaled())
+            .map(|p| p.seq.0)
+            .collect();
+        assert_eq!(signaled, [4, 8]);
+        assert_eq!(t.outstanding(), 8);
+
+        let h = t.handle_completion(&wc(4, WcStatus::Success), now).unwrap();
+        assert_eq!(h.retired, 4);
+        assert_eq!(
+            drain(&mut t),
+            (1..=4).map(|s| (s, Outcome::Completed)).collect::<Vec<_>>()
+        );
+        assert_eq!(t.outstanding(), 4);
+        t.handle_completion(&wc(8, WcStatus::Success), now).unwrap();
+        assert_eq!(
+            drain(&mut t),
+            (5..=8).map(|s| (s, Outcome::Completed)).collect::<Vec<_>>()
+        );
+        assert!(t.is_idle());
+        let s = t.stats();
+        assert_eq!((s.posted, s.signaled, s.cqes, s.completed), (8, 2, 2, 8));
+        assert_eq!(s.mean_wrs_per_cqe(), 4.0);
+        assert_eq!(s.wrs_per_cqe.len(), 2);
+        assert_eq!(s.wrs_per_cqe.max(), 4);
+        assert_eq!(s.lag_ns.len(), 8);
+    }
+
+    #[test]
+    fn error_then_flushes_give_every_wr_one_outcome() {
+        // Bad rkey on WR3 of 8 (WR8 signaled): CQE3 error, then one flush per later WR.
+        let (mut t, now) = tracker(16, 16, Policy::Every(8));
+        post_n(&mut t, now, 8);
+        let h = t
+            .handle_completion(&wc(3, WcStatus::RemAccessErr), now)
+            .unwrap();
+        assert!(h.entered_error);
+        assert_eq!(
+            t.state(),
+            QueueState::Error {
+                first: Seq(3),
+                status: WcStatus::RemAccessErr
+            }
+        );
+        for seq in 4..=8 {
+            t.handle_completion(&wc(seq, WcStatus::WrFlushErr), now)
+                .unwrap();
+        }
+        let outcomes = drain(&mut t);
+        assert_eq!(
+            outcomes,
+            vec![
+                (1, Outcome::Completed),
+                (2, Outcome::Completed),
+                (3, Outcome::Failed(WcStatus::RemAccessErr)),
+                (4, Outcome::Flushed),
+                (5, Outcome::Flushed),
+                (6, Outcome::Flushed),
+                (7, Outcome::Flushed),
+                (8, Outcome::Flushed),
+            ]
+        );
+        assert!(t.is_idle());
+        let err = t.post(9, Signal::Auto, now).unwrap_err();
+        assert!(matches!(err, PostError::QueueError { first: Seq(3), .. }));
+        assert!(err.to_string().contains("rem_access_err"), "{err}");
+        assert_eq!(err.into_payload(), 9);
+        let s = t.stats();
+        assert_eq!((s.completed, s.failed, s.flushed), (2, 1, 5));
+        assert_eq!((s.error_cqes, s.flush_cqes, s.success_cqes), (1, 5, 0));
+    }
+
+    #[test]
+    fn signaled_before_error_then_error_on_unsignaled() {
+        // SEMANTICS: WR4, WR8 signaled, bad rkey on WR6 -> 4 ok, 6 error, 7, 8 flush.
+        let (mut t, now) = tracker(16, 16, Policy::Every(4));
+        post_n(&mut t, now, 8);
+        t.handle_completion(&wc(4, WcStatus::Success), now).unwrap();
+        t.handle_completion(&wc(6, WcStatus::RemAccessErr), now)
+            .unwrap();
+        t.handle_completion(&wc(7, WcStatus::WrFlushErr), now)
+            .unwrap();
+        t.handle_completion(&wc(8, WcStatus::WrFlushErr), now)
+            .unwrap();
+        let outcomes = drain(&mut t);
+        assert_eq!(outcomes[4], (5, Outcome::Completed));
+        assert_eq!(outcomes[5], (6, Outcome::Failed(WcStatus::RemAccessErr)));
+        assert_eq!(
+            outcomes[6..],
+            [(7, Outcome::Flushed), (8, Outcome::Flushed)]
+        );
+    }
+
+    #[test]
+    fn flush_without_error_completion_means_earlier_wrs_completed() {
+        // The QP was moved to the error state by the application: the first flush names
+        // the first work request that did not execute.
+        let (mut t, now) = tracker(16, 16, Policy::Never);
+        post_n(&mut t, now, 5);
+        t.handle_completion(&wc(3, WcStatus::WrFlushErr), now)
+            .unwrap();
+        t.handle_completion(&wc(4, WcStatus::WrFlushErr), now)
+            .unwrap();
+        t.handle_completion(&wc(5, WcStatus::WrFlushErr), now)
+            .unwrap();
+        assert_eq!(
+            drain(&mut t),
+            vec![
+                (1, Outcome::Completed),
+                (2, Outcome::Completed),
+                (3, Outcome::Flushed),
+                (4, Outcome::Flushed),
+                (5, Outcome::Flushed)
+            ]
+        );
+    }
+
+    #[test]
+    fn drain_marker_flush_finishes_an_errored_queue() {
+        let (mut t, now) = tracker(16, 16, Policy::Never);
+        post_n(&mut t, now, 6);
+        t.handle_completion(&wc(2, WcStatus::LocProtErr), now)
+            .unwrap();
+        t.start_drain();
+        let marker = t.post_marker(now).unwrap();
+        assert_eq!(marker, Seq(7));
+        // Only the marker's flush arrives (e.g. the others were lost to a full CQ).
+        t.handle_completion(&wc(7, WcStatus::WrFlushErr), now)
+            .unwrap();
+        assert!(t.is_idle());
+        let outcomes = drain(&mut t);
+        assert_eq!(outcomes.len(), 6, "the marker is not handed back");
+        assert_eq!(outcomes[1], (2, Outcome::Failed(WcStatus::LocProtErr)));
+        assert!(outcomes[2..].iter().all(|(_, o)| *o == Outcome::Flushed));
+        assert_eq!(t.stats().markers, 1);
+    }
+
+    #[test]
+    fn never_policy_still_signals_before_the_queue_fills() {
+        let (mut t, now) = tracker(8, 64, Policy::Never);
+        let posted = post_n(&mut t, now, 8);
+        assert!(posted[..7].iter().all(|p| !p.signaled()));
+        assert_eq!(posted[7].signal, Some(SignalReason::Deadlock));
+        assert!(matches!(
+            t.post(99, Signal::Auto, now),
+            Err(PostError::Full {
+                payload: 99,
+                capacity: 8
+            })
+        ));
+        assert_eq!(
+            t.signaled_outstanding(),
+            1,
+            "a full queue has a signaled WR"
+        );
+        assert_eq!(t.stats().forced, 1);
+    }
+
+    #[test]
+    fn small_cq_bounds_outstanding_and_the_unsignaled_run() {
+        let (mut t, now) = tracker(64, 4, Policy::Every(16));
+        let posted = post_n(&mut t, now, 4);
+        assert_eq!(posted[3].signal, Some(SignalReason::Deadlock));
+        let err = t.post(5, Signal::Auto, now).unwrap_err();
+        assert!(
+            matches!(err, PostError::CqFull { capacity: 4, .. }),
+            "{err:?}"
+        );
+        assert!(err.is_full());
+        t.handle_completion(&wc(4, WcStatus::Success), now).unwrap();
+        assert_eq!(t.available(), 4);
+    }
+
+    #[test]
+    fn shared_cq_pool_signals_the_wr_taking_the_last_credit() {
+        let now = Instant::now();
+        let pool = CqCredits::new(6);
+        let config = |qp| {
+            TrackerConfig::new(16, 0)
+                .cq(CqBudget::Shared(pool.clone()))
+                .policy(Policy::Never)
+                .qp_num(qp)
+        };
+        let mut a: SendTracker<u64> = SendTracker::new(config(1), now).unwrap();
+        let mut b: SendTracker<u64> = SendTracker::new(config(2), now).unwrap();
+        for i in 0..3 {
+            assert!(!a.post(i, Signal::Auto, now).unwrap().signaled());
+        }
+        for i in 0..2 {
+            assert!(!b.post(i, Signal::Auto, now).unwrap().signaled());
+        }
+        let last = b.post(2, Signal::Auto, now).unwrap();
+        assert_eq!(last.signal, Some(SignalReason::CqCredit));
+        assert_eq!(pool.available(), 0);
+        assert!(matches!(
+            a.post(9, Signal::Auto, now),
+            Err(PostError::CqFull { capacity: 6, .. })
+        ));
+        // A completion of another QP is refused by this tracker.
+        let other = WorkCompletion::new(3, WcStatus::Success, 2);
+        assert!(matches!(
+            a.handle_completion(&other, now),
+            Err(CompletionError::WrongQueue {
+                expected: 1,
+                got: 2
+            })
+        ));
+        b.handle_completion(&other, now).unwrap();
+        assert_eq!(pool.available(), 3);
+        drop(a);
+        assert_eq!(pool.available(), 6, "a dropped tracker returns its credits");
+    }
+
+    #[test]
+    fn forced_signal_resets_the_every_n_count() {
+        let (mut t, now) = tracker(64, 64, Policy::Every(4));
+        post_n(&mut t, now, 2);
+        let p = t.post(3, Signal::Force, now).unwrap();
+        assert_eq!(p.signal, Some(SignalReason::Requested));
+        let posted = post_n(&mut t, now, 4);
+        let signaled: Vec<bool> = posted.iter().map(Posted::signaled).collect();
+        assert_eq!(signaled, [false, false, false, true]);
+        assert_eq!(t.stats().requested, 1);
+    }
+
+    #[test]
+    fn confirm_all_posts_a_marker_only_for_an_unsignaled_tail() {
+        let (mut t, now) = tracker(16, 16, Policy::Every(4));
+        post_n(&mut t, now, 4);
+        assert_eq!(t.confirm_all(now).unwrap(), None, "the tail is signaled");
+        post_n(&mut t, now, 2);
+        assert_eq!(t.unsignaled_run(), 2);
+        let marker = t.confirm_all(now).unwrap().expect("a marker");
+        assert_eq!(marker, Seq(7));
+        assert_eq!(t.unsignaled_run(), 0);
+        t.handle_completion(&wc(4, WcStatus::Success), now).unwrap();
+        t.handle_completion(&wc(7, WcStatus::Success), now).unwrap();
+        assert!(t.is_idle());
+        assert_eq!(drain(&mut t).len(), 6);
+    }
+
+    #[test]
+    fn adaptive_signals_on_budget_or_deadline() {
+        let lag = Duration::from_micros(50);
+        let (mut t, t0) = tracker(
+            64,
+            64,
+            Policy::Adaptive {
+                max_unsignaled: 8,
+                max_lag: lag,
+            },
+        );
+        assert_eq!(t.next_deadline(), None);
+        assert!(!t.post(1, Signal::Auto, t0).unwrap().signaled());
+        assert_eq!(t.next_deadline(), Some(t0 + lag));
+        let t1 = t0 + Duration::from_micros(49);
+        assert!(!t.post(2, Signal::Auto, t1).unwrap().signaled());
+        let t2 = t0 + lag;
+        assert!(t.post(3, Signal::Auto, t2).unwrap().signaled(), "deadline");
+        assert_eq!(t.next_deadline(), None);
+        let posted = post_n(&mut t, t2, 8);
+        assert!(
+            posted[7].signaled() && posted[..7].iter().all(|p| !p.signaled()),
+            "budget"
+        );
+    }
+
+    #[test]
+    fn rollback_hands_back_the_unposted_part_of_a_batch() {
+        let (mut t, now) = tracker(16, 16, Policy::Every(4));
+        post_n(&mut t, now, 6); // 4 signaled, run = 2
+        let back: Vec<u64> = t.rollback(Seq(5)).unwrap().collect();
+        assert_eq!(back, [5, 6]);
+        assert_eq!(t.next_seq(), Seq(5));
+        assert_eq!(t.outstanding(), 4);
+        assert_eq!(t.unsignaled_run(), 0);
+        assert_eq!(t.stats().posted, 4);
+        let p = post_n(&mut t, now, 4);
+        assert_eq!(p[3].seq, Seq(8));
+        assert!(
+            p[3].signaled(),
+            "the count resumes after the last signaled WR"
+        );
+        // Rolling back a signaled WR and a retired one.
+        assert!(matches!(
+            t.rollback(Seq(20)),
+            Err(RollbackError::NotOutstanding { .. })
+        ));
+        t.handle_completion(&wc(4, WcStatus::Success), now).unwrap();
+        assert!(
+            t.rollback(Seq(3)).is_err(),
+            "retired WRs cannot be rolled back"
+        );
+        let back: Vec<u64> = t.rollback(Seq(6)).unwrap().collect();
+        assert_eq!(back, [6, 7, 8]);
+        assert_eq!(t.signaled_outstanding(), 0);
+        assert_eq!(t.unsignaled_run(), 1);
+        assert_eq!(t.stats().signaled, 1);
+        let nothing: Vec<u64> = t.rollback(Seq(6)).unwrap().collect();
+        assert!(nothing.is_empty());
+    }
+
+    #[test]
+    fn impossible_completions_are_refused_and_change_nothing() {
+        let (mut t, now) = tracker(16, 16, Policy::Every(2));
+        post_n(&mut t, now, 6); // 2, 4, 6 signaled
+        let cases = [
+            (wc(7, WcStatus::Success), "never posted"),
+            (wc(3, WcStatus::Success), "posted unsignaled"),
+            (wc(4, WcStatus::Success), "out of order"),
+            (wc(5, WcStatus::RemAccessErr), "out of order"),
+            (WorkCompletion::new(2, WcStatus::Success, 8), "QP 8"),
+        ];
+        for (c, text) in cases {
+            let err = t.handle_completion(&c, now).unwrap_err();
+            assert!(err.to_string().contains(text), "{err}");
+            assert_eq!(t.outstanding(), 6);
+        }
+        t.handle_completion(&wc(2, WcStatus::Success), now).unwrap();
+        let err = t
+            .handle_completion(&wc(2, WcStatus::Success), now)
+            .unwrap_err();
+        assert_eq!(err, CompletionError::AlreadyRetired { wr_id: 2 });
+        assert_eq!(t.stats().rejected_cqes, 6);
+        t.handle_completion(&wc(5, WcStatus::RetryExcErr), now)
+            .unwrap_err();
+        t.handle_completion(&wc(3, WcStatus::RetryExcErr), now)
+            .unwrap();
+        let err = t
+            .handle_completion(&wc(4, WcStatus::Success), now)
+            .unwrap_err();
+        assert!(matches!(err, CompletionError::SuccessAfterError { .. }));
+    }
+
+    #[test]
+    fn sequence_numbers_cross_2_16_and_2_32() {
+        for start in [(1u64 << 16) - 3, (1u64 << 32) - 3] {
+            let now = Instant::now();
+            let config = TrackerConfig::new(4, 4)
+                .policy(Policy::Every(2))
+                .first_seq(start);
+            let mut t: SendTracker<u64> = SendTracker::new(config, now).unwrap();
+            let mut expected = start;
+            for _ in 0..10 {
+                let mut last_signaled = None;
+                for _ in 0..4 {
+                    let p = t.post(expected, Signal::Auto, now).unwrap();
+                    assert_eq!(p.seq.0, expected);
+                    expected += 1;
+                    if p.signaled() {
+                        last_signaled = Some(p.seq.0);
+                    }
+                }
+                let first = t.first_outstanding().0;
+                for s in first..expected {
+                    if t.handle_completion(&WorkCompletion::new(s, WcStatus::Success, 0), now)
+                        .is_ok()
+                    {
+                        assert!(s <= last_signaled.unwrap());
+                    }
+                }
+                let retired = drain(&mut t);
+                assert_eq!(retired.len(), 4);
+                assert!(t.is_idle());
+            }
+            assert!(expected > start + 6);
+        }
+    }
+
+    #[test]
+    fn sequence_exhaustion_is_an_error_not_a_wrap() {
+        let now = Instant::now();
+        let config = TrackerConfig::new(4, 4).first_seq(u64::MAX - 2);
+        let mut t: SendTracker<u8> = SendTracker::new(config, now).unwrap();
+        t.post(1, Signal::Auto, now).unwrap();
+        t.post(2, Signal::Auto, now).unwrap();
+        assert!(matches!(
+            t.post(3, Signal::Auto, now),
+            Err(PostError::SeqExhausted { payload: 3 })
+        ));
+        let config = TrackerConfig::new(4, 4).first_seq(u64::MAX);
+        assert_eq!(
+            SendTracker::<u8>::new(config, now).unwrap_err(),
+            ConfigError::FirstSeqTooHigh
+        );
+    }
+
+    #[test]
+    fn sq_sig_all_signals_everything() {
+        let now = Instant::now();
+        let config = TrackerConfig::new(8, 8)
+            .policy(Policy::Never)
+            .sq_sig_all(true);
+        let mut t: SendTracker<u64> = SendTracker::new(config, now).unwrap();
+        let posted = post_n(&mut t, now, 3);
+        assert!(
+            posted
+                .iter()
+                .all(|p| p.signal == Some(SignalReason::SqSigAll))
+        );
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        let now = Instant::now();
+        let new = |c| SendTracker::<u8>::new(c, now).unwrap_err();
+        assert_eq!(new(TrackerConfig::new(0, 4)), ConfigError::ZeroSqCapacity);
+        assert_eq!(new(TrackerConfig::new(4, 0)), ConfigError::ZeroCqCapacity);
+        assert_eq!(
+            new(TrackerConfig::new(4, 4).policy(Policy::Every(0))),
+            ConfigError::Policy(PolicyError::ZeroInterval)
+        );
+    }
+
+    #[test]
+    fn draining_refuses_posts_but_accepts_markers() {
+        let (mut t, now) = tracker(8, 8, Policy::Every(4));
+        post_n(&mut t, now, 2);
+        t.start_drain();
+        assert_eq!(t.state(), QueueState::Draining);
+        assert!(matches!(
+            t.post(3, Signal::Auto, now),
+            Err(PostError::Draining { payload: 3 })
+        ));
+        let m = t.confirm_all(now).unwrap().unwrap();
+        t.handle_completion(&wc(m.0, WcStatus::Success), now)
+            .unwrap();
+        assert_eq!(drain(&mut t).len(), 2);
+        assert!(t.is_idle());
+    }
+
+    #[test]
+    fn rollback_restores_the_start_of_the_unsignaled_run() {
+        // An adaptive deadline counts from the first WR of the run, also after a rollback
+        // removed the signaled WR that had ended that run.
+        let lag = Duration::from_micros(10);
+        let policy = Policy::Adaptive {
+            max_unsignaled: 100,
+            max_lag: lag,
+        };
+        let (mut t, t0) = tracker(64, 64, policy);
+        t.post(1, Signal::Auto, t0).unwrap();
+        let t1 = t0 + Duration::from_micros(5);
+        t.post(2, Signal::Force, t1).unwrap();
+        t.post(3, Signal::Auto, t1).unwrap();
+        assert_eq!(t.next_deadline(), Some(t1 + lag));
+        assert_eq!(t.rollback(Seq(2)).unwrap().collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(t.unsignaled_run(), 1);
+        assert_eq!(t.next_deadline(), Some(t0 + lag));
+        let p = t.post(2, Signal::Auto, t0 + lag).unwrap();
+        assert_eq!(
+            p.signal,
+            Some(SignalReason::Policy),
+            "WR1's deadline has passed"
+        );
+    }
+
+    #[test]
+    fn an_error_completion_in_the_error_state_fails_its_wr_and_flushes_the_earlier_ones() {
+        // Not seen on mlx5 or rxe (after the first error they report flushes only), but if a
+        // NIC reports a second error, no work request may be lost or called completed.
+        let (mut t, now) = tracker(16, 16, Policy::Never);
+        post_n(&mut t, now, 5);
+        t.handle_completion(&wc(1, WcStatus::RemAccessErr), now)
+            .unwrap();
+        t.handle_completion(&wc(3, WcStatus::RemOpErr), now)
+            .unwrap();
+        assert_eq!(
+            t.unsignaled_run(),
+            0,
+            "nothing to confirm in the error state"
+        );
+        assert_eq!(
+            drain(&mut t),
+            vec![
+                (1, Outcome::Failed(WcStatus::RemAccessErr)),
+                (2, Outcome::Flushed),
+                (3, Outcome::Failed(WcStatus::RemOpErr)),
+            ]
+        );
+        assert!(matches!(
+            t.state(),
+            QueueState::Error {
+                first: Seq(1),
+                status: WcStatus::RemAccessErr
+            }
+        ));
+    }
+
+    #[test]
+    fn lag_is_measured_from_post_to_retirement() {
+        let (mut t, t0) = tracker(8, 8, Policy::Every(2));
+        t.post(1, Signal::Auto, t0).unwrap();
+        t.post(2, Signal::Auto, t0 + Duration::from_micros(10))
+            .unwrap();
+        t.handle_completion(&wc(2, WcStatus::Success), t0 + Duration::from_micros(30))
+            .unwrap();
+        let lag = &t.stats().lag_ns;
+        assert_eq!(lag.len(), 2);
+        assert!(lag.equivalent(lag.max(), 30_000), "{}", lag.max());
+        assert!(lag.equivalent(lag.min(), 20_000), "{}", lag.min());
+    }
+}
