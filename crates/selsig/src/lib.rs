@@ -58,11 +58,25 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod buffer;
 pub mod credits;
 pub mod policy;
+pub mod provider;
+pub mod queue;
 pub mod stats;
 pub mod tracker;
 pub mod wc;
+
+pub use buffer::Buffer;
+pub use provider::{
+    Access, AsyncEvent, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Local,
+    MemoryRegion, Opcode, PostFailure, PostWrError, ProviderError, QpCaps, QpInit, QpState,
+    QueuePair, RecvWr, RemoteAddr, SendWr, Sge, connect_pair,
+};
+pub use queue::{
+    Completion, Data, DrainError, Payload, PollError, QueueConfig, QueuePostError, SignaledQueue,
+    Work,
+};
 
 pub use credits::{CqBudget, CqCredits};
 pub use policy::{Policy, PolicyError};

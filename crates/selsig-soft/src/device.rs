@@ -1,0 +1,935 @@
+//! The device and its objects: protection domains, memory regions, completion queues and
+//! RC queue pairs, and their `selsig` provider traits.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
+use std::thread::{JoinHandle, Thread};
+
+use selsig::{
+    Access, AsyncEvent, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Local,
+    MemoryRegion, Opcode, PostFailure, PostWrError, ProviderError, QpCaps, QpInit, QpState,
+    QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use crate::engine;
+use crate::mem;
+use crate::mr::{MrInner, MrTable, random_u32};
+use crate::ring::{self, CompletionRing, Cqe, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe};
+
+/// How the software NIC frees send-queue slots, and sizes its queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Personality {
+    /// Like mlx5 (rdma-core `providers/mlx5`): `max_send_wr` rounds up to a power of two; a
+    /// slot is freed only when the application polls a completion that covers it, so a
+    /// queue full of unsignaled work requests never drains.
+    #[default]
+    Mlx5,
+    /// Like the kernel's Soft-RoCE (`rxe`): `max_send_wr` reads back as requested but the
+    /// ring holds `2^k - 1 >= max_send_wr` work requests, and a slot is freed as soon as its
+    /// work request has executed, polled or not.
+    Rxe,
+}
+
+impl Personality {
+    /// The lowercase name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Personality::Mlx5 => "mlx5",
+            Personality::Rxe => "rxe",
+        }
+    }
+}
+
+impl fmt::Display for Personality {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Personality {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mlx5" => Ok(Personality::Mlx5),
+            "rxe" => Ok(Personality::Rxe),
+            other => Err(format!(
+                "unknown personality {other:?}: expected mlx5 or rxe"
+            )),
+        }
+    }
+}
+
+/// Settings of a software device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SoftConfig {
+    /// The device's name.
+    pub name: String,
+    /// Queue semantics.
+    pub personality: Personality,
+    /// Largest `max_send_wr` / `max_recv_wr`.
+    pub max_qp_wr: u32,
+    /// Largest CQ.
+    pub max_cqe: u32,
+    /// Largest region in bytes.
+    pub max_mr_size: usize,
+}
+
+impl Default for SoftConfig {
+    fn default() -> Self {
+        SoftConfig {
+            name: "soft0".to_string(),
+            personality: Personality::Mlx5,
+            max_qp_wr: 32768,
+            max_cqe: 1 << 22,
+            max_mr_size: 1 << 34,
+        }
+    }
+}
+
+impl SoftConfig {
+    /// The defaults with another personality.
+    pub fn with_personality(personality: Personality) -> Self {
+        SoftConfig {
+            personality,
+            ..SoftConfig::default()
+        }
+    }
+}
+
+/// Locks a mutex; a poisoned lock (a panic elsewhere) still gives its data, which the
+/// device's structures keep consistent at every step.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The device's state, shared by its handles and its NIC thread.
+#[derive(Debug)]
+pub(crate) struct DeviceInner {
+    pub(crate) name: String,
+    pub(crate) gid: [u8; 16],
+    pub(crate) config: SoftConfig,
+    pub(crate) mrs: RwLock<MrTable>,
+    pub(crate) qps: Mutex<Registry>,
+    /// Bumped whenever the QP list or a QP's connection changes.
+    pub(crate) qps_version: AtomicU64,
+    pub(crate) events: Mutex<VecDeque<AsyncEvent>>,
+    pub(crate) stop: AtomicBool,
+    pub(crate) sleeping: AtomicBool,
+    pub(crate) engine_thread: OnceLock<Thread>,
+    next_id: AtomicU32,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    pub(crate) list: Vec<Arc<QpInner>>,
+    pub(crate) by_num: HashMap<u32, Weak<QpInner>>,
+}
+
+impl DeviceInner {
+    /// Wakes the NIC thread if it sleeps (after a doorbell, a receive, a state change).
+    pub(crate) fn ring_doorbell(&self) {
+        // Pairs with the NIC's fence between setting `sleeping` and checking the queues:
+        // either it sees our new index, or we see it sleeping.
+        crate::sync::fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            if let Some(t) = self.engine_thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    pub(crate) fn push_event(&self, event: AsyncEvent) {
+        lock(&self.events).push_back(event);
+    }
+
+    fn bump(&self) {
+        self.qps_version.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Stops and joins the NIC thread when the last handle of the device goes.
+#[derive(Debug)]
+struct Engine {
+    dev: Arc<DeviceInner>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.dev.stop.store(true, Ordering::Release);
+        if let Some(t) = self.dev.engine_thread.get() {
+            t.unpark();
+        }
+        if let Some(handle) = lock(&self.thread).take() {
+            if handle.join().is_err() {
+                eprintln!("selsig-soft: the NIC thread of {} panicked", self.dev.name);
+            }
+        }
+    }
+}
+
+/// A software RDMA device: one NIC thread executes the work requests of all its queue
+/// pairs, strictly in order per send queue.
+///
+/// Queue pairs connect to queue pairs of the same device (loopback); two devices share
+/// nothing. Cloning gives another handle to the same device.
+#[derive(Debug, Clone)]
+pub struct SoftDevice {
+    dev: Arc<DeviceInner>,
+    engine: Arc<Engine>,
+}
+
+impl SoftDevice {
+    /// Opens a new device with `config` and starts its NIC thread.
+    pub fn open(config: SoftConfig) -> Result<SoftDevice, ProviderError> {
+        let guid = u64::from(random_u32()) << 32 | u64::from(random_u32());
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[1] = 0x80;
+        gid[8..].copy_from_slice(&guid.to_be_bytes());
+        let dev = Arc::new(DeviceInner {
+            name: config.name.clone(),
+            gid,
+            config,
+            mrs: RwLock::new(MrTable::default()),
+            qps: Mutex::new(Registry::default()),
+            qps_version: AtomicU64::new(0),
+            events: Mutex::new(VecDeque::new()),
+            stop: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            engine_thread: OnceLock::new(),
+            next_id: AtomicU32::new(1),
+        });
+        let for_thread = Arc::clone(&dev);
+        let handle = std::thread::Builder::new()
+            .name(format!("selsig-soft {}", dev.name))
+            .spawn(move || engine::run(for_thread))
+            .map_err(|source| ProviderError::Os {
+                verb: "spawn the NIC thread",
+                source,
+            })?;
+        let _ = dev.engine_thread.set(handle.thread().clone());
+        let engine = Arc::new(Engine {
+            dev: Arc::clone(&dev),
+            thread: Mutex::new(Some(handle)),
+        });
+        Ok(SoftDevice { dev, engine })
+    }
+
+    /// Opens a device with default settings and `personality`.
+    pub fn with_personality(personality: Personality) -> Result<SoftDevice, ProviderError> {
+        SoftDevice::open(SoftConfig::with_personality(personality))
+    }
+
+    /// The device's settings.
+    pub fn config(&self) -> &SoftConfig {
+        &self.dev.config
+    }
+
+    /// The device's GID (every QP's endpoint carries it).
+    pub fn gid(&self) -> [u8; 16] {
+        self.dev.gid
+    }
+
+    fn id(&self) -> u32 {
+        self.dev.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub struct SoftPd {
+    id: u32,
+    _engine: Arc<Engine>,
+}
+
+/// A registered memory region of a software device. Deregistered when dropped: from then
+/// on the NIC cannot reach it, and work requests naming its keys fail.
+pub struct SoftMr {
+    mr: Arc<MrInner>,
+    dev: Arc<DeviceInner>,
+    _engine: Arc<Engine>,
+}
+
+impl fmt::Debug for SoftMr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SoftMr")
+            .field("addr", &format_args!("{:#x}", self.mr.addr))
+            .field("len", &self.mr.len)
+            .field("key", &format_args!("{:#x}", self.mr.key))
+            .field("access", &self.mr.access)
+            .finish()
+    }
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        // The NIC looks regions up under the read lock for a whole batch: once the write
+        // lock is ours, it holds no reference to this region's key any more.
+        self.dev
+            .mrs
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(self.mr.key);
+    }
+}
+
+impl SoftMr {
+    fn check(&self, offset: usize, len: usize) -> Result<(), ProviderError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.mr.len => Ok(()),
+            _ => Err(ProviderError::OutOfBounds {
+                offset,
+                len,
+                region_len: self.mr.len,
+            }),
+        }
+    }
+}
+
+impl MemoryRegion for SoftMr {
+    fn addr(&self) -> u64 {
+        self.mr.addr
+    }
+    fn len(&self) -> usize {
+        self.mr.len
+    }
+    fn lkey(&self) -> u32 {
+        self.mr.key
+    }
+    fn rkey(&self) -> u32 {
+        self.mr.key
+    }
+    fn access(&self) -> Access {
+        self.mr.access
+    }
+    fn write(&self, offset: usize, data: &[u8]) -> Result<(), ProviderError> {
+        self.check(offset, data.len())?;
+        mem::write(&self.mr.words, offset, data);
+        Ok(())
+    }
+    fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), ProviderError> {
+        self.check(offset, buf.len())?;
+        mem::read(&self.mr.words, offset, buf);
+        Ok(())
+    }
+}
+
+/// The completion queue's state, shared with the NIC thread.
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    pub(crate) id: u32,
+    pub(crate) ring: CompletionRing,
+    pub(crate) error: AtomicBool,
+    /// The NIC's last view of `consumer` (only the NIC thread uses it).
+    pub(crate) seen_consumer: AtomicU64,
+    free_on_poll: bool,
+    poll: Mutex<PollState>,
+    send_queues: RwLock<HashMap<u32, Arc<SendRing>>>,
+}
+
+#[derive(Debug, Default)]
+struct PollState {
+    consumer: u64,
+    last_sq: Option<(u32, Arc<SendRing>)>,
+}
+
+impl CqInner {
+    /// NIC: appends a completion; `false` when the CQ has no room (it is then in the error
+    /// state) or was already in it.
+    pub(crate) fn push(&self, cqe: &Cqe) -> bool {
+        if self.error.load(Ordering::Relaxed) {
+            return false;
+        }
+        let p = self.ring.producer.load(Ordering::Relaxed);
+        let capacity = self.ring.capacity();
+        if p - self.seen_consumer.load(Ordering::Relaxed) >= capacity {
+            let c = self.ring.consumer.load(Ordering::Acquire);
+            self.seen_consumer.store(c, Ordering::Relaxed);
+            if p - c >= capacity {
+                self.error.store(true, Ordering::Release);
+                return false;
+            }
+        }
+        self.ring.write(p, cqe);
+        self.ring.producer.store(p + 1, Ordering::Release);
+        true
+    }
+}
+
+/// A completion queue of a software device.
+#[derive(Debug)]
+pub struct SoftCq {
+    cq: Arc<CqInner>,
+    _engine: Arc<Engine>,
+}
+
+impl SoftCq {
+    /// The CQ's id, as in [`AsyncEvent::CqErr`].
+    pub fn id(&self) -> u32 {
+        self.cq.id
+    }
+}
+
+impl CompletionQueue for SoftCq {
+    fn capacity(&self) -> u32 {
+        // Created from a u32.
+        self.cq.ring.capacity() as u32
+    }
+
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
+        let cq = &self.cq;
+        let mut st = lock(&cq.poll);
+        let available = cq.ring.producer.load(Ordering::Acquire) - st.consumer;
+        if available == 0 {
+            if cq.error.load(Ordering::Acquire) {
+                return Err(CqError::Overrun {
+                    capacity: self.capacity(),
+                });
+            }
+            return Ok(0);
+        }
+        let n = (available as usize).min(out.len());
+        for (k, slot) in out[..n].iter_mut().enumerate() {
+            let c = cq.ring.read(st.consumer + k as u64);
+            *slot = decode(&c);
+            if c.send_queue && cq.free_on_poll {
+                // mlx5: polling a completion frees its WQE's slot and every earlier one
+                // (`wq->tail = wq->wqe_head[idx] + 1`).
+                let sq = match &st.last_sq {
+                    Some((qpn, sq)) if *qpn == c.qp_num => Some(Arc::clone(sq)),
+                    _ => {
+                        let found = cq
+                            .send_queues
+                            .read()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .get(&c.qp_num)
+                            .cloned();
+                        if let Some(sq) = &found {
+                            st.last_sq = Some((c.qp_num, Arc::clone(sq)));
+                        }
+                        found
+                    }
+                };
+                if let Some(sq) = sq {
+                    sq.tail
+                        .store(sq.head_after(c.wqe_counter), Ordering::Release);
+                }
+            }
+        }
+        st.consumer += n as u64;
+        cq.ring.consumer.store(st.consumer, Ordering::Release);
+        Ok(n)
+    }
+}
+
+fn decode(c: &Cqe) -> WorkCompletion {
+    // The NIC writes only values of these enums; an unknown one would be a bug of ours,
+    // reported as a general error rather than a panic.
+    let status = WcStatus::try_from(u32::from(c.status)).unwrap_or(WcStatus::GeneralErr);
+    let opcode = if status.is_success() {
+        WcOpcode::try_from(u32::from(c.opcode)).ok()
+    } else {
+        None
+    };
+    WorkCompletion {
+        wr_id: c.wr_id,
+        status,
+        opcode,
+        byte_len: c.byte_len,
+        qp_num: c.qp_num,
+        imm_data: c.has_imm.then_some(c.imm),
+        vendor_err: c.vendor_err,
+    }
+}
+
+/// A queue pair's state, shared with the NIC thread.
+#[derive(Debug)]
+pub(crate) struct QpInner {
+    pub(crate) qpn: u32,
+    pub(crate) pd: u32,
+    pub(crate) caps: QpCaps,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) sq: Arc<SendRing>,
+    pub(crate) rq: RecvRing,
+    pub(crate) send_cq: Arc<CqInner>,
+    pub(crate) recv_cq: Arc<CqInner>,
+    state: AtomicU8,
+    /// What peers may do to this QP's memory (`qp_access_flags`).
+    pub(crate) access: AtomicU32,
+    pub(crate) rnr_retry: AtomicU8,
+    pub(crate) peer: Mutex<Option<Weak<QpInner>>>,
+    free_on_poll: bool,
+    post: Mutex<Producer>,
+    recv_post: Mutex<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Producer {
+    head: u64,
+    /// The last seen value of the index that frees slots.
+    freed: u64,
+}
+
+impl QpInner {
+    pub(crate) fn state(&self) -> QpState {
+        QpState::try_from(u32::from(self.state.load(Ordering::Acquire))).unwrap_or(QpState::Err)
+    }
+
+    /// Moves to `to` if the state is still `from`.
+    fn transition(&self, from: QpState, to: QpState) -> bool {
+        self.state
+            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Moves to the error state, whatever the state was.
+    pub(crate) fn set_error(&self) {
+        self.state.store(QpState::Err as u8, Ordering::Release);
+    }
+
+    fn freed(&self) -> &AtomicU64 {
+        if self.free_on_poll {
+            &self.sq.tail
+        } else {
+            &self.sq.exec
+        }
+    }
+}
+
+/// An RC queue pair of a software device.
+#[derive(Debug)]
+pub struct SoftQp {
+    qp: Arc<QpInner>,
+    dev: Arc<DeviceInner>,
+    _engine: Arc<Engine>,
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        let mut reg = lock(&self.dev.qps);
+        reg.list.retain(|q| !Arc::ptr_eq(q, &self.qp));
+        reg.by_num.remove(&self.qp.qpn);
+        drop(reg);
+        self.dev.bump();
+        self.qp
+            .send_cq
+            .send_queues
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.qp.qpn);
+    }
+}
+
+impl SoftQp {
+    fn transition_error(
+        &self,
+        from: QpState,
+        to: QpState,
+        why: impl Into<String>,
+    ) -> ProviderError {
+        let _ = from;
+        ProviderError::Transition {
+            qp_num: self.qp.qpn,
+            from: self.qp.state(),
+            to,
+            why: why.into(),
+        }
+    }
+}
+
+impl QueuePair for SoftQp {
+    fn qp_num(&self) -> u32 {
+        self.qp.qpn
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.qp.caps
+    }
+
+    fn sq_sig_all(&self) -> bool {
+        self.qp.sq_sig_all
+    }
+
+    fn state(&self) -> QpState {
+        self.qp.state()
+    }
+
+    fn endpoint(&self, options: &ConnectOptions) -> Result<Endpoint, ProviderError> {
+        if options.port != 1 {
+            return Err(ProviderError::Invalid {
+                what: "port",
+                why: format!("{} has one port, 1, not {}", self.dev.name, options.port),
+            });
+        }
+        Ok(Endpoint {
+            qp_num: self.qp.qpn,
+            psn: random_u32() & 0x00ff_ffff,
+            lid: 0,
+            gid: self.dev.gid,
+        })
+    }
+
+    fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<(), ProviderError> {
+        let qp = &self.qp;
+        if options.port != 1 {
+            return Err(self.transition_error(
+                QpState::Reset,
+                QpState::Init,
+                format!(
+                    "port {} does not exist (the device has port 1)",
+                    options.port
+                ),
+            ));
+        }
+        if options.rnr_retry > 7 || options.retry_cnt > 7 {
+            return Err(self.transition_error(
+                QpState::Rtr,
+                QpState::Rts,
+                "retry_cnt and rnr_retry are 0..=7",
+            ));
+        }
+        qp.access.store(options.access.bits(), Ordering::Release);
+        qp.rnr_retry.store(options.rnr_retry, Ordering::Release);
+        if !qp.transition(QpState::Reset, QpState::Init) {
+            return Err(self.transition_error(
+                QpState::Reset,
+                QpState::Init,
+                "the QP is not in the reset state",
+            ));
+        }
+        if remote.gid != self.dev.gid {
+            qp.set_error();
+            return Err(self.transition_error(
+                QpState::Init,
+                QpState::Rtr,
+                format!(
+                    "the remote GID is not {}'s: software QPs connect only within one device",
+                    self.dev.name
+                ),
+            ));
+        }
+        let peer = lock(&self.dev.qps).by_num.get(&remote.qp_num).cloned();
+        let Some(peer) = peer.filter(|p| p.strong_count() > 0) else {
+            qp.set_error();
+            return Err(self.transition_error(
+                QpState::Init,
+                QpState::Rtr,
+                format!("no QP {:#x} on {}", remote.qp_num, self.dev.name),
+            ));
+        };
+        *lock(&qp.peer) = Some(peer);
+        if !qp.transition(QpState::Init, QpState::Rtr) || !qp.transition(QpState::Rtr, QpState::Rts)
+        {
+            return Err(self.transition_error(
+                QpState::Init,
+                QpState::Rts,
+                "the QP left the init state",
+            ));
+        }
+        self.dev.bump();
+        self.dev.ring_doorbell();
+        Ok(())
+    }
+
+    fn to_error(&self) -> Result<(), ProviderError> {
+        self.qp.set_error();
+        self.dev.bump();
+        self.dev.ring_doorbell();
+        Ok(())
+    }
+
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError> {
+        let qp = &self.qp;
+        let mut p = lock(&qp.post);
+        let state = qp.state();
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(PostWrError {
+                index: 0,
+                failure: PostFailure::State(state),
+                source: None,
+            });
+        }
+        let limit = qp.sq.limit();
+        let mut result = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            let (inline, len, local_addr, lkey) = match wr.local {
+                Local::Empty => (&[][..], 0, 0, 0),
+                Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
+                Local::Inline(data) => {
+                    if data.len() > qp.caps.max_inline_data as usize {
+                        result = Err(invalid(i, "inline data longer than max_inline_data"));
+                        break;
+                    }
+                    (data, data.len() as u32, 0, 0)
+                }
+            };
+            if wr.opcode == Opcode::RdmaRead && matches!(wr.local, Local::Inline(_)) {
+                result = Err(invalid(i, "an RDMA READ cannot be inline"));
+                break;
+            }
+            if len > 1 << 31 {
+                result = Err(invalid(i, "longer than the largest message (2 GiB)"));
+                break;
+            }
+            if p.head - p.freed >= limit {
+                p.freed = qp.freed().load(Ordering::Acquire);
+                if p.head - p.freed >= limit {
+                    result = Err(PostWrError {
+                        index: i,
+                        failure: PostFailure::Full,
+                        source: Some(std::io::Error::from_raw_os_error(12)),
+                    });
+                    break;
+                }
+            }
+            let wqe = Wqe {
+                wr_id: wr.wr_id,
+                opcode: match wr.opcode {
+                    Opcode::RdmaWrite => ring::op::WRITE,
+                    Opcode::RdmaWriteWithImm => ring::op::WRITE_IMM,
+                    Opcode::RdmaRead => ring::op::READ,
+                    Opcode::Send => ring::op::SEND,
+                    Opcode::SendWithImm => ring::op::SEND_IMM,
+                },
+                signaled: wr.signaled,
+                inline: matches!(wr.local, Local::Inline(_)),
+                len,
+                local_addr,
+                lkey,
+                rkey: wr.remote.rkey,
+                remote_addr: wr.remote.addr,
+                imm: wr.imm_data,
+            };
+            qp.sq.write(p.head, &wqe, inline);
+            p.head += 1;
+        }
+        // The doorbell: publish what was written, even if a later WR failed (as mlx5).
+        qp.sq.producer.store(p.head, Ordering::Release);
+        drop(p);
+        self.dev.ring_doorbell();
+        result
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError> {
+        let qp = &self.qp;
+        let mut head = lock(&qp.recv_post);
+        let state = qp.state();
+        if state == QpState::Reset {
+            return Err(PostWrError {
+                index: 0,
+                failure: PostFailure::State(state),
+                source: None,
+            });
+        }
+        let mut result = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            if *head - qp.rq.consumer.load(Ordering::Acquire) >= qp.rq.limit() {
+                result = Err(PostWrError {
+                    index: i,
+                    failure: PostFailure::Full,
+                    source: Some(std::io::Error::from_raw_os_error(12)),
+                });
+                break;
+            }
+            let (addr, len, lkey) = wr.sge.map_or((0, 0, 0), |s| (s.addr, s.length, s.lkey));
+            qp.rq.write(
+                *head,
+                &Rqe {
+                    wr_id: wr.wr_id,
+                    addr,
+                    len,
+                    lkey,
+                },
+            );
+            *head += 1;
+        }
+        qp.rq.producer.store(*head, Ordering::Release);
+        drop(head);
+        self.dev.ring_doorbell();
+        result
+    }
+}
+
+fn invalid(index: usize, why: &'static str) -> PostWrError {
+    PostWrError {
+        index,
+        failure: PostFailure::Invalid(why),
+        source: Some(std::io::Error::from_raw_os_error(22)),
+    }
+}
+
+impl Device for SoftDevice {
+    type Pd = SoftPd;
+    type Mr = SoftMr;
+    type Cq = SoftCq;
+    type Qp = SoftQp;
+
+    fn name(&self) -> &str {
+        &self.dev.name
+    }
+
+    fn alloc_pd(&self) -> Result<SoftPd, ProviderError> {
+        Ok(SoftPd {
+            id: self.id(),
+            _engine: Arc::clone(&self.engine),
+        })
+    }
+
+    fn reg_mr(&self, pd: &SoftPd, len: usize, access: Access) -> Result<SoftMr, ProviderError> {
+        if len > self.dev.config.max_mr_size {
+            return Err(ProviderError::Invalid {
+                what: "region length",
+                why: format!(
+                    "{len} bytes is more than {} supports ({} bytes)",
+                    self.dev.name, self.dev.config.max_mr_size
+                ),
+            });
+        }
+        let mut table = self.dev.mrs.write().unwrap_or_else(PoisonError::into_inner);
+        let key = table.allocate_key().ok_or_else(|| ProviderError::Invalid {
+            what: "region count",
+            why: format!(
+                "{} holds at most {} regions",
+                self.dev.name,
+                crate::mr::MAX_REGIONS
+            ),
+        })?;
+        let mr = Arc::new(MrInner::new(len, access, pd.id, key));
+        table.insert(Arc::clone(&mr));
+        Ok(SoftMr {
+            mr,
+            dev: Arc::clone(&self.dev),
+            _engine: Arc::clone(&self.engine),
+        })
+    }
+
+    fn create_cq(&self, min_entries: u32) -> Result<SoftCq, ProviderError> {
+        if min_entries == 0 || min_entries > self.dev.config.max_cqe {
+            return Err(ProviderError::Invalid {
+                what: "CQ size",
+                why: format!(
+                    "{min_entries} entries: {} supports 1 to {}",
+                    self.dev.name, self.dev.config.max_cqe
+                ),
+            });
+        }
+        // Like mlx5: room for at least one more than asked, in a power of two, one kept empty.
+        let capacity = (min_entries + 1).next_power_of_two() - 1;
+        Ok(SoftCq {
+            cq: Arc::new(CqInner {
+                id: self.id(),
+                ring: CompletionRing::new(capacity),
+                error: AtomicBool::new(false),
+                seen_consumer: AtomicU64::new(0),
+                free_on_poll: self.dev.config.personality == Personality::Mlx5,
+                poll: Mutex::new(PollState::default()),
+                send_queues: RwLock::new(HashMap::new()),
+            }),
+            _engine: Arc::clone(&self.engine),
+        })
+    }
+
+    fn create_qp(
+        &self,
+        pd: &SoftPd,
+        send_cq: &SoftCq,
+        recv_cq: &SoftCq,
+        init: &QpInit,
+    ) -> Result<SoftQp, ProviderError> {
+        let req = init.caps;
+        let max = self.dev.config.max_qp_wr;
+        for (what, n) in [
+            ("max_send_wr", req.max_send_wr),
+            ("max_recv_wr", req.max_recv_wr),
+        ] {
+            if n == 0 || n > max {
+                return Err(ProviderError::Invalid {
+                    what,
+                    why: format!("{n}: {} supports 1 to {max}", self.dev.name),
+                });
+            }
+        }
+        if req.max_send_sge > 1 || req.max_recv_sge > 1 {
+            return Err(ProviderError::Invalid {
+                what: "max_send_sge/max_recv_sge",
+                why: format!(
+                    "{} supports one scatter/gather entry per work request",
+                    self.dev.name
+                ),
+            });
+        }
+        if req.max_inline_data as usize > MAX_INLINE {
+            return Err(ProviderError::Invalid {
+                what: "max_inline_data",
+                why: format!(
+                    "{} bytes: {} supports up to {MAX_INLINE}",
+                    req.max_inline_data, self.dev.name
+                ),
+            });
+        }
+        let personality = self.dev.config.personality;
+        // (reported capacity, slots the ring really holds)
+        let (send_cap, send_limit, recv_cap, recv_limit) = match personality {
+            Personality::Mlx5 => {
+                let s = req.max_send_wr.next_power_of_two();
+                let r = req.max_recv_wr.next_power_of_two();
+                (s, s, r, r)
+            }
+            Personality::Rxe => (
+                req.max_send_wr,
+                (req.max_send_wr + 1).next_power_of_two() - 1,
+                req.max_recv_wr,
+                (req.max_recv_wr + 1).next_power_of_two() - 1,
+            ),
+        };
+        let caps = QpCaps {
+            max_send_wr: send_cap,
+            max_recv_wr: recv_cap,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: MAX_INLINE as u32,
+        };
+        let sq = Arc::new(SendRing::new(send_limit));
+        let qpn = self.id() & 0x00ff_ffff;
+        let qp = Arc::new(QpInner {
+            qpn,
+            pd: pd.id,
+            caps,
+            sq_sig_all: init.sq_sig_all,
+            sq: Arc::clone(&sq),
+            rq: RecvRing::new(recv_limit),
+            send_cq: Arc::clone(&send_cq.cq),
+            recv_cq: Arc::clone(&recv_cq.cq),
+            state: AtomicU8::new(QpState::Reset as u8),
+            access: AtomicU32::new(0),
+            rnr_retry: AtomicU8::new(7),
+            peer: Mutex::new(None),
+            free_on_poll: personality == Personality::Mlx5,
+            post: Mutex::new(Producer::default()),
+            recv_post: Mutex::new(0),
+        });
+        send_cq
+            .cq
+            .send_queues
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(qpn, sq);
+        let mut reg = lock(&self.dev.qps);
+        reg.list.push(Arc::clone(&qp));
+        reg.by_num.insert(qpn, Arc::downgrade(&qp));
+        drop(reg);
+        self.dev.bump();
+        Ok(SoftQp {
+            qp,
+            dev: Arc::clone(&self.dev),
+            _engine: Arc::clone(&self.engine),
+        })
+    }
+
+    fn poll_async_event(&self) -> Option<AsyncEvent> {
+        lock(&self.dev.events).pop_front()
+    }
+}

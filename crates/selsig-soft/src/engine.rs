@@ -1,0 +1,533 @@
+//! The NIC thread: executes every send queue's work requests in order, moves the bytes,
+//! writes completions, and flushes queues in the error state.
+//!
+//! One thread per device serves all its queue pairs, round robin, at most [`BUDGET`] work
+//! requests of one queue per turn. Loopback is the only fabric: a work request's
+//! responder is the peer QP on the same device, handled by the same thread, so there is
+//! one producer for every completion queue. When idle the thread spins briefly, yields,
+//! then parks until a doorbell wakes it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use selsig::{Access, AsyncEvent, QpState, WcOpcode, WcStatus};
+
+use crate::device::{DeviceInner, QpInner, lock};
+use crate::mem;
+use crate::mr::{MrInner, MrTable};
+use crate::ring::{Cqe, Wqe, op};
+
+/// Work requests of one send queue executed per turn.
+pub(crate) const BUDGET: u64 = 256;
+const SPIN: u32 = 2_000;
+const YIELD: u32 = 50;
+/// The longest sleep: a safety net, the doorbell wakes the thread.
+const PARK: Duration = Duration::from_millis(5);
+
+/// The NIC thread's view of one QP: itself, its peer, and whether it waits for a receive.
+struct Served {
+    qp: Arc<QpInner>,
+    peer: Option<Arc<QpInner>>,
+    /// The peer's receive producer when this QP stalled on RNR (waits for it to change).
+    rnr_wait: Option<u64>,
+}
+
+pub(crate) fn run(dev: Arc<DeviceInner>) {
+    let mut served: Vec<Served> = Vec::new();
+    let mut version = u64::MAX;
+    let mut idle = 0u32;
+    loop {
+        if dev.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let v = dev.qps_version.load(Ordering::Acquire);
+        if v != version {
+            version = v;
+            served = lock(&dev.qps)
+                .list
+                .iter()
+                .map(|qp| Served {
+                    qp: Arc::clone(qp),
+                    peer: lock(&qp.peer).as_ref().and_then(|w| w.upgrade()),
+                    rnr_wait: None,
+                })
+                .collect();
+        }
+        let mut progress = false;
+        {
+            let mrs = dev
+                .mrs
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for s in &mut served {
+                progress |= serve(&dev, s, &mrs);
+            }
+        }
+        if progress {
+            idle = 0;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        if idle < SPIN {
+            std::hint::spin_loop();
+        } else if idle < SPIN + YIELD {
+            std::thread::yield_now();
+        } else {
+            dev.sleeping.store(true, Ordering::Relaxed);
+            // Pairs with the fence of `ring_doorbell`.
+            crate::sync::fence(Ordering::SeqCst);
+            let pending = served.iter().any(has_work)
+                || dev.qps_version.load(Ordering::Acquire) != version
+                || dev.stop.load(Ordering::Acquire);
+            if !pending {
+                std::thread::park_timeout(PARK);
+            }
+            dev.sleeping.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether a QP has work the NIC can do now.
+fn has_work(s: &Served) -> bool {
+    let qp = &s.qp;
+    let sq_pending = qp.sq.producer.load(Ordering::Acquire) != qp.sq.exec.load(Ordering::Relaxed);
+    let blocked = match (s.rnr_wait, &s.peer) {
+        (Some(seen), Some(peer)) => peer.rq.producer.load(Ordering::Acquire) == seen,
+        _ => false,
+    };
+    let rq_flush = qp.state() == QpState::Err
+        && qp.rq.producer.load(Ordering::Acquire) != qp.rq.consumer.load(Ordering::Relaxed);
+    (sq_pending && !blocked) || rq_flush
+}
+
+/// One turn of one QP; `true` when anything was done.
+fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
+    let qp = &*s.qp;
+    let mut progress = false;
+    if let (Some(seen), Some(peer)) = (s.rnr_wait, &s.peer) {
+        if peer.rq.producer.load(Ordering::Acquire) == seen && peer.state() != QpState::Err {
+            return flush_rq_if_error(qp);
+        }
+        s.rnr_wait = None;
+    }
+    let producer = qp.sq.producer.load(Ordering::Acquire);
+    let mut exec = qp.sq.exec.load(Ordering::Relaxed);
+    let end = producer.min(exec + BUDGET);
+    let peer = s.peer.as_deref();
+    while exec < end {
+        let wqe = qp.sq.read(exec);
+        let counter = exec as u16;
+        let cqe = if qp.state() == QpState::Err {
+            Some(error_cqe(qp, &wqe, counter, WcStatus::WrFlushErr))
+        } else {
+            match execute(dev, qp, peer, &wqe, exec, mrs) {
+                Exec::Done { opcode, byte_len } => (wqe.signaled || qp.sq_sig_all).then_some(Cqe {
+                    wr_id: wqe.wr_id,
+                    status: WcStatus::Success as u8,
+                    opcode: opcode as u8,
+                    send_queue: true,
+                    has_imm: false,
+                    wqe_counter: counter,
+                    byte_len,
+                    qp_num: qp.qpn,
+                    imm: 0,
+                    vendor_err: 0,
+                }),
+                Exec::Stall => {
+                    s.rnr_wait = peer.map(|p| p.rq.producer.load(Ordering::Acquire));
+                    break;
+                }
+                Exec::Fail { status, responder } => {
+                    qp.set_error();
+                    if let (Some(event), Some(peer)) = (responder, peer) {
+                        peer.set_error();
+                        dev.push_event(event(peer.qpn));
+                    }
+                    Some(error_cqe(qp, &wqe, counter, status))
+                }
+            }
+        };
+        exec += 1;
+        progress = true;
+        if let Some(cqe) = cqe {
+            if !qp.send_cq.push(&cqe) {
+                overrun(dev, qp, qp.send_cq.id);
+            }
+        }
+    }
+    if progress {
+        qp.sq.exec.store(exec, Ordering::Release);
+    }
+    flush_rq_if_error(qp) || progress
+}
+
+fn error_cqe(qp: &QpInner, wqe: &Wqe, counter: u16, status: WcStatus) -> Cqe {
+    // Only wr_id, status, qp_num and vendor_err are valid in an error completion; the
+    // opcode is left 0, as rxe leaves it.
+    Cqe {
+        wr_id: wqe.wr_id,
+        status: status as u8,
+        opcode: 0,
+        send_queue: true,
+        has_imm: false,
+        wqe_counter: counter,
+        byte_len: 0,
+        qp_num: qp.qpn,
+        imm: 0,
+        vendor_err: 0,
+    }
+}
+
+/// A CQ found no room: it is in the error state (the completion is lost), the QP that
+/// reported to it goes to the error state, and both events are raised.
+fn overrun(dev: &DeviceInner, qp: &QpInner, cq: u32) {
+    let first = !qp.state().eq(&QpState::Err);
+    qp.set_error();
+    dev.push_event(AsyncEvent::CqErr { cq });
+    if first {
+        dev.push_event(AsyncEvent::QpFatal { qp_num: qp.qpn });
+    }
+}
+
+/// In the error state, every posted receive is flushed: one completion each.
+fn flush_rq_if_error(qp: &QpInner) -> bool {
+    if qp.state() != QpState::Err {
+        return false;
+    }
+    let producer = qp.rq.producer.load(Ordering::Acquire);
+    let mut consumer = qp.rq.consumer.load(Ordering::Relaxed);
+    if producer == consumer {
+        return false;
+    }
+    while consumer < producer {
+        let rqe = qp.rq.read(consumer);
+        let cqe = Cqe {
+            wr_id: rqe.wr_id,
+            status: WcStatus::WrFlushErr as u8,
+            opcode: WcOpcode::Recv as u8,
+            send_queue: false,
+            has_imm: false,
+            wqe_counter: 0,
+            byte_len: 0,
+            qp_num: qp.qpn,
+            imm: 0,
+            vendor_err: 0,
+        };
+        consumer += 1;
+        if !qp.recv_cq.push(&cqe) {
+            break;
+        }
+    }
+    qp.rq.consumer.store(consumer, Ordering::Release);
+    true
+}
+
+enum Exec {
+    Done {
+        opcode: WcOpcode,
+        byte_len: u32,
+    },
+    /// The responder has no receive posted and the requester retries forever (RNR retry 7).
+    Stall,
+    Fail {
+        status: WcStatus,
+        /// The responder moves to the error state with this event.
+        responder: Option<fn(u32) -> AsyncEvent>,
+    },
+}
+
+fn fail(status: WcStatus) -> Exec {
+    Exec::Fail {
+        status,
+        responder: None,
+    }
+}
+
+fn remote_access_error() -> Exec {
+    Exec::Fail {
+        status: WcStatus::RemAccessErr,
+        responder: Some(|qp_num| AsyncEvent::QpAccessErr { qp_num }),
+    }
+}
+
+/// Where the bytes of a work request come from.
+enum Source<'a> {
+    Empty,
+    Memory(&'a [std::sync::atomic::AtomicU64], usize),
+}
+
+/// The local region of `[addr, addr + len)` under `lkey`, checked like hardware: the key
+/// is current, the region belongs to the QP's protection domain, the range is inside it,
+/// and the access is granted.
+fn local(
+    mrs: &MrTable,
+    pd: u32,
+    lkey: u32,
+    addr: u64,
+    len: u32,
+    need: Access,
+) -> Option<(&MrInner, usize)> {
+    let mr = mrs.get(lkey)?;
+    if mr.pd != pd || !mr.access.contains(need) {
+        return None;
+    }
+    Some((mr, mr.offset_of(addr, len)?))
+}
+
+/// The responder's region of `[addr, addr + len)` under `rkey`: the key is current, the
+/// region is of the responder QP's protection domain, both the region and the QP grant
+/// `need`, the range is inside the region.
+fn remote<'m>(
+    mrs: &'m MrTable,
+    responder: &QpInner,
+    rkey: u32,
+    addr: u64,
+    len: u32,
+    need: Access,
+) -> Option<(&'m MrInner, usize)> {
+    let qp_access = Access::from_bits_truncate(responder.access.load(Ordering::Relaxed));
+    if !qp_access.contains(need) {
+        return None;
+    }
+    let mr = mrs.get(rkey)?;
+    if mr.pd != responder.pd || !mr.access.contains(need) {
+        return None;
+    }
+    Some((mr, mr.offset_of(addr, len)?))
+}
+
+fn source<'a>(qp: &'a QpInner, wqe: &Wqe, index: u64, mrs: &'a MrTable) -> Option<Source<'a>> {
+    if wqe.inline {
+        return Some(Source::Memory(qp.sq.inline_words(index), 0));
+    }
+    if wqe.len == 0 {
+        return Some(Source::Empty);
+    }
+    let (mr, off) = local(
+        mrs,
+        qp.pd,
+        wqe.lkey,
+        wqe.local_addr,
+        wqe.len,
+        Access::empty(),
+    )?;
+    Some(Source::Memory(&mr.words, off))
+}
+
+fn copy(src: &Source<'_>, dst: &[std::sync::atomic::AtomicU64], dst_off: usize, len: u32) {
+    if let Source::Memory(words, off) = src {
+        mem::copy(words, *off, dst, dst_off, len as usize);
+    }
+}
+
+/// The next receive of `qp`, without consuming it.
+fn peek_recv(qp: &QpInner) -> Option<crate::ring::Rqe> {
+    let consumer = qp.rq.consumer.load(Ordering::Relaxed);
+    (qp.rq.producer.load(Ordering::Acquire) > consumer).then(|| qp.rq.read(consumer))
+}
+
+fn consume_recv(qp: &QpInner) {
+    let consumer = qp.rq.consumer.load(Ordering::Relaxed);
+    qp.rq.consumer.store(consumer + 1, Ordering::Release);
+}
+
+fn recv_cqe(
+    responder: &QpInner,
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    byte_len: u32,
+    imm: Option<u32>,
+) -> Cqe {
+    Cqe {
+        wr_id,
+        status: status as u8,
+        opcode: opcode as u8,
+        send_queue: false,
+        has_imm: imm.is_some(),
+        wqe_counter: 0,
+        byte_len,
+        qp_num: responder.qpn,
+        imm: imm.unwrap_or(0),
+        vendor_err: 0,
+    }
+}
+
+fn no_receive(qp: &QpInner) -> Exec {
+    if qp.rnr_retry.load(Ordering::Relaxed) >= 7 {
+        Exec::Stall
+    } else {
+        fail(WcStatus::RnrRetryExcErr)
+    }
+}
+
+fn push_recv(dev: &DeviceInner, responder: &QpInner, cqe: &Cqe) {
+    if !responder.recv_cq.push(cqe) {
+        overrun(dev, responder, responder.recv_cq.id);
+    }
+}
+
+fn execute(
+    dev: &DeviceInner,
+    qp: &QpInner,
+    peer: Option<&QpInner>,
+    wqe: &Wqe,
+    index: u64,
+    mrs: &MrTable,
+) -> Exec {
+    // Without a listening responder the requester's retries run out.
+    let Some(peer) = peer.filter(|p| matches!(p.state(), QpState::Rtr | QpState::Rts)) else {
+        return fail(WcStatus::RetryExcErr);
+    };
+    let len = wqe.len;
+    match wqe.opcode {
+        op::WRITE | op::WRITE_IMM => {
+            let Some(src) = source(qp, wqe, index, mrs) else {
+                return fail(WcStatus::LocProtErr);
+            };
+            // The remote key of a zero-length RDMA WRITE is not checked: there is no memory
+            // to protect (IBTA; this is what makes it usable as a confirm marker).
+            let dst = if len == 0 {
+                None
+            } else {
+                match remote(
+                    mrs,
+                    peer,
+                    wqe.rkey,
+                    wqe.remote_addr,
+                    len,
+                    Access::REMOTE_WRITE,
+                ) {
+                    Some(d) => Some(d),
+                    None => return remote_access_error(),
+                }
+            };
+            let rqe = if wqe.opcode == op::WRITE_IMM {
+                match peek_recv(peer) {
+                    Some(r) => Some(r),
+                    None => return no_receive(qp),
+                }
+            } else {
+                None
+            };
+            if let Some((mr, off)) = dst {
+                copy(&src, &mr.words, off, len);
+            }
+            if let Some(rqe) = rqe {
+                consume_recv(peer);
+                let cqe = recv_cqe(
+                    peer,
+                    rqe.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    len,
+                    Some(wqe.imm),
+                );
+                push_recv(dev, peer, &cqe);
+            }
+            Exec::Done {
+                opcode: WcOpcode::RdmaWrite,
+                byte_len: len,
+            }
+        }
+        op::READ => {
+            let dst = if len == 0 {
+                None
+            } else {
+                match local(
+                    mrs,
+                    qp.pd,
+                    wqe.lkey,
+                    wqe.local_addr,
+                    len,
+                    Access::LOCAL_WRITE,
+                ) {
+                    Some(d) => Some(d),
+                    None => return fail(WcStatus::LocProtErr),
+                }
+            };
+            let src = if len == 0 {
+                None
+            } else {
+                match remote(
+                    mrs,
+                    peer,
+                    wqe.rkey,
+                    wqe.remote_addr,
+                    len,
+                    Access::REMOTE_READ,
+                ) {
+                    Some(s) => Some(s),
+                    None => return remote_access_error(),
+                }
+            };
+            if let (Some((dmr, doff)), Some((smr, soff))) = (dst, src) {
+                mem::copy(&smr.words, soff, &dmr.words, doff, len as usize);
+            }
+            Exec::Done {
+                opcode: WcOpcode::RdmaRead,
+                byte_len: len,
+            }
+        }
+        op::SEND | op::SEND_IMM => {
+            let Some(src) = source(qp, wqe, index, mrs) else {
+                return fail(WcStatus::LocProtErr);
+            };
+            let Some(rqe) = peek_recv(peer) else {
+                return no_receive(qp);
+            };
+            consume_recv(peer);
+            let imm = (wqe.opcode == op::SEND_IMM).then_some(wqe.imm);
+            if len > rqe.len {
+                // The receive is too small: the responder's receive fails and it goes to
+                // the error state; the requester learns of an invalid request.
+                push_recv(
+                    dev,
+                    peer,
+                    &recv_cqe(
+                        peer,
+                        rqe.wr_id,
+                        WcStatus::LocLenErr,
+                        WcOpcode::Recv,
+                        0,
+                        None,
+                    ),
+                );
+                peer.set_error();
+                return fail(WcStatus::RemInvReqErr);
+            }
+            if len > 0 {
+                match local(mrs, peer.pd, rqe.lkey, rqe.addr, len, Access::LOCAL_WRITE) {
+                    Some((mr, off)) => copy(&src, &mr.words, off, len),
+                    None => {
+                        push_recv(
+                            dev,
+                            peer,
+                            &recv_cqe(
+                                peer,
+                                rqe.wr_id,
+                                WcStatus::LocProtErr,
+                                WcOpcode::Recv,
+                                0,
+                                None,
+                            ),
+                        );
+                        peer.set_error();
+                        return fail(WcStatus::RemOpErr);
+                    }
+                }
+            }
+            push_recv(
+                dev,
+                peer,
+                &recv_cqe(peer, rqe.wr_id, WcStatus::Success, WcOpcode::Recv, len, imm),
+            );
+            Exec::Done {
+                opcode: WcOpcode::Send,
+                byte_len: len,
+            }
+        }
+        _ => fail(WcStatus::LocQpOpErr),
+    }
+}

@@ -1,0 +1,148 @@
+//! Memory regions and their keys.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use selsig::Access;
+
+use crate::mem;
+
+/// Bits of a key that select the table entry; the rest are random tag bits, so a stale
+/// key (of a deregistered region whose entry was reused) or a guessed one does not match.
+const TAG_BITS: u32 = 12;
+const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
+/// Most regions a device holds at once.
+pub(crate) const MAX_REGIONS: usize = 1 << (32 - TAG_BITS);
+
+/// A registered region: its memory, keys, access and protection domain.
+#[derive(Debug)]
+pub(crate) struct MrInner {
+    pub(crate) words: Box<[AtomicU64]>,
+    pub(crate) len: usize,
+    pub(crate) addr: u64,
+    pub(crate) key: u32,
+    pub(crate) access: Access,
+    pub(crate) pd: u32,
+}
+
+impl MrInner {
+    pub(crate) fn new(len: usize, access: Access, pd: u32, key: u32) -> Self {
+        let words = mem::zeroed(len);
+        // The address space of a region is its real address, as with verbs (iova = VA).
+        let addr = words.as_ptr() as u64;
+        MrInner {
+            words,
+            len,
+            addr,
+            key,
+            access,
+            pd,
+        }
+    }
+
+    /// The byte offset of `[addr, addr + len)` in the region, if it lies inside it.
+    #[inline]
+    pub(crate) fn offset_of(&self, addr: u64, len: u32) -> Option<usize> {
+        let off = addr.checked_sub(self.addr)?;
+        let end = off.checked_add(u64::from(len))?;
+        (end <= self.len as u64).then_some(off as usize)
+    }
+}
+
+/// The device's regions by key.
+#[derive(Debug, Default)]
+pub(crate) struct MrTable {
+    entries: Vec<Option<Arc<MrInner>>>,
+    /// The last tag used for each entry, so that a reused entry gets another key.
+    tags: Vec<u32>,
+    free: Vec<usize>,
+}
+
+impl MrTable {
+    /// Picks an entry and a fresh key for a new region.
+    pub(crate) fn allocate_key(&mut self) -> Option<u32> {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None if self.entries.len() < MAX_REGIONS => {
+                self.entries.push(None);
+                self.tags.push(0);
+                self.entries.len() - 1
+            }
+            None => return None,
+        };
+        let old = self.tags[index];
+        let mut tag = random_u32() & TAG_MASK;
+        while tag == old {
+            tag = random_u32() & TAG_MASK;
+        }
+        self.tags[index] = tag;
+        Some(((index as u32) << TAG_BITS) | tag)
+    }
+
+    pub(crate) fn insert(&mut self, mr: Arc<MrInner>) {
+        let index = (mr.key >> TAG_BITS) as usize;
+        self.entries[index] = Some(mr);
+    }
+
+    /// Removes a region; the NIC cannot reach it once this returns.
+    pub(crate) fn remove(&mut self, key: u32) {
+        let index = (key >> TAG_BITS) as usize;
+        if let Some(entry) = self.entries.get_mut(index) {
+            if entry.as_ref().is_some_and(|mr| mr.key == key) {
+                *entry = None;
+                self.free.push(index);
+            }
+        }
+    }
+
+    /// The region of `key`, if the key is current.
+    #[inline]
+    pub(crate) fn get(&self, key: u32) -> Option<&MrInner> {
+        let mr = self.entries.get((key >> TAG_BITS) as usize)?.as_deref()?;
+        (mr.key == key).then_some(mr)
+    }
+}
+
+/// A random number from the standard library's per-process random hash keys.
+pub(crate) fn random_u32() -> u32 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x5e_1516);
+    h.finish() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_and_guessed_keys_do_not_match() {
+        let mut t = MrTable::default();
+        let k1 = t.allocate_key().unwrap();
+        t.insert(Arc::new(MrInner::new(64, Access::REMOTE_WRITE, 1, k1)));
+        assert!(t.get(k1).is_some());
+        assert!(t.get(k1 ^ 1).is_none(), "a neighbouring key");
+        t.remove(k1);
+        assert!(t.get(k1).is_none());
+        let k2 = t.allocate_key().unwrap();
+        assert_eq!(k1 >> TAG_BITS, k2 >> TAG_BITS, "the entry is reused");
+        assert_ne!(k1, k2, "with another key");
+        t.insert(Arc::new(MrInner::new(64, Access::REMOTE_WRITE, 1, k2)));
+        assert!(
+            t.get(k1).is_none(),
+            "the stale key does not reach the new region"
+        );
+        assert!(t.get(u32::MAX).is_none());
+    }
+
+    #[test]
+    fn offsets_are_bounded_by_the_region() {
+        let mr = MrInner::new(100, Access::empty(), 1, 0);
+        assert_eq!(mr.offset_of(mr.addr, 100), Some(0));
+        assert_eq!(mr.offset_of(mr.addr + 99, 1), Some(99));
+        assert_eq!(mr.offset_of(mr.addr + 99, 2), None);
+        assert_eq!(mr.offset_of(mr.addr - 1, 1), None);
+        assert_eq!(mr.offset_of(u64::MAX, 1), None);
+        assert_eq!(mr.offset_of(mr.addr + 100, 0), Some(100));
+    }
+}

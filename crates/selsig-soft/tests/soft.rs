@@ -1,0 +1,892 @@
+//! The software NIC against the semantics of real NICs (SEMANTICS.md), through the raw
+//! provider interface and through `SignaledQueue`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use selsig::{
+    Access, AsyncEvent, Buffer, CompletionQueue, ConnectOptions, CqError, Device, Local,
+    MemoryRegion, Opcode, Outcome, Policy, PostFailure, QpCaps, QpInit, QpState, QueuePair, RecvWr,
+    RemoteAddr, SendWr, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion, connect_pair,
+};
+use selsig_soft::{Personality, SoftConfig, SoftCq, SoftDevice, SoftMr, SoftQp};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Two connected QPs of one device: `a` sends, `b` is the responder.
+struct Pair {
+    dev: SoftDevice,
+    pd: selsig_soft::SoftPd,
+    a: SoftQp,
+    b: SoftQp,
+    cq_a: Arc<SoftCq>,
+    cq_b: Arc<SoftCq>,
+}
+
+fn pair_with(personality: Personality, send_wr: u32, cqe: u32, sq_sig_all: bool) -> Pair {
+    let dev = SoftDevice::open(SoftConfig::with_personality(personality)).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq_a = Arc::new(dev.create_cq(cqe).unwrap());
+    let cq_b = Arc::new(dev.create_cq(cqe).unwrap());
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: send_wr,
+            max_recv_wr: 64,
+            max_inline_data: 64,
+            ..QpCaps::default()
+        },
+        sq_sig_all,
+    };
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    Pair {
+        dev,
+        pd,
+        a,
+        b,
+        cq_a,
+        cq_b,
+    }
+}
+
+fn pair() -> Pair {
+    pair_with(Personality::Mlx5, 64, 256, false)
+}
+
+impl Pair {
+    fn mr(&self, len: usize, access: Access) -> SoftMr {
+        self.dev.reg_mr(&self.pd, len, access).unwrap()
+    }
+}
+
+/// Polls `cq` until `n` completions arrived (or fails after a while).
+fn poll_n(cq: &SoftCq, n: usize) -> Vec<WorkCompletion> {
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 16];
+    let start = Instant::now();
+    while got.len() < n {
+        let k = cq.poll(&mut buf).expect("poll");
+        got.extend_from_slice(&buf[..k]);
+        assert!(
+            start.elapsed() < WAIT,
+            "only {} of {n} completions: {got:?}",
+            got.len()
+        );
+    }
+    got
+}
+
+/// Waits until the NIC is surely done, then asserts the CQ stays empty.
+fn assert_no_more(cq: &SoftCq) {
+    std::thread::sleep(Duration::from_millis(30));
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 4];
+    assert_eq!(
+        cq.poll(&mut buf).unwrap(),
+        0,
+        "unexpected completion {:?}",
+        buf[0]
+    );
+}
+
+fn write(
+    wr_id: u64,
+    local: &SoftMr,
+    off: usize,
+    len: u32,
+    remote: RemoteAddr,
+    signaled: bool,
+) -> SendWr<'static> {
+    SendWr {
+        wr_id,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Sge(local.sge(off, len)),
+        remote,
+        imm_data: 0,
+        signaled,
+    }
+}
+
+fn pattern(wr: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (wr as usize * 31 + i) as u8).collect()
+}
+
+fn statuses(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
+    wcs.iter().map(|w| (w.wr_id, w.status)).collect()
+}
+
+#[test]
+fn seed_example_raw_only_cqe4_and_cqe8() {
+    let p = pair();
+    let local = p.mr(8 * 64, Access::LOCAL_WRITE);
+    let remote = p.mr(8 * 64, Access::REMOTE_WRITE);
+    let mut wrs = Vec::new();
+    for wr in 1..=8u64 {
+        let off = (wr as usize - 1) * 64;
+        local.write(off, &pattern(wr, 64)).unwrap();
+        wrs.push(write(wr, &local, off, 64, remote.remote(off), wr % 4 == 0));
+    }
+    p.a.post_send(&wrs).unwrap();
+    let wcs = poll_n(&p.cq_a, 2);
+    assert_eq!(
+        statuses(&wcs),
+        [(4, WcStatus::Success), (8, WcStatus::Success)]
+    );
+    assert!(
+        wcs.iter()
+            .all(|w| w.opcode == Some(WcOpcode::RdmaWrite) && w.qp_num == p.a.qp_num())
+    );
+    assert_no_more(&p.cq_a);
+    assert_no_more(&p.cq_b);
+    for wr in 1..=8u64 {
+        let mut got = vec![0; 64];
+        remote.read((wr as usize - 1) * 64, &mut got).unwrap();
+        assert_eq!(got, pattern(wr, 64), "WR{wr} landed");
+    }
+}
+
+#[test]
+fn seed_example_through_the_signaled_queue() {
+    let p = pair();
+    let local = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE));
+    let remote = p.mr(8 * 64, Access::REMOTE_WRITE);
+    let (mut bufs, _) = local.split_into(8, 64).unwrap();
+    let mut q: SignaledQueue<SoftDevice, u64> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
+    let mut signaled = Vec::new();
+    for (i, mut buf) in bufs.drain(..).enumerate() {
+        let wr = i as u64 + 1;
+        buf.write(0, &pattern(wr, 64)).unwrap();
+        let posted = q.post(Work::write(buf, remote.remote(i * 64), wr)).unwrap();
+        if posted.signaled() {
+            signaled.push(posted.seq.0);
+        }
+    }
+    assert_eq!(signaled, [4, 8]);
+    let mut done = Vec::new();
+    let start = Instant::now();
+    while done.len() < 8 {
+        q.poll(&mut done).unwrap();
+        assert!(start.elapsed() < WAIT);
+    }
+    let users: Vec<u64> = done.iter().map(|c| c.user).collect();
+    assert_eq!(users, (1..=8).collect::<Vec<_>>(), "in posting order");
+    assert!(
+        done.iter()
+            .all(|c| c.outcome == Outcome::Completed && c.buffer.is_some())
+    );
+    let stats = q.stats();
+    assert_eq!((stats.cqes, stats.success_cqes, stats.completed), (2, 2, 8));
+    for wr in 1..=8u64 {
+        let mut got = vec![0; 64];
+        remote.read((wr as usize - 1) * 64, &mut got).unwrap();
+        assert_eq!(got, pattern(wr, 64));
+    }
+}
+
+/// Posts unsignaled 8-byte WRITEs one at a time until the provider refuses one.
+fn post_unsignaled_until_full(p: &Pair, n: u64) -> Result<u64, selsig::PostWrError> {
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    for wr in 0..n {
+        p.a.post_send(&[write(wr, &local, 0, 8, remote.remote(0), false)])?;
+        // Give the NIC time to execute what was posted: only slot freeing differs.
+        if wr % 4 == 3 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    Ok(n)
+}
+
+#[test]
+fn mlx5_send_queue_full_of_unsignaled_wrs_never_drains() {
+    let p = pair_with(Personality::Mlx5, 8, 64, false);
+    assert_eq!(p.a.caps().max_send_wr, 8);
+    let err = post_unsignaled_until_full(&p, 100).unwrap_err();
+    assert_eq!(err.index, 0);
+    assert!(err.is_full(), "{err}");
+    assert_eq!(
+        err.source.as_ref().and_then(|e| e.raw_os_error()),
+        Some(12),
+        "ENOMEM"
+    );
+    // Still full much later: executed, but no completion was polled.
+    std::thread::sleep(Duration::from_millis(20));
+    let err = post_unsignaled_until_full(&p, 1).unwrap_err();
+    assert_eq!(err.failure, PostFailure::Full);
+    assert_no_more(&p.cq_a);
+}
+
+#[test]
+fn rxe_frees_slots_on_execution_and_holds_more_than_reported() {
+    let p = pair_with(Personality::Rxe, 8, 64, false);
+    assert_eq!(p.a.caps().max_send_wr, 8, "reads back as requested");
+    assert_eq!(
+        post_unsignaled_until_full(&p, 100).unwrap(),
+        100,
+        "never full"
+    );
+    // One list of 36 unsignaled WRITEs on depth 8: the first 15 are accepted.
+    let p = pair_with(Personality::Rxe, 8, 64, false);
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    // Keep the NIC busy-free: it may execute some while we post, so accept >= 15.
+    let wrs: Vec<_> = (0..36)
+        .map(|i| write(i, &local, 0, 8, remote.remote(0), false))
+        .collect();
+    let err = p.a.post_send(&wrs).unwrap_err();
+    assert!(err.is_full());
+    assert!(
+        err.index >= 15,
+        "rxe holds 15 on depth 8, refused at {}",
+        err.index
+    );
+}
+
+#[test]
+fn the_driver_never_fills_an_mlx5_queue_with_unsignaled_wrs() {
+    for policy in [Policy::Never, Policy::Every(1000)] {
+        let p = pair_with(Personality::Mlx5, 8, 64, false);
+        let local = Buffer::new(p.mr(64, Access::LOCAL_WRITE));
+        let remote = p.mr(64, Access::REMOTE_WRITE);
+        let (bufs, _) = local.split_into(8, 8).unwrap();
+        let mut free: Vec<_> = bufs;
+        let mut q: SignaledQueue<SoftDevice, ()> =
+            SignaledQueue::new(p.a, Arc::clone(&p.cq_a), policy).unwrap();
+        let mut done = Vec::new();
+        let mut posted = 0;
+        let start = Instant::now();
+        while posted < 1000 {
+            if let Some(buf) = free.pop() {
+                q.post(Work::write(buf, remote.remote(0), ()))
+                    .expect("the driver never overfills");
+                posted += 1;
+            }
+            q.poll(&mut done).unwrap();
+            free.extend(done.drain(..).filter_map(|c| c.buffer));
+            assert!(start.elapsed() < WAIT, "stuck at {posted}");
+        }
+        assert!(q.stats().forced > 0, "{policy}: signals were forced");
+    }
+}
+
+#[test]
+fn bad_rkey_on_wr3_fails_it_and_flushes_the_rest() {
+    let p = pair();
+    let local = p.mr(8 * 64, Access::LOCAL_WRITE);
+    let remote = p.mr(8 * 64, Access::REMOTE_WRITE);
+    let mut wrs = Vec::new();
+    for wr in 1..=8u64 {
+        let off = (wr as usize - 1) * 64;
+        local.write(off, &pattern(wr, 64)).unwrap();
+        let mut target = remote.remote(off);
+        if wr == 3 {
+            target.rkey ^= 0x5a5;
+        }
+        wrs.push(write(wr, &local, off, 64, target, wr == 8));
+    }
+    p.a.post_send(&wrs).unwrap();
+    let wcs = poll_n(&p.cq_a, 6);
+    let mut expected = vec![(3, WcStatus::RemAccessErr)];
+    expected.extend((4..=8).map(|wr| (wr, WcStatus::WrFlushErr)));
+    assert_eq!(statuses(&wcs), expected);
+    assert!(
+        wcs.iter().all(|w| w.opcode.is_none()),
+        "error completions carry no opcode"
+    );
+    assert_no_more(&p.cq_a);
+    assert_eq!(p.a.state(), QpState::Err);
+    assert_eq!(p.b.state(), QpState::Err, "the responder too");
+    assert_eq!(
+        p.dev.poll_async_event(),
+        Some(AsyncEvent::QpAccessErr {
+            qp_num: p.b.qp_num()
+        })
+    );
+    for wr in 1..=8u64 {
+        let mut got = vec![0; 64];
+        remote.read((wr as usize - 1) * 64, &mut got).unwrap();
+        if wr <= 2 {
+            assert_eq!(got, pattern(wr, 64), "WR{wr} landed");
+        } else {
+            assert_eq!(got, vec![0; 64], "WR{wr} did not land");
+        }
+    }
+    // Posting to a QP in the error state succeeds and flushes at once.
+    p.a.post_send(&[write(9, &local, 0, 8, remote.remote(0), false)])
+        .unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(9, WcStatus::WrFlushErr)]);
+}
+
+#[test]
+fn bad_rkey_outcomes_through_the_driver() {
+    let p = pair();
+    let local = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE));
+    let remote = p.mr(8 * 64, Access::REMOTE_WRITE);
+    let (bufs, _) = local.split_into(8, 64).unwrap();
+    let mut q: SignaledQueue<SoftDevice, u64> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(8)).unwrap();
+    for (i, buf) in bufs.into_iter().enumerate() {
+        let mut target = remote.remote(i * 64);
+        if i == 2 {
+            target.rkey = target.rkey.wrapping_add(1);
+        }
+        q.post(Work::write(buf, target, i as u64 + 1)).unwrap();
+    }
+    let mut done = Vec::new();
+    q.drain(WAIT, &mut done).unwrap();
+    let outcomes: Vec<(u64, Outcome)> = done.iter().map(|c| (c.user, c.outcome)).collect();
+    let mut expected = vec![
+        (1, Outcome::Completed),
+        (2, Outcome::Completed),
+        (3, Outcome::Failed(WcStatus::RemAccessErr)),
+    ];
+    expected.extend((4..=8).map(|wr| (wr, Outcome::Flushed)));
+    assert_eq!(outcomes, expected);
+    assert!(
+        done.iter().all(|c| c.buffer.is_some()),
+        "every buffer comes back"
+    );
+    assert!(
+        q.post(Work::write_empty(remote.remote(0), 9)).is_err(),
+        "refused after the error"
+    );
+}
+
+#[test]
+fn cq_overrun_puts_the_cq_and_qp_in_error_and_raises_events() {
+    let p = pair_with(Personality::Mlx5, 64, 4, false);
+    assert_eq!(p.cq_a.capacity(), 7, "like mlx5: 2^k - 1 >= requested");
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let wrs: Vec<_> = (0..10)
+        .map(|i| write(i, &local, 0, 8, remote.remote(0), true))
+        .collect();
+    p.a.post_send(&wrs).unwrap();
+    let start = Instant::now();
+    let event = loop {
+        if let Some(e) = p.dev.poll_async_event() {
+            break e;
+        }
+        assert!(start.elapsed() < WAIT);
+        std::thread::yield_now();
+    };
+    assert_eq!(event, AsyncEvent::CqErr { cq: p.cq_a.id() });
+    assert_eq!(
+        p.dev.poll_async_event(),
+        Some(AsyncEvent::QpFatal {
+            qp_num: p.a.qp_num()
+        })
+    );
+    assert_eq!(p.a.state(), QpState::Err);
+    // The 7 completions that fit are still delivered, then the overrun is reported.
+    let wcs = poll_n(&p.cq_a, 7);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 4];
+    assert!(matches!(
+        p.cq_a.poll(&mut buf),
+        Err(CqError::Overrun { capacity: 7 })
+    ));
+}
+
+/// Posts one signaled WRITE and returns its completion's status.
+fn one_write(p: &Pair, local: &SoftMr, len: u32, remote: RemoteAddr) -> WcStatus {
+    p.a.post_send(&[write(1, local, 0, len, remote, true)])
+        .unwrap();
+    poll_n(&p.cq_a, 1)[0].status
+}
+
+#[test]
+fn remote_checks_bounds_access_pd_and_deregistration() {
+    // Out of bounds.
+    let p = pair();
+    let local = p.mr(128, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    assert_eq!(
+        one_write(&p, &local, 65, remote.remote(0)),
+        WcStatus::RemAccessErr
+    );
+    let p = pair();
+    let local = p.mr(128, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    assert_eq!(
+        one_write(&p, &local, 8, remote.remote(60)),
+        WcStatus::RemAccessErr
+    );
+    // Missing REMOTE_WRITE on the region.
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::REMOTE_READ);
+    assert_eq!(
+        one_write(&p, &local, 8, remote.remote(0)),
+        WcStatus::RemAccessErr
+    );
+    // A region of another protection domain.
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let other_pd = p.dev.alloc_pd().unwrap();
+    let remote = p.dev.reg_mr(&other_pd, 64, Access::REMOTE_WRITE).unwrap();
+    assert_eq!(
+        one_write(&p, &local, 8, remote.remote(0)),
+        WcStatus::RemAccessErr
+    );
+    // A deregistered region; and a new one reusing its table entry rejects the old key.
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let stale = remote.remote(0);
+    drop(remote);
+    let _new = p.mr(64, Access::REMOTE_WRITE);
+    assert_eq!(one_write(&p, &local, 8, stale), WcStatus::RemAccessErr);
+    // The responder QP's own access flags.
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    p.a.post_send(&[SendWr {
+        opcode: Opcode::RdmaRead,
+        ..write(1, &local, 0, 8, remote.remote(0), true)
+    }])
+    .unwrap();
+    assert_eq!(
+        poll_n(&p.cq_a, 1)[0].status,
+        WcStatus::RemAccessErr,
+        "READ of a region without REMOTE_READ"
+    );
+}
+
+#[test]
+fn the_responder_qp_access_flags_are_checked() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let init = QpInit {
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let read_only = ConnectOptions {
+        access: Access::REMOTE_READ,
+        ..ConnectOptions::default()
+    };
+    a.connect(&b.endpoint(&read_only).unwrap(), &read_only)
+        .unwrap();
+    b.connect(&a.endpoint(&read_only).unwrap(), &read_only)
+        .unwrap();
+    let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+    let remote = dev
+        .reg_mr(&pd, 64, Access::REMOTE_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    a.post_send(&[write(1, &local, 0, 8, remote.remote(0), true)])
+        .unwrap();
+    assert_eq!(
+        statuses(&poll_n(&cq, 1)),
+        [(1, WcStatus::RemAccessErr)],
+        "b's QP does not allow REMOTE_WRITE"
+    );
+}
+
+#[test]
+fn local_checks_give_local_protection_errors() {
+    // A local region of another protection domain.
+    let p = pair();
+    let other_pd = p.dev.alloc_pd().unwrap();
+    let local = p.dev.reg_mr(&other_pd, 64, Access::LOCAL_WRITE).unwrap();
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    assert_eq!(
+        one_write(&p, &local, 8, remote.remote(0)),
+        WcStatus::LocProtErr
+    );
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    p.a.post_send(&[write(1, &local, 32, 64, remote.remote(0), true)])
+        .unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(1, WcStatus::LocProtErr)]);
+    assert_eq!(
+        p.b.state(),
+        QpState::Rts,
+        "a local error leaves the responder alone"
+    );
+    // A READ into a region without LOCAL_WRITE.
+    let p = pair();
+    let local = p.mr(64, Access::empty());
+    let remote = p.mr(64, Access::REMOTE_READ);
+    p.a.post_send(&[SendWr {
+        opcode: Opcode::RdmaRead,
+        ..write(1, &local, 0, 8, remote.remote(0), true)
+    }])
+    .unwrap();
+    assert_eq!(poll_n(&p.cq_a, 1)[0].status, WcStatus::LocProtErr);
+}
+
+#[test]
+fn rdma_read_brings_remote_bytes() {
+    let p = pair();
+    let local = p.mr(4096, Access::LOCAL_WRITE);
+    let remote = p.mr(4096, Access::REMOTE_READ);
+    let data = pattern(7, 3000);
+    remote.write(1000, &data).unwrap();
+    p.a.post_send(&[SendWr {
+        opcode: Opcode::RdmaRead,
+        ..write(5, &local, 3, 3000, remote.remote(1000), true)
+    }])
+    .unwrap();
+    let wc = poll_n(&p.cq_a, 1)[0];
+    assert_eq!(
+        (wc.status, wc.opcode, wc.byte_len),
+        (WcStatus::Success, Some(WcOpcode::RdmaRead), 3000)
+    );
+    let mut got = vec![0; 3000];
+    local.read(3, &mut got).unwrap();
+    assert_eq!(got, data);
+}
+
+#[test]
+fn send_recv_and_write_with_imm_complete_on_the_peer() {
+    let p = pair();
+    let local = p.mr(256, Access::LOCAL_WRITE);
+    let inbox = p.mr(256, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    local.write(0, b"hello over SEND").unwrap();
+    p.b.post_recv(&[
+        RecvWr {
+            wr_id: 100,
+            sge: Some(inbox.sge(0, 128)),
+        },
+        RecvWr {
+            wr_id: 101,
+            sge: None,
+        },
+        RecvWr {
+            wr_id: 102,
+            sge: Some(inbox.sge(128, 128)),
+        },
+    ])
+    .unwrap();
+    let send = SendWr {
+        wr_id: 1,
+        opcode: Opcode::Send,
+        local: Local::Sge(local.sge(0, 15)),
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: true,
+    };
+    let imm = SendWr {
+        wr_id: 2,
+        opcode: Opcode::RdmaWriteWithImm,
+        local: Local::Inline(b"imm!"),
+        remote: inbox.remote(200),
+        imm_data: 0xabcd,
+        signaled: true,
+    };
+    let send_imm = SendWr {
+        wr_id: 3,
+        opcode: Opcode::SendWithImm,
+        local: Local::Inline(b"inline send"),
+        remote: RemoteAddr::default(),
+        imm_data: 7,
+        signaled: true,
+    };
+    p.a.post_send(&[send, imm, send_imm]).unwrap();
+    let sends = poll_n(&p.cq_a, 3);
+    assert_eq!(
+        sends
+            .iter()
+            .map(|w| (w.wr_id, w.opcode))
+            .collect::<Vec<_>>(),
+        [
+            (1, Some(WcOpcode::Send)),
+            (2, Some(WcOpcode::RdmaWrite)),
+            (3, Some(WcOpcode::Send))
+        ]
+    );
+    let recvs = poll_n(&p.cq_b, 3);
+    let summary: Vec<_> = recvs
+        .iter()
+        .map(|w| {
+            (
+                w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data, w.qp_num,
+            )
+        })
+        .collect();
+    let b = p.b.qp_num();
+    assert_eq!(
+        summary,
+        [
+            (100, WcStatus::Success, Some(WcOpcode::Recv), 15, None, b),
+            (
+                101,
+                WcStatus::Success,
+                Some(WcOpcode::RecvRdmaWithImm),
+                4,
+                Some(0xabcd),
+                b
+            ),
+            (102, WcStatus::Success, Some(WcOpcode::Recv), 11, Some(7), b),
+        ]
+    );
+    let mut got = vec![0; 15];
+    inbox.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"hello over SEND");
+    let mut got = vec![0; 4];
+    inbox.read(200, &mut got).unwrap();
+    assert_eq!(&got, b"imm!");
+    let mut got = vec![0; 11];
+    inbox.read(128, &mut got).unwrap();
+    assert_eq!(&got, b"inline send");
+}
+
+#[test]
+fn a_send_longer_than_the_receive_fails_both_sides() {
+    let p = pair();
+    let local = p.mr(256, Access::LOCAL_WRITE);
+    let inbox = p.mr(16, Access::LOCAL_WRITE);
+    p.b.post_recv(&[RecvWr {
+        wr_id: 9,
+        sge: Some(inbox.sge(0, 16)),
+    }])
+    .unwrap();
+    p.a.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: Opcode::Send,
+        local: Local::Sge(local.sge(0, 100)),
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: false,
+    }])
+    .unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(1, WcStatus::RemInvReqErr)]);
+    assert_eq!(statuses(&poll_n(&p.cq_b, 1)), [(9, WcStatus::LocLenErr)]);
+    assert_eq!(p.b.state(), QpState::Err);
+}
+
+#[test]
+fn receives_are_flushed_when_the_qp_goes_to_error() {
+    let p = pair();
+    p.b.post_recv(&[
+        RecvWr {
+            wr_id: 1,
+            sge: None,
+        },
+        RecvWr {
+            wr_id: 2,
+            sge: None,
+        },
+    ])
+    .unwrap();
+    p.b.to_error().unwrap();
+    let wcs = poll_n(&p.cq_b, 2);
+    assert_eq!(
+        statuses(&wcs),
+        [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]
+    );
+}
+
+#[test]
+fn zero_length_write_confirms_an_unsignaled_tail() {
+    let p = pair();
+    let local = Buffer::new(p.mr(64, Access::LOCAL_WRITE));
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let (bufs, _) = local.split_into(3, 8).unwrap();
+    let mut q: SignaledQueue<SoftDevice, usize> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(16)).unwrap();
+    for (i, buf) in bufs.into_iter().enumerate() {
+        assert!(
+            !q.post(Work::write(buf, remote.remote(i * 8), i))
+                .unwrap()
+                .signaled()
+        );
+    }
+    let mut done = Vec::new();
+    std::thread::sleep(Duration::from_millis(20));
+    q.poll(&mut done).unwrap();
+    assert!(done.is_empty(), "nothing signaled, nothing known");
+    let marker = q
+        .confirm_all()
+        .unwrap()
+        .expect("a marker for the unsignaled tail");
+    assert_eq!(marker.0, 4);
+    let start = Instant::now();
+    while done.len() < 3 {
+        q.poll(&mut done).unwrap();
+        assert!(start.elapsed() < WAIT);
+    }
+    assert!(done.iter().all(|c| c.outcome == Outcome::Completed));
+    assert_eq!(q.stats().markers, 1);
+    assert_eq!(
+        q.stats().error_cqes,
+        0,
+        "the marker (rkey 0, no region) succeeded"
+    );
+    assert_eq!(q.state(), selsig::QueueState::Ready);
+    assert!(q.tracker().is_idle());
+}
+
+#[test]
+fn invalid_work_requests_and_states_are_refused() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let init = QpInit {
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    let qp = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let wr = SendWr {
+        wr_id: 1,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Empty,
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: true,
+    };
+    let err = qp.post_send(&[wr]).unwrap_err();
+    assert_eq!(err.failure, PostFailure::State(QpState::Reset));
+    assert!(err.to_string().contains("reset"), "{err}");
+    let e = dev
+        .create_qp(
+            &pd,
+            &cq,
+            &cq,
+            &QpInit {
+                caps: QpCaps {
+                    max_send_wr: 0,
+                    ..QpCaps::default()
+                },
+                sq_sig_all: false,
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("max_send_wr"), "{e}");
+    let e = dev
+        .create_qp(
+            &pd,
+            &cq,
+            &cq,
+            &QpInit {
+                caps: QpCaps {
+                    max_inline_data: 1000,
+                    ..QpCaps::default()
+                },
+                sq_sig_all: false,
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("max_inline_data"), "{e}");
+    // Connecting to a QP that does not exist names it.
+    let mut ep = qp.endpoint(&ConnectOptions::default()).unwrap();
+    ep.qp_num = 0xbad;
+    let e = qp.connect(&ep, &ConnectOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("0xbad"), "{e}");
+    // Another device's QP cannot be reached.
+    let other = SoftDevice::open(SoftConfig::default()).unwrap();
+    let opd = other.alloc_pd().unwrap();
+    let ocq = other.create_cq(16).unwrap();
+    let oqp = other.create_qp(&opd, &ocq, &ocq, &init).unwrap();
+    let qp2 = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let e = qp2
+        .connect(
+            &oqp.endpoint(&ConnectOptions::default()).unwrap(),
+            &ConnectOptions::default(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("within one device"), "{e}");
+    // Inline data longer than the QP allows.
+    let p = pair();
+    let big = [0u8; 65];
+    let err =
+        p.a.post_send(&[SendWr {
+            local: Local::Inline(&big),
+            ..wr
+        }])
+        .unwrap_err();
+    assert!(matches!(err.failure, PostFailure::Invalid(_)), "{err}");
+}
+
+#[test]
+fn mlx5_rounds_capacities_up_to_powers_of_two() {
+    let p = pair_with(Personality::Mlx5, 100, 100, false);
+    assert_eq!(p.a.caps().max_send_wr, 128);
+    assert_eq!(p.cq_a.capacity(), 127);
+}
+
+#[test]
+fn sq_sig_all_signals_every_wr() {
+    let p = pair_with(Personality::Mlx5, 16, 64, true);
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let wrs: Vec<_> = (1..=3)
+        .map(|i| write(i, &local, 0, 8, remote.remote(0), false))
+        .collect();
+    p.a.post_send(&wrs).unwrap();
+    assert_eq!(poll_n(&p.cq_a, 3).len(), 3);
+}
+
+#[test]
+fn partial_post_reports_the_failing_wr_and_the_driver_rolls_back() {
+    let p = pair_with(Personality::Mlx5, 8, 64, false);
+    let local = Buffer::new(p.mr(64, Access::LOCAL_WRITE));
+    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let (bufs, _) = local.split_into(2, 8).unwrap();
+    let mut q: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
+    let big = [0u8; 100];
+    let mut it = bufs
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| Work::write(b, remote.remote(0), i as u32))
+        .chain(std::iter::once(Work::write_inline(
+            &big,
+            remote.remote(0),
+            2,
+        )));
+    let err = q.post_batch(&mut it).unwrap_err();
+    match err {
+        selsig::QueuePostError::Provider { returned, source } => {
+            assert_eq!(source.index, 2);
+            assert_eq!(returned.len(), 1);
+            assert_eq!(returned[0].user, 2);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(q.outstanding(), 2, "the first two were posted");
+    let mut done = Vec::new();
+    q.drain(WAIT, &mut done).unwrap();
+    assert_eq!(done.iter().map(|c| c.user).collect::<Vec<_>>(), [0, 1]);
+}
+
+#[test]
+fn wqe_counter_wraps_past_2_16_on_mlx5() {
+    // Slots are freed through the 16-bit WQE counter of each completion.
+    let p = pair_with(Personality::Mlx5, 16, 64, false);
+    let local = Buffer::new(p.mr(16 * 8, Access::LOCAL_WRITE));
+    let remote = p.mr(8, Access::REMOTE_WRITE);
+    let (bufs, _) = local.split_into(16, 8).unwrap();
+    let mut free = bufs;
+    let mut q: SignaledQueue<SoftDevice, ()> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(8)).unwrap();
+    let mut done = Vec::new();
+    let total = (1u64 << 16) + 1000;
+    let mut posted = 0u64;
+    let start = Instant::now();
+    while posted < total || !q.tracker().is_idle() {
+        while posted < total {
+            let Some(buf) = free.pop() else { break };
+            q.post(Work::write(buf, remote.remote(0), ())).unwrap();
+            posted += 1;
+        }
+        if posted == total {
+            q.confirm_all().unwrap();
+        }
+        q.poll(&mut done).unwrap();
+        free.extend(done.drain(..).map(|c| {
+            assert_eq!(c.outcome, Outcome::Completed);
+            c.buffer.unwrap()
+        }));
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "stuck at {posted}"
+        );
+    }
+    assert_eq!(q.stats().completed, total);
+}

@@ -1,0 +1,614 @@
+//! The provider interface: the verbs objects selsig needs, and nothing more.
+//!
+//! A provider gives access to RDMA devices: a device (`ibv_context`) allocates protection
+//! domains, registers memory regions, creates completion queues and RC queue pairs. Two
+//! providers implement it: `selsig-soft` (a software NIC in the process) and
+//! `selsig-verbs` (rdma-core's libibverbs).
+//!
+//! The interface mirrors verbs closely, so that code written against it behaves the same
+//! on both: real capacities are read back after creation, `post_send` reports which work
+//! request failed, a completion queue is polled into the caller's buffer.
+
+use std::fmt;
+use std::io;
+
+use crate::wc::WorkCompletion;
+
+bitflags::bitflags! {
+    /// Access flags of a memory region or queue pair (`enum ibv_access_flags`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct Access: u32 {
+        /// The NIC may write the region locally (RECV buffers, RDMA READ targets).
+        const LOCAL_WRITE = 1;
+        /// Remote peers may RDMA WRITE into the region.
+        const REMOTE_WRITE = 1 << 1;
+        /// Remote peers may RDMA READ the region.
+        const REMOTE_READ = 1 << 2;
+        /// Remote peers may perform atomics on the region.
+        const REMOTE_ATOMIC = 1 << 3;
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("none");
+        }
+        let mut first = true;
+        for (name, _) in self.iter_names() {
+            if !first {
+                f.write_str("|")?;
+            }
+            first = false;
+            f.write_str(&name.to_ascii_lowercase())?;
+        }
+        Ok(())
+    }
+}
+
+/// The state of a queue pair (`enum ibv_qp_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum QpState {
+    /// Just created.
+    Reset = 0,
+    /// Initialized: receives may be posted.
+    Init = 1,
+    /// Ready to receive.
+    Rtr = 2,
+    /// Ready to send.
+    Rts = 3,
+    /// Send queue drained.
+    Sqd = 4,
+    /// Send queue error.
+    Sqe = 5,
+    /// Error: every outstanding work request is flushed.
+    Err = 6,
+}
+
+impl QpState {
+    /// The lowercase name used in traces and messages.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            QpState::Reset => "reset",
+            QpState::Init => "init",
+            QpState::Rtr => "rtr",
+            QpState::Rts => "rts",
+            QpState::Sqd => "sqd",
+            QpState::Sqe => "sqe",
+            QpState::Err => "err",
+        }
+    }
+}
+
+impl TryFrom<u32> for QpState {
+    type Error = crate::wc::UnknownValue;
+    fn try_from(v: u32) -> Result<Self, Self::Error> {
+        Ok(match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            5 => QpState::Sqe,
+            6 => QpState::Err,
+            value => {
+                return Err(crate::wc::UnknownValue {
+                    what: "ibv_qp_state",
+                    value,
+                });
+            }
+        })
+    }
+}
+
+impl fmt::Display for QpState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Queue-pair capacities: requested at creation, then the real values read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpCaps {
+    /// Send-queue slots (`cap.max_send_wr`).
+    pub max_send_wr: u32,
+    /// Receive-queue slots (`cap.max_recv_wr`).
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send work request.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive work request.
+    pub max_recv_sge: u32,
+    /// Largest inline payload in bytes.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        }
+    }
+}
+
+/// What to create a queue pair with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInit {
+    /// Requested capacities.
+    pub caps: QpCaps,
+    /// `sq_sig_all`: every work request produces a completion.
+    pub sq_sig_all: bool,
+}
+
+/// Where a queue pair can be reached: what two peers exchange to connect (like perftest
+/// and `ibv_rc_pingpong` do over TCP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// The QP number.
+    pub qp_num: u32,
+    /// The first packet sequence number (24 bits).
+    pub psn: u32,
+    /// The port's LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// The GID (RoCE, or global routing on InfiniBand).
+    pub gid: [u8; 16],
+}
+
+/// Connection parameters of the local side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// The port to use (1-based).
+    pub port: u8,
+    /// The GID index for RoCE v2 / global routing; `None` for a LID-routed InfiniBand path.
+    pub gid_index: Option<u8>,
+    /// What the peer may do to this QP's memory (`qp_access_flags`).
+    pub access: Access,
+    /// The path MTU in bytes (256 … 4096).
+    pub mtu: u32,
+    /// Transport retries before `IBV_WC_RETRY_EXC_ERR` (0–7).
+    pub retry_cnt: u8,
+    /// RNR retries before `IBV_WC_RNR_RETRY_EXC_ERR` (0–7; 7 retries forever).
+    pub rnr_retry: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            port: 1,
+            gid_index: None,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            mtu: 1024,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        }
+    }
+}
+
+/// A local scatter/gather entry: bytes of a registered memory region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sge {
+    /// The address (in the region's address space, as `ibv_sge.addr`).
+    pub addr: u64,
+    /// The length in bytes.
+    pub length: u32,
+    /// The region's local key.
+    pub lkey: u32,
+}
+
+/// A remote address: what an RDMA WRITE or READ targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RemoteAddr {
+    /// The address in the remote region.
+    pub addr: u64,
+    /// The remote region's key.
+    pub rkey: u32,
+}
+
+impl RemoteAddr {
+    /// The address `offset` bytes further.
+    pub const fn offset(self, offset: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr.wrapping_add(offset),
+            rkey: self.rkey,
+        }
+    }
+}
+
+/// The operation of a send work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Opcode {
+    /// RDMA WRITE.
+    RdmaWrite,
+    /// RDMA WRITE with immediate data (consumes a receive at the peer).
+    RdmaWriteWithImm,
+    /// RDMA READ.
+    RdmaRead,
+    /// SEND (consumes a receive at the peer).
+    Send,
+    /// SEND with immediate data.
+    SendWithImm,
+}
+
+impl Opcode {
+    /// The lowercase name used in traces.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Opcode::RdmaWrite => "rdma_write",
+            Opcode::RdmaWriteWithImm => "rdma_write_with_imm",
+            Opcode::RdmaRead => "rdma_read",
+            Opcode::Send => "send",
+            Opcode::SendWithImm => "send_with_imm",
+        }
+    }
+
+    /// `true` for operations that target a remote address.
+    pub const fn is_rdma(self) -> bool {
+        matches!(
+            self,
+            Opcode::RdmaWrite | Opcode::RdmaWriteWithImm | Opcode::RdmaRead
+        )
+    }
+
+    /// `true` for operations that carry immediate data.
+    pub const fn has_imm(self) -> bool {
+        matches!(self, Opcode::RdmaWriteWithImm | Opcode::SendWithImm)
+    }
+}
+
+impl fmt::Display for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The local data of a send work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Local<'a> {
+    /// No local data: a zero-length operation.
+    Empty,
+    /// One scatter/gather entry.
+    Sge(Sge),
+    /// Inline data (`IBV_SEND_INLINE`): copied into the work request when posted, so the
+    /// caller may reuse it as soon as the post returns.
+    Inline(&'a [u8]),
+}
+
+impl Local<'_> {
+    /// The number of bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Local::Empty => 0,
+            Local::Sge(sge) => sge.length as usize,
+            Local::Inline(data) => data.len(),
+        }
+    }
+
+    /// `true` for zero bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A send work request (`struct ibv_send_wr`, one scatter/gather entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub opcode: Opcode,
+    /// The local data.
+    pub local: Local<'a>,
+    /// The remote address (RDMA operations only).
+    pub remote: RemoteAddr,
+    /// Immediate data, host order (`*_WITH_IMM` only).
+    pub imm_data: u32,
+    /// `IBV_SEND_SIGNALED`.
+    pub signaled: bool,
+}
+
+/// A receive work request (`struct ibv_recv_wr`, one scatter/gather entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where the incoming SEND lands; `None` for a zero-length receive (enough for
+    /// RDMA WRITE with immediate).
+    pub sge: Option<Sge>,
+}
+
+/// Why `post_send` or `post_recv` refused a work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PostFailure {
+    /// The queue is full (`ENOMEM` from `ibv_post_send`, `ENOSPC` from `ibv_wr_complete`).
+    Full,
+    /// The QP's state does not allow posting.
+    State(QpState),
+    /// The work request itself is invalid (inline data too long, too many bytes, ...).
+    Invalid(&'static str),
+    /// Any other error of the provider.
+    Other,
+}
+
+/// A failed `post_send` or `post_recv`: the work requests before `index` were posted
+/// (and the doorbell rung), the one at `index` and all after it were not.
+#[derive(Debug, thiserror::Error)]
+#[error("work request {index} of the batch was not posted: {}", describe_failure(.failure))]
+pub struct PostWrError {
+    /// The position of the first work request that was not posted (`bad_wr`).
+    pub index: usize,
+    /// Why.
+    pub failure: PostFailure,
+    /// The errno, where the provider reported one.
+    #[source]
+    pub source: Option<io::Error>,
+}
+
+fn describe_failure(f: &PostFailure) -> String {
+    match f {
+        PostFailure::Full => "the queue is full".to_string(),
+        PostFailure::State(s) => format!("the queue pair is in state {s}"),
+        PostFailure::Invalid(why) => format!("invalid work request: {why}"),
+        PostFailure::Other => "provider error".to_string(),
+    }
+}
+
+impl PostWrError {
+    /// `true` when the queue was full: polling completions makes room.
+    pub fn is_full(&self) -> bool {
+        self.failure == PostFailure::Full
+    }
+}
+
+/// Why a completion queue could not be polled.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CqError {
+    /// The CQ overran: a completion found no room, the CQ is in the error state and
+    /// completions were lost (`IBV_EVENT_CQ_ERR`).
+    #[error("the completion queue overran ({capacity} entries) and is in the error state")]
+    Overrun {
+        /// The CQ's capacity.
+        capacity: u32,
+    },
+    /// The provider reported an error.
+    #[error("polling the completion queue failed")]
+    Os(#[source] io::Error),
+}
+
+/// An asynchronous event of a device (`struct ibv_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AsyncEvent {
+    /// A completion queue overran (`IBV_EVENT_CQ_ERR`); `cq` is the provider's CQ id.
+    CqErr {
+        /// The CQ's id.
+        cq: u32,
+    },
+    /// A QP hit an error that no completion reports (`IBV_EVENT_QP_FATAL`).
+    QpFatal {
+        /// The QP number.
+        qp_num: u32,
+    },
+    /// A remote peer violated this QP's access rights (`IBV_EVENT_QP_ACCESS_ERR`).
+    QpAccessErr {
+        /// The QP number.
+        qp_num: u32,
+    },
+    /// An invalid request arrived at this QP (`IBV_EVENT_QP_REQ_ERR`).
+    QpReqErr {
+        /// The QP number.
+        qp_num: u32,
+    },
+    /// The port went active.
+    PortActive {
+        /// The port number.
+        port: u8,
+    },
+    /// The port went down.
+    PortErr {
+        /// The port number.
+        port: u8,
+    },
+    /// Any other event, by its `ibv_event_type` value.
+    Other {
+        /// The raw event type.
+        event_type: u32,
+    },
+}
+
+impl AsyncEvent {
+    /// The lowercase name used in traces.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AsyncEvent::CqErr { .. } => "cq_err",
+            AsyncEvent::QpFatal { .. } => "qp_fatal",
+            AsyncEvent::QpAccessErr { .. } => "qp_access_err",
+            AsyncEvent::QpReqErr { .. } => "qp_req_err",
+            AsyncEvent::PortActive { .. } => "port_active",
+            AsyncEvent::PortErr { .. } => "port_err",
+            AsyncEvent::Other { .. } => "other",
+        }
+    }
+}
+
+/// A provider error that is not about one work request.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProviderError {
+    /// The provider cannot be used on this host (e.g. libibverbs is not installed).
+    #[error("{0}")]
+    Unavailable(String),
+    /// No device of that name, or no device at all.
+    #[error("{0}")]
+    NoDevice(String),
+    /// A parameter is out of range.
+    #[error("invalid {what}: {why}")]
+    Invalid {
+        /// The parameter.
+        what: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A queue-pair state transition failed.
+    #[error("cannot move QP {qp_num} from {from} to {to}: {why}")]
+    Transition {
+        /// The QP number.
+        qp_num: u32,
+        /// Its state before.
+        from: QpState,
+        /// The state asked for.
+        to: QpState,
+        /// What failed (the attribute, for verbs).
+        why: String,
+    },
+    /// A memory access through a region's own accessors was out of its bounds.
+    #[error("{len} bytes at offset {offset} are outside the region of {region_len} bytes")]
+    OutOfBounds {
+        /// The offset asked for.
+        offset: usize,
+        /// The length asked for.
+        len: usize,
+        /// The region's length.
+        region_len: usize,
+    },
+    /// A verb failed with an errno.
+    #[error("{verb} failed")]
+    Os {
+        /// The verb (`ibv_create_qp`, ...).
+        verb: &'static str,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A registered memory region. Its memory belongs to the region: the application reads
+/// and writes it through these accessors (never through references, since the NIC may
+/// access it at any time).
+pub trait MemoryRegion: Send + Sync {
+    /// The start address, as used in scatter/gather entries and remote addresses.
+    fn addr(&self) -> u64;
+    /// The length in bytes.
+    fn len(&self) -> usize;
+    /// `true` for an empty region.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The local key.
+    fn lkey(&self) -> u32;
+    /// The remote key.
+    fn rkey(&self) -> u32;
+    /// The access flags it was registered with.
+    fn access(&self) -> Access;
+    /// Copies `data` into the region at `offset`.
+    fn write(&self, offset: usize, data: &[u8]) -> Result<(), ProviderError>;
+    /// Copies bytes of the region at `offset` into `buf`.
+    fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), ProviderError>;
+
+    /// A scatter/gather entry for `len` bytes at `offset`.
+    fn sge(&self, offset: usize, len: u32) -> Sge {
+        Sge {
+            addr: self.addr().wrapping_add(offset as u64),
+            length: len,
+            lkey: self.lkey(),
+        }
+    }
+
+    /// The remote address of `offset`, for a peer's RDMA operations.
+    fn remote(&self, offset: usize) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr().wrapping_add(offset as u64),
+            rkey: self.rkey(),
+        }
+    }
+
+    /// Fills `len` bytes at `offset` with `byte`.
+    fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), ProviderError> {
+        let chunk = [byte; 4096];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk.len());
+            self.write(offset + done, &chunk[..n])?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// A completion queue.
+pub trait CompletionQueue: Send + Sync {
+    /// The real number of entries (read back at creation).
+    fn capacity(&self) -> u32;
+    /// Moves up to `out.len()` completions into `out`, oldest first; returns how many.
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError>;
+}
+
+/// An RC queue pair.
+pub trait QueuePair: Send + Sync {
+    /// The QP number.
+    fn qp_num(&self) -> u32;
+    /// The real capacities (read back at creation).
+    fn caps(&self) -> QpCaps;
+    /// Whether the QP was created with `sq_sig_all`.
+    fn sq_sig_all(&self) -> bool;
+    /// The current state.
+    fn state(&self) -> QpState;
+    /// This side's endpoint, for the peer to connect to.
+    fn endpoint(&self, options: &ConnectOptions) -> Result<Endpoint, ProviderError>;
+    /// Moves the QP through INIT, RTR and RTS, connected to `remote`.
+    fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<(), ProviderError>;
+    /// Moves the QP to the error state: outstanding work requests are flushed.
+    fn to_error(&self) -> Result<(), ProviderError>;
+    /// Posts send work requests; on failure, reports the first one not posted.
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError>;
+    /// Posts receive work requests; on failure, reports the first one not posted.
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError>;
+}
+
+/// An opened RDMA device (`ibv_context`) and what it creates.
+pub trait Device: Send + Sync {
+    /// Protection domains.
+    type Pd: Send + Sync;
+    /// Memory regions.
+    type Mr: MemoryRegion;
+    /// Completion queues.
+    type Cq: CompletionQueue;
+    /// Queue pairs.
+    type Qp: QueuePair;
+
+    /// The device's name (`mlx5_0`, `rxe0`, `soft0`).
+    fn name(&self) -> &str;
+    /// Allocates a protection domain.
+    fn alloc_pd(&self) -> Result<Self::Pd, ProviderError>;
+    /// Allocates `len` bytes of zeroed memory and registers it with `access`.
+    fn reg_mr(&self, pd: &Self::Pd, len: usize, access: Access) -> Result<Self::Mr, ProviderError>;
+    /// Creates a completion queue of at least `min_entries` entries.
+    fn create_cq(&self, min_entries: u32) -> Result<Self::Cq, ProviderError>;
+    /// Creates an RC queue pair.
+    fn create_qp(
+        &self,
+        pd: &Self::Pd,
+        send_cq: &Self::Cq,
+        recv_cq: &Self::Cq,
+        init: &QpInit,
+    ) -> Result<Self::Qp, ProviderError>;
+    /// The next asynchronous event, if any (does not block).
+    fn poll_async_event(&self) -> Option<AsyncEvent>;
+}
+
+/// Connects two queue pairs of one device to each other (loopback).
+pub fn connect_pair<Q: QueuePair>(
+    a: &Q,
+    b: &Q,
+    options: &ConnectOptions,
+) -> Result<(), ProviderError> {
+    let ea = a.endpoint(options)?;
+    let eb = b.endpoint(options)?;
+    a.connect(&eb, options)?;
+    b.connect(&ea, options)
+}

@@ -1,0 +1,622 @@
+//! `SignaledQueue`: the tracker driving a provider's queue pair.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::Stats;
+use crate::buffer::Buffer;
+use crate::credits::CqBudget;
+use crate::policy::Policy;
+use crate::provider::{
+    CompletionQueue, CqError, Device, Local, Opcode, PostWrError, ProviderError, QueuePair,
+    RemoteAddr, SendWr,
+};
+use crate::tracker::{
+    CompletionError, ConfigError, Outcome, PostError, Posted, QueueState, SendTracker, Seq, Signal,
+    TrackerConfig,
+};
+use crate::wc::{WcStatus, WorkCompletion};
+
+/// Where a work request's local data comes from.
+#[derive(Debug)]
+pub enum Data<'a, M> {
+    /// No local data (zero-length WRITE, or a SEND of nothing).
+    None,
+    /// A buffer, held by the queue until the work request is retired.
+    Buffer(Buffer<M>),
+    /// Inline bytes, copied into the work request when it is posted.
+    Inline(&'a [u8]),
+}
+
+/// One work request to post: an operation, its data, and the caller's context `U`, which
+/// comes back with the buffer when the work request is retired.
+#[derive(Debug)]
+pub struct Work<'a, M, U> {
+    opcode: Opcode,
+    data: Data<'a, M>,
+    remote: RemoteAddr,
+    imm_data: u32,
+    signal: Signal,
+    user: U,
+}
+
+impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
+    fn new(opcode: Opcode, data: Data<'a, M>, remote: RemoteAddr, user: U) -> Self {
+        Work {
+            opcode,
+            data,
+            remote,
+            imm_data: 0,
+            signal: Signal::Auto,
+            user,
+        }
+    }
+
+    /// An RDMA WRITE of `buffer` to `remote`.
+    pub fn write(buffer: Buffer<M>, remote: RemoteAddr, user: U) -> Self {
+        Self::new(Opcode::RdmaWrite, Data::Buffer(buffer), remote, user)
+    }
+
+    /// An RDMA WRITE of inline bytes to `remote`.
+    pub fn write_inline(data: &'a [u8], remote: RemoteAddr, user: U) -> Self {
+        Self::new(Opcode::RdmaWrite, Data::Inline(data), remote, user)
+    }
+
+    /// A zero-length RDMA WRITE (the remote key is not checked for zero bytes).
+    pub fn write_empty(remote: RemoteAddr, user: U) -> Self {
+        Self::new(Opcode::RdmaWrite, Data::None, remote, user)
+    }
+
+    /// An RDMA WRITE with immediate data: the peer's receive completes with `imm`.
+    pub fn write_with_imm(buffer: Buffer<M>, remote: RemoteAddr, imm: u32, user: U) -> Self {
+        let mut w = Self::new(Opcode::RdmaWriteWithImm, Data::Buffer(buffer), remote, user);
+        w.imm_data = imm;
+        w
+    }
+
+    /// An RDMA READ of `remote` into `buffer` (its region needs `LOCAL_WRITE`).
+    pub fn read(buffer: Buffer<M>, remote: RemoteAddr, user: U) -> Self {
+        Self::new(Opcode::RdmaRead, Data::Buffer(buffer), remote, user)
+    }
+
+    /// A SEND of `buffer` (the peer needs a receive posted).
+    pub fn send(buffer: Buffer<M>, user: U) -> Self {
+        Self::new(
+            Opcode::Send,
+            Data::Buffer(buffer),
+            RemoteAddr::default(),
+            user,
+        )
+    }
+
+    /// A SEND of inline bytes.
+    pub fn send_inline(data: &'a [u8], user: U) -> Self {
+        Self::new(
+            Opcode::Send,
+            Data::Inline(data),
+            RemoteAddr::default(),
+            user,
+        )
+    }
+
+    /// A SEND with immediate data.
+    pub fn send_with_imm(buffer: Buffer<M>, imm: u32, user: U) -> Self {
+        let mut w = Self::new(
+            Opcode::SendWithImm,
+            Data::Buffer(buffer),
+            RemoteAddr::default(),
+            user,
+        );
+        w.imm_data = imm;
+        w
+    }
+
+    /// Asks for this work request to be signaled (or leaves it to the policy).
+    pub fn signal(mut self, signal: Signal) -> Self {
+        self.signal = signal;
+        self
+    }
+
+    /// The operation.
+    pub fn opcode(&self) -> Opcode {
+        self.opcode
+    }
+
+    /// The payload that is kept until retirement, giving up the rest.
+    fn into_payload(self) -> Payload<M, U> {
+        let buffer = match self.data {
+            Data::Buffer(b) => Some(b),
+            Data::None | Data::Inline(_) => None,
+        };
+        Payload {
+            buffer,
+            user: self.user,
+        }
+    }
+}
+
+/// What a queue keeps of a work request until it is retired.
+#[derive(Debug)]
+pub struct Payload<M, U> {
+    /// The buffer, for work requests that had one.
+    pub buffer: Option<Buffer<M>>,
+    /// The caller's context.
+    pub user: U,
+}
+
+/// A retired work request: its buffer and context back, with its outcome.
+#[derive(Debug)]
+pub struct Completion<M, U> {
+    /// Its sequence number (the `wr_id` it was posted with).
+    pub seq: Seq,
+    /// The buffer, for work requests that had one: the NIC no longer uses it.
+    pub buffer: Option<Buffer<M>>,
+    /// The caller's context.
+    pub user: U,
+    /// What happened to it.
+    pub outcome: Outcome,
+    /// Whether it was posted signaled.
+    pub signaled: bool,
+}
+
+/// Settings of a [`SignaledQueue`].
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    /// The signaling policy.
+    pub policy: Policy,
+    /// The CQ budget; `None` for a CQ of the queue's own (its real capacity).
+    pub cq: Option<CqBudget>,
+    /// The first sequence number.
+    pub first_seq: u64,
+    /// Where zero-length confirm and drain markers are written (the key is not checked for
+    /// zero bytes, but a valid remote address is the safe choice).
+    pub marker_target: RemoteAddr,
+    /// Completions polled per call to the provider.
+    pub poll_batch: usize,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            policy: Policy::default(),
+            cq: None,
+            first_seq: 1,
+            marker_target: RemoteAddr::default(),
+            poll_batch: 32,
+        }
+    }
+}
+
+impl QueueConfig {
+    /// The default settings with `policy`.
+    pub fn with_policy(policy: Policy) -> Self {
+        QueueConfig {
+            policy,
+            ..QueueConfig::default()
+        }
+    }
+}
+
+/// Why a post failed. Every work request not posted comes back in the error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueuePostError<T> {
+    /// The tracker refused the work request (queue full, error state, draining).
+    #[error(transparent)]
+    Refused(PostError<T>),
+    /// The provider refused a work request: those before it were posted, it and all after
+    /// it come back (in posting order) in `returned`.
+    #[error("the provider refused a work request")]
+    Provider {
+        /// The payloads of the work requests that were not posted, in posting order.
+        returned: Vec<T>,
+        /// The provider's error.
+        #[source]
+        source: PostWrError,
+    },
+    /// The work request is invalid (e.g. a buffer larger than one work request carries).
+    #[error("invalid work request")]
+    Invalid {
+        /// The work request.
+        work: T,
+        /// What is wrong.
+        #[source]
+        source: ProviderError,
+    },
+}
+
+/// Why polling failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PollError {
+    /// The completion queue failed.
+    #[error(transparent)]
+    Cq(#[from] CqError),
+    /// A completion of this queue's QP was impossible; the others of the same poll were
+    /// handled.
+    #[error(transparent)]
+    Completion(#[from] CompletionError),
+}
+
+/// Why a drain did not finish.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DrainError {
+    /// Work requests were still outstanding when the time was up.
+    #[error("{outstanding} work requests still outstanding after {waited:?}")]
+    Timeout {
+        /// How many.
+        outstanding: u32,
+        /// How long the drain waited.
+        waited: Duration,
+    },
+    /// Polling failed.
+    #[error(transparent)]
+    Poll(#[from] PollError),
+    /// The marker could not be posted.
+    #[error("the drain marker could not be posted")]
+    Marker(#[source] QueuePostError<()>),
+}
+
+/// A queue pair of a [`Device`] with selective signaling done right: a [`SendTracker`]
+/// decides what to signal and keeps every work request's buffer and context until a
+/// completion covers it.
+///
+/// Buffers move into the queue when posted and come back when retired, so a buffer of an
+/// unsignaled work request cannot be reused too early:
+///
+/// ```compile_fail
+/// # use selsig::{Buffer, Device, RemoteAddr, SignaledQueue, Work};
+/// # fn f<D: Device>(queue: &mut SignaledQueue<D, ()>, mut buf: Buffer<D::Mr>, remote: RemoteAddr) {
+/// queue.post(Work::write(buf, remote, ())).ok();
+/// buf.fill(0); // error: the buffer moved into the queue
+/// # }
+/// ```
+pub struct SignaledQueue<D: Device, U> {
+    qp: D::Qp,
+    cq: Arc<D::Cq>,
+    tracker: SendTracker<Payload<D::Mr, U>>,
+    /// The batch being posted; inline work requests are staged as `Local::Empty` and
+    /// patched with their bytes in `submit`.
+    staged: Vec<SendWr<'static>>,
+    last_posted: Option<Posted>,
+    wcs: Vec<WorkCompletion>,
+    unclaimed: Vec<WorkCompletion>,
+    marker_target: RemoteAddr,
+}
+
+impl<D: Device, U> SignaledQueue<D, U> {
+    /// A queue over `qp`, whose send completions go to `cq`, with default settings and
+    /// `policy`.
+    pub fn new(qp: D::Qp, cq: Arc<D::Cq>, policy: Policy) -> Result<Self, ConfigError> {
+        Self::with_config(qp, cq, QueueConfig::with_policy(policy))
+    }
+
+    /// A queue with explicit settings. The send-queue capacity and `sq_sig_all` are read
+    /// from the QP, the CQ capacity from the CQ.
+    pub fn with_config(
+        qp: D::Qp,
+        cq: Arc<D::Cq>,
+        config: QueueConfig,
+    ) -> Result<Self, ConfigError> {
+        let budget = config
+            .cq
+            .unwrap_or_else(|| CqBudget::Exclusive(cq.capacity()));
+        let tracker_config = TrackerConfig::new(qp.caps().max_send_wr, 0)
+            .cq(budget)
+            .policy(config.policy)
+            .sq_sig_all(qp.sq_sig_all())
+            .first_seq(config.first_seq)
+            .qp_num(qp.qp_num());
+        let tracker = SendTracker::new(tracker_config, Instant::now())?;
+        let slots = qp.caps().max_send_wr as usize;
+        Ok(SignaledQueue {
+            qp,
+            cq,
+            tracker,
+            staged: Vec::with_capacity(slots),
+            last_posted: None,
+            wcs: vec![WorkCompletion::new(0, WcStatus::Success, 0); config.poll_batch.max(1)],
+            unclaimed: Vec::new(),
+            marker_target: config.marker_target,
+        })
+    }
+
+    /// The queue pair.
+    pub fn qp(&self) -> &D::Qp {
+        &self.qp
+    }
+
+    /// The completion queue.
+    pub fn cq(&self) -> &Arc<D::Cq> {
+        &self.cq
+    }
+
+    /// The tracker (read-only).
+    pub fn tracker(&self) -> &SendTracker<Payload<D::Mr, U>> {
+        &self.tracker
+    }
+
+    /// Statistics.
+    pub fn stats(&self) -> &Stats {
+        self.tracker.stats()
+    }
+
+    /// Work requests posted and not yet retired.
+    pub fn outstanding(&self) -> u32 {
+        self.tracker.outstanding()
+    }
+
+    /// How many more work requests fit now.
+    pub fn available(&self) -> u32 {
+        self.tracker.available()
+    }
+
+    /// The queue's state.
+    pub fn state(&self) -> QueueState {
+        self.tracker.state()
+    }
+
+    /// Completions of other QPs seen while polling a shared CQ, for the caller to route.
+    pub fn take_unclaimed(&mut self) -> Vec<WorkCompletion> {
+        std::mem::take(&mut self.unclaimed)
+    }
+
+    /// Posts one work request.
+    pub fn post(
+        &mut self,
+        work: Work<'_, D::Mr, U>,
+    ) -> Result<Posted, QueuePostError<Payload<D::Mr, U>>> {
+        let mut one = std::iter::once(work);
+        self.last_posted = None;
+        self.post_batch(&mut one)?;
+        // A batch of one that returned Ok posted its work request.
+        Ok(self
+            .last_posted
+            .expect("a successful post of one work request"))
+    }
+
+    /// Posts work requests from `works` with one doorbell, as many as fit now; the rest
+    /// stay in the iterator. Returns how many were posted.
+    ///
+    /// A work request the tracker refuses (error state, draining) comes back in the error
+    /// (those before it are posted). If the provider refuses one, the tracker forgets it and
+    /// every later one, and their payloads come back in the error.
+    pub fn post_batch<'a, I>(
+        &mut self,
+        works: &mut I,
+    ) -> Result<usize, QueuePostError<Payload<D::Mr, U>>>
+    where
+        I: Iterator<Item = Work<'a, D::Mr, U>>,
+    {
+        let now = Instant::now();
+        self.staged.clear();
+        // (index in `staged`, bytes) of inline work requests; empty in the common case.
+        let mut inline: Vec<(usize, &'a [u8])> = Vec::new();
+        let mut refused = None;
+        while self.tracker.available() > 0 {
+            let Some(work) = works.next() else { break };
+            let opcode = work.opcode;
+            let remote = work.remote;
+            let imm_data = work.imm_data;
+            let signal = work.signal;
+            let local = match &work.data {
+                Data::None => Local::Empty,
+                Data::Buffer(b) => match b.sge() {
+                    Ok(sge) => Local::Sge(sge),
+                    Err(source) => {
+                        refused = Some(QueuePostError::Invalid {
+                            work: work.into_payload(),
+                            source,
+                        });
+                        break;
+                    }
+                },
+                Data::Inline(bytes) => {
+                    inline.push((self.staged.len(), bytes));
+                    Local::Empty
+                }
+            };
+            match self.tracker.post(work.into_payload(), signal, now) {
+                Ok(posted) => {
+                    self.last_posted = Some(posted);
+                    self.staged.push(SendWr {
+                        wr_id: posted.seq.wr_id(),
+                        opcode,
+                        local,
+                        remote,
+                        imm_data,
+                        signaled: posted.signaled(),
+                    })
+                }
+                Err(e) => {
+                    refused = Some(QueuePostError::Refused(e));
+                    break;
+                }
+            }
+        }
+        let count = self.staged.len();
+        if count > 0 {
+            if let Err(e) = self.submit(&inline) {
+                let first = self.staged[e.index].wr_id;
+                // The work requests from `first` on were staged by this call and are
+                // outstanding, so the rollback is accepted.
+                let returned: Vec<_> = match self.tracker.rollback(Seq(first)) {
+                    Ok(items) => items.collect(),
+                    Err(_) => Vec::new(),
+                };
+                return Err(QueuePostError::Provider {
+                    returned,
+                    source: e,
+                });
+            }
+        }
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(count),
+        }
+    }
+
+    fn submit(&mut self, inline: &[(usize, &[u8])]) -> Result<(), PostWrError> {
+        if inline.is_empty() {
+            return self.qp.post_send(&self.staged);
+        }
+        // A batch with inline data borrows the caller's bytes for the duration of the post.
+        let mut wrs: Vec<SendWr<'_>> = self.staged.clone();
+        for &(i, bytes) in inline {
+            wrs[i].local = Local::Inline(bytes);
+        }
+        self.qp.post_send(&wrs)
+    }
+
+    /// Polls the CQ once (up to the poll batch), retires what the completions cover and
+    /// appends the retired work requests to `out`, in posting order. Returns how many
+    /// completions were polled.
+    ///
+    /// Completions of other QPs (a shared CQ) are kept for
+    /// [`take_unclaimed`](Self::take_unclaimed). An impossible completion of this QP is
+    /// reported after the rest of the batch was handled.
+    pub fn poll(&mut self, out: &mut Vec<Completion<D::Mr, U>>) -> Result<usize, PollError> {
+        let n = self.cq.poll(&mut self.wcs)?;
+        let now = Instant::now();
+        let mut first_error = None;
+        for i in 0..n {
+            let wc = self.wcs[i];
+            if let Err(e) = self.handle(&wc, now) {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.collect(out);
+        match first_error {
+            Some(e) => Err(e.into()),
+            None => Ok(n),
+        }
+    }
+
+    /// Handles one completion polled elsewhere (a CQ shared by several queues): it must
+    /// belong to this queue's QP. Collect the retired work requests with
+    /// [`collect`](Self::collect).
+    pub fn handle_completion(&mut self, wc: &WorkCompletion) -> Result<(), CompletionError> {
+        self.tracker
+            .handle_completion(wc, Instant::now())
+            .map(|_| ())
+    }
+
+    fn handle(&mut self, wc: &WorkCompletion, now: Instant) -> Result<(), CompletionError> {
+        if wc.qp_num != self.qp.qp_num() || wc.opcode.is_some_and(|o| o.is_recv()) {
+            self.unclaimed.push(*wc);
+            return Ok(());
+        }
+        self.tracker.handle_completion(wc, now).map(|_| ())
+    }
+
+    /// Appends every retired work request not yet handed back to `out`, in posting order.
+    pub fn collect(&mut self, out: &mut Vec<Completion<D::Mr, U>>) {
+        while let Some(r) = self.tracker.poll_retired() {
+            out.push(Completion {
+                seq: r.seq,
+                buffer: r.payload.buffer,
+                user: r.payload.user,
+                outcome: r.outcome,
+                signaled: r.signaled,
+            });
+        }
+    }
+
+    /// Makes sure everything posted so far will be confirmed: if the last work requests
+    /// are unsignaled, posts a signaled zero-length WRITE behind them. Returns the marker's
+    /// sequence number, or `None` when no marker was needed. Keep polling to learn the
+    /// outcomes.
+    pub fn confirm_all(&mut self) -> Result<Option<Seq>, QueuePostError<()>> {
+        let now = Instant::now();
+        let seq = match self.tracker.confirm_all(now) {
+            Ok(Some(seq)) => seq,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(QueuePostError::Refused(e)),
+        };
+        self.post_marker(seq).map(|()| Some(seq))
+    }
+
+    fn post_marker(&mut self, seq: Seq) -> Result<(), QueuePostError<()>> {
+        let wr = SendWr {
+            wr_id: seq.wr_id(),
+            opcode: Opcode::RdmaWrite,
+            local: Local::Empty,
+            remote: self.marker_target,
+            imm_data: 0,
+            signaled: true,
+        };
+        if let Err(source) = self.qp.post_send(&[wr]) {
+            // The marker was just registered and is the last work request: rolling it back
+            // is always accepted.
+            let _ = self.tracker.rollback(seq).map(|it| it.count());
+            return Err(QueuePostError::Provider {
+                returned: Vec::new(),
+                source,
+            });
+        }
+        Ok(())
+    }
+
+    /// When the `Adaptive` policy's lag bound requires confirming the unsignaled tail
+    /// (`None`: nothing is due).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.tracker.next_deadline()
+    }
+
+    /// For a caller with nothing more to post: confirms the unsignaled tail if its
+    /// deadline has passed. Returns `true` when a marker was posted.
+    pub fn tick(&mut self) -> Result<bool, QueuePostError<()>> {
+        match self.tracker.next_deadline() {
+            Some(deadline) if Instant::now() >= deadline => self.confirm_all().map(|m| m.is_some()),
+            _ => Ok(false),
+        }
+    }
+
+    /// Polls until every posted work request is retired (or `timeout` passes), appending
+    /// them to `out`. Healthy queue: the tail is confirmed with a marker. Queue in the
+    /// error state: every outstanding work request is flushed by the NIC; a signaled marker
+    /// is posted behind them as well (like the kernel's `ib_drain_sq`), so that the drain
+    /// ends even if flush completions were lost. The queue accepts no more posts.
+    pub fn drain(
+        &mut self,
+        timeout: Duration,
+        out: &mut Vec<Completion<D::Mr, U>>,
+    ) -> Result<(), DrainError> {
+        let start = Instant::now();
+        let in_error = matches!(self.tracker.state(), QueueState::Error { .. });
+        self.tracker.start_drain();
+        let mut marker_posted = false;
+        loop {
+            if !marker_posted && !self.tracker.is_idle() {
+                let attempt =
+                    if in_error || matches!(self.tracker.state(), QueueState::Error { .. }) {
+                        match self.tracker.post_marker(Instant::now()) {
+                            Ok(seq) => self.post_marker(seq).map(|()| true),
+                            Err(e) if e.is_full() => Ok(false),
+                            Err(e) => Err(QueuePostError::Refused(e)),
+                        }
+                    } else {
+                        match self.confirm_all() {
+                            Ok(_) => Ok(true),
+                            Err(QueuePostError::Refused(e)) if e.is_full() => Ok(false),
+                            Err(e) => Err(e),
+                        }
+                    };
+                marker_posted = attempt.map_err(DrainError::Marker)?;
+            }
+            self.poll(out)?;
+            if self.tracker.is_idle() {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(DrainError::Timeout {
+                    outstanding: self.tracker.outstanding(),
+                    waited,
+                });
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
