@@ -4,7 +4,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
+
+use parking_lot::{Mutex, RwLock};
 use std::thread::{JoinHandle, Thread};
 
 use selsig::{
@@ -17,6 +19,7 @@ use crate::engine;
 use crate::mem;
 use crate::mr::{MrInner, MrTable, random_u32};
 use crate::ring::{self, CompletionRing, Cqe, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe};
+use crate::sync::Padded;
 
 /// How the software NIC frees send-queue slots, and sizes its queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -98,25 +101,21 @@ impl SoftConfig {
     }
 }
 
-/// Locks a mutex; a poisoned lock (a panic elsewhere) still gives its data, which the
-/// device's structures keep consistent at every step.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The device's state, shared by its handles and its NIC thread.
 #[derive(Debug)]
 pub(crate) struct DeviceInner {
     pub(crate) name: String,
     pub(crate) gid: [u8; 16],
     pub(crate) config: SoftConfig,
-    pub(crate) mrs: RwLock<MrTable>,
+    /// Read-locked by the NIC thread for each pass: a line of its own.
+    pub(crate) mrs: Padded<RwLock<MrTable>>,
     pub(crate) qps: Mutex<Registry>,
     /// Bumped whenever the QP list or a QP's connection changes.
     pub(crate) qps_version: AtomicU64,
     pub(crate) events: Mutex<VecDeque<AsyncEvent>>,
     pub(crate) stop: AtomicBool,
-    pub(crate) sleeping: AtomicBool,
+    /// Read by every doorbell: a line of its own.
+    pub(crate) sleeping: Padded<AtomicBool>,
     pub(crate) engine_thread: OnceLock<Thread>,
     next_id: AtomicU32,
 }
@@ -141,7 +140,7 @@ impl DeviceInner {
     }
 
     pub(crate) fn push_event(&self, event: AsyncEvent) {
-        lock(&self.events).push_back(event);
+        self.events.lock().push_back(event);
     }
 
     fn bump(&self) {
@@ -162,7 +161,7 @@ impl Drop for Engine {
         if let Some(t) = self.dev.engine_thread.get() {
             t.unpark();
         }
-        if let Some(handle) = lock(&self.thread).take() {
+        if let Some(handle) = self.thread.lock().take() {
             if handle.join().is_err() {
                 eprintln!("selsig-soft: the NIC thread of {} panicked", self.dev.name);
             }
@@ -193,12 +192,12 @@ impl SoftDevice {
             name: config.name.clone(),
             gid,
             config,
-            mrs: RwLock::new(MrTable::default()),
+            mrs: Padded(RwLock::new(MrTable::default())),
             qps: Mutex::new(Registry::default()),
             qps_version: AtomicU64::new(0),
             events: Mutex::new(VecDeque::new()),
             stop: AtomicBool::new(false),
-            sleeping: AtomicBool::new(false),
+            sleeping: Padded(AtomicBool::new(false)),
             engine_thread: OnceLock::new(),
             next_id: AtomicU32::new(1),
         });
@@ -268,11 +267,7 @@ impl Drop for SoftMr {
     fn drop(&mut self) {
         // The NIC looks regions up under the read lock for a whole batch: once the write
         // lock is ours, it holds no reference to this region's key any more.
-        self.dev
-            .mrs
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(self.mr.key);
+        self.dev.mrs.write().remove(self.mr.key);
     }
 }
 
@@ -324,9 +319,10 @@ pub(crate) struct CqInner {
     pub(crate) ring: CompletionRing,
     pub(crate) error: AtomicBool,
     /// The NIC's last view of `consumer` (only the NIC thread uses it).
-    pub(crate) seen_consumer: AtomicU64,
+    pub(crate) seen_consumer: crate::sync::AtomicU64,
     free_on_poll: bool,
-    poll: Mutex<PollState>,
+    /// Written by the poller: on a line of its own, away from the NIC's fields.
+    poll: Padded<Mutex<PollState>>,
     send_queues: RwLock<HashMap<u32, Arc<SendRing>>>,
 }
 
@@ -343,18 +339,10 @@ impl CqInner {
         if self.error.load(Ordering::Relaxed) {
             return false;
         }
-        let p = self.ring.producer.load(Ordering::Relaxed);
-        let capacity = self.ring.capacity();
-        if p - self.seen_consumer.load(Ordering::Relaxed) >= capacity {
-            let c = self.ring.consumer.load(Ordering::Acquire);
-            self.seen_consumer.store(c, Ordering::Relaxed);
-            if p - c >= capacity {
-                self.error.store(true, Ordering::Release);
-                return false;
-            }
+        if !self.ring.push(cqe, &self.seen_consumer) {
+            self.error.store(true, Ordering::Release);
+            return false;
         }
-        self.ring.write(p, cqe);
-        self.ring.producer.store(p + 1, Ordering::Release);
         true
     }
 }
@@ -381,8 +369,8 @@ impl CompletionQueue for SoftCq {
 
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
         let cq = &self.cq;
-        let mut st = lock(&cq.poll);
-        let available = cq.ring.producer.load(Ordering::Acquire) - st.consumer;
+        let mut st = cq.poll.lock();
+        let available = cq.ring.available(st.consumer);
         if available == 0 {
             if cq.error.load(Ordering::Acquire) {
                 return Err(CqError::Overrun {
@@ -398,29 +386,19 @@ impl CompletionQueue for SoftCq {
             if c.send_queue && cq.free_on_poll {
                 // mlx5: polling a completion frees its WQE's slot and every earlier one
                 // (`wq->tail = wq->wqe_head[idx] + 1`).
-                let sq = match &st.last_sq {
-                    Some((qpn, sq)) if *qpn == c.qp_num => Some(Arc::clone(sq)),
-                    _ => {
-                        let found = cq
-                            .send_queues
-                            .read()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .get(&c.qp_num)
-                            .cloned();
-                        if let Some(sq) = &found {
-                            st.last_sq = Some((c.qp_num, Arc::clone(sq)));
-                        }
-                        found
-                    }
-                };
-                if let Some(sq) = sq {
-                    sq.tail
-                        .store(sq.head_after(c.wqe_counter), Ordering::Release);
+                if st.last_sq.as_ref().is_none_or(|(qpn, _)| *qpn != c.qp_num) {
+                    let found = cq.send_queues.read().get(&c.qp_num).cloned();
+                    st.last_sq = found.map(|sq| (c.qp_num, sq));
+                }
+                // A reference, not a clone: the ring's reference count shares a line with
+                // fields the NIC reads for every WQE.
+                if let Some((_, sq)) = &st.last_sq {
+                    sq.free_through(c.wqe_counter);
                 }
             }
         }
         st.consumer += n as u64;
-        cq.ring.consumer.store(st.consumer, Ordering::Release);
+        cq.ring.set_consumed(st.consumer);
         Ok(n)
     }
 }
@@ -462,8 +440,9 @@ pub(crate) struct QpInner {
     pub(crate) rnr_retry: AtomicU8,
     pub(crate) peer: Mutex<Option<Weak<QpInner>>>,
     free_on_poll: bool,
-    post: Mutex<Producer>,
-    recv_post: Mutex<u64>,
+    /// Written by posters: on lines of their own, away from what the NIC reads.
+    post: Padded<Mutex<Producer>>,
+    recv_post: Padded<Mutex<u64>>,
 }
 
 #[derive(Debug, Default)]
@@ -490,12 +469,8 @@ impl QpInner {
         self.state.store(QpState::Err as u8, Ordering::Release);
     }
 
-    fn freed(&self) -> &AtomicU64 {
-        if self.free_on_poll {
-            &self.sq.tail
-        } else {
-            &self.sq.exec
-        }
+    fn freed(&self) -> u64 {
+        self.sq.freed(self.free_on_poll)
     }
 }
 
@@ -509,17 +484,12 @@ pub struct SoftQp {
 
 impl Drop for SoftQp {
     fn drop(&mut self) {
-        let mut reg = lock(&self.dev.qps);
+        let mut reg = self.dev.qps.lock();
         reg.list.retain(|q| !Arc::ptr_eq(q, &self.qp));
         reg.by_num.remove(&self.qp.qpn);
         drop(reg);
         self.dev.bump();
-        self.qp
-            .send_cq
-            .send_queues
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.qp.qpn);
+        self.qp.send_cq.send_queues.write().remove(&self.qp.qpn);
     }
 }
 
@@ -611,7 +581,7 @@ impl QueuePair for SoftQp {
                 ),
             ));
         }
-        let peer = lock(&self.dev.qps).by_num.get(&remote.qp_num).cloned();
+        let peer = self.dev.qps.lock().by_num.get(&remote.qp_num).cloned();
         let Some(peer) = peer.filter(|p| p.strong_count() > 0) else {
             qp.set_error();
             return Err(self.transition_error(
@@ -620,7 +590,7 @@ impl QueuePair for SoftQp {
                 format!("no QP {:#x} on {}", remote.qp_num, self.dev.name),
             ));
         };
-        *lock(&qp.peer) = Some(peer);
+        *qp.peer.lock() = Some(peer);
         if !qp.transition(QpState::Init, QpState::Rtr) || !qp.transition(QpState::Rtr, QpState::Rts)
         {
             return Err(self.transition_error(
@@ -643,7 +613,7 @@ impl QueuePair for SoftQp {
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError> {
         let qp = &self.qp;
-        let mut p = lock(&qp.post);
+        let mut p = qp.post.lock();
         let state = qp.state();
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(PostWrError {
@@ -675,7 +645,7 @@ impl QueuePair for SoftQp {
                 break;
             }
             if p.head - p.freed >= limit {
-                p.freed = qp.freed().load(Ordering::Acquire);
+                p.freed = qp.freed();
                 if p.head - p.freed >= limit {
                     result = Err(PostWrError {
                         index: i,
@@ -707,7 +677,7 @@ impl QueuePair for SoftQp {
             p.head += 1;
         }
         // The doorbell: publish what was written, even if a later WR failed (as mlx5).
-        qp.sq.producer.store(p.head, Ordering::Release);
+        qp.sq.publish(p.head);
         drop(p);
         self.dev.ring_doorbell();
         result
@@ -715,7 +685,7 @@ impl QueuePair for SoftQp {
 
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError> {
         let qp = &self.qp;
-        let mut head = lock(&qp.recv_post);
+        let mut head = qp.recv_post.lock();
         let state = qp.state();
         if state == QpState::Reset {
             return Err(PostWrError {
@@ -726,7 +696,7 @@ impl QueuePair for SoftQp {
         }
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            if *head - qp.rq.consumer.load(Ordering::Acquire) >= qp.rq.limit() {
+            if *head - qp.rq.freed() >= qp.rq.limit() {
                 result = Err(PostWrError {
                     index: i,
                     failure: PostFailure::Full,
@@ -746,7 +716,7 @@ impl QueuePair for SoftQp {
             );
             *head += 1;
         }
-        qp.rq.producer.store(*head, Ordering::Release);
+        qp.rq.publish(*head);
         drop(head);
         self.dev.ring_doorbell();
         result
@@ -788,7 +758,7 @@ impl Device for SoftDevice {
                 ),
             });
         }
-        let mut table = self.dev.mrs.write().unwrap_or_else(PoisonError::into_inner);
+        let mut table = self.dev.mrs.write();
         let key = table.allocate_key().ok_or_else(|| ProviderError::Invalid {
             what: "region count",
             why: format!(
@@ -823,9 +793,9 @@ impl Device for SoftDevice {
                 id: self.id(),
                 ring: CompletionRing::new(capacity),
                 error: AtomicBool::new(false),
-                seen_consumer: AtomicU64::new(0),
+                seen_consumer: crate::sync::AtomicU64::new(0),
                 free_on_poll: self.dev.config.personality == Personality::Mlx5,
-                poll: Mutex::new(PollState::default()),
+                poll: Padded(Mutex::new(PollState::default())),
                 send_queues: RwLock::new(HashMap::new()),
             }),
             _engine: Arc::clone(&self.engine),
@@ -908,16 +878,11 @@ impl Device for SoftDevice {
             rnr_retry: AtomicU8::new(7),
             peer: Mutex::new(None),
             free_on_poll: personality == Personality::Mlx5,
-            post: Mutex::new(Producer::default()),
-            recv_post: Mutex::new(0),
+            post: Padded(Mutex::new(Producer::default())),
+            recv_post: Padded(Mutex::new(0)),
         });
-        send_cq
-            .cq
-            .send_queues
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(qpn, sq);
-        let mut reg = lock(&self.dev.qps);
+        send_cq.cq.send_queues.write().insert(qpn, sq);
+        let mut reg = self.dev.qps.lock();
         reg.list.push(Arc::clone(&qp));
         reg.by_num.insert(qpn, Arc::downgrade(&qp));
         drop(reg);
@@ -930,6 +895,6 @@ impl Device for SoftDevice {
     }
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
-        lock(&self.dev.events).pop_front()
+        self.dev.events.lock().pop_front()
     }
 }

@@ -13,13 +13,27 @@ use std::time::Duration;
 
 use selsig::{Access, AsyncEvent, QpState, WcOpcode, WcStatus};
 
-use crate::device::{DeviceInner, QpInner, lock};
+use crate::device::{DeviceInner, QpInner};
 use crate::mem;
 use crate::mr::{MrInner, MrTable};
 use crate::ring::{Cqe, Wqe, op};
 
 /// Work requests of one send queue executed per turn.
 pub(crate) const BUDGET: u64 = 256;
+/// WQEs fetched at once.
+const FETCH: usize = 16;
+const EMPTY_WQE: Wqe = Wqe {
+    wr_id: 0,
+    opcode: 0,
+    signaled: false,
+    inline: false,
+    len: 0,
+    local_addr: 0,
+    lkey: 0,
+    rkey: 0,
+    remote_addr: 0,
+    imm: 0,
+};
 const SPIN: u32 = 2_000;
 const YIELD: u32 = 50;
 /// The longest sleep: a safety net, the doorbell wakes the thread.
@@ -44,22 +58,21 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
         let v = dev.qps_version.load(Ordering::Acquire);
         if v != version {
             version = v;
-            served = lock(&dev.qps)
+            served = dev
+                .qps
+                .lock()
                 .list
                 .iter()
                 .map(|qp| Served {
                     qp: Arc::clone(qp),
-                    peer: lock(&qp.peer).as_ref().and_then(|w| w.upgrade()),
+                    peer: qp.peer.lock().as_ref().and_then(|w| w.upgrade()),
                     rnr_wait: None,
                 })
                 .collect();
         }
         let mut progress = false;
         {
-            let mrs = dev
-                .mrs
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mrs = dev.mrs.read();
             for s in &mut served {
                 progress |= serve(&dev, s, &mrs);
             }
@@ -91,13 +104,12 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
 /// Whether a QP has work the NIC can do now.
 fn has_work(s: &Served) -> bool {
     let qp = &s.qp;
-    let sq_pending = qp.sq.producer.load(Ordering::Acquire) != qp.sq.exec.load(Ordering::Relaxed);
+    let sq_pending = qp.sq.published() != qp.sq.executed();
     let blocked = match (s.rnr_wait, &s.peer) {
-        (Some(seen), Some(peer)) => peer.rq.producer.load(Ordering::Acquire) == seen,
+        (Some(seen), Some(peer)) => peer.rq.published() == seen,
         _ => false,
     };
-    let rq_flush = qp.state() == QpState::Err
-        && qp.rq.producer.load(Ordering::Acquire) != qp.rq.consumer.load(Ordering::Relaxed);
+    let rq_flush = qp.state() == QpState::Err && qp.rq.published() != qp.rq.consumed();
     (sq_pending && !blocked) || rq_flush
 }
 
@@ -106,58 +118,75 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
     let qp = &*s.qp;
     let mut progress = false;
     if let (Some(seen), Some(peer)) = (s.rnr_wait, &s.peer) {
-        if peer.rq.producer.load(Ordering::Acquire) == seen && peer.state() != QpState::Err {
+        if peer.rq.published() == seen && peer.state() != QpState::Err {
             return flush_rq_if_error(qp);
         }
         s.rnr_wait = None;
     }
-    let producer = qp.sq.producer.load(Ordering::Acquire);
-    let mut exec = qp.sq.exec.load(Ordering::Relaxed);
+    let producer = qp.sq.published();
+    let mut exec = qp.sq.executed();
     let end = producer.min(exec + BUDGET);
     let peer = s.peer.as_deref();
-    while exec < end {
-        let wqe = qp.sq.read(exec);
-        let counter = exec as u16;
-        let cqe = if qp.state() == QpState::Err {
-            Some(error_cqe(qp, &wqe, counter, WcStatus::WrFlushErr))
-        } else {
-            match execute(dev, qp, peer, &wqe, exec, mrs) {
-                Exec::Done { opcode, byte_len } => (wqe.signaled || qp.sq_sig_all).then_some(Cqe {
-                    wr_id: wqe.wr_id,
-                    status: WcStatus::Success as u8,
-                    opcode: opcode as u8,
-                    send_queue: true,
-                    has_imm: false,
-                    wqe_counter: counter,
-                    byte_len,
-                    qp_num: qp.qpn,
-                    imm: 0,
-                    vendor_err: 0,
-                }),
-                Exec::Stall => {
-                    s.rnr_wait = peer.map(|p| p.rq.producer.load(Ordering::Acquire));
-                    break;
-                }
-                Exec::Fail { status, responder } => {
-                    qp.set_error();
-                    if let (Some(event), Some(peer)) = (responder, peer) {
-                        peer.set_error();
-                        dev.push_event(event(peer.qpn));
+    let mut state = qp.state();
+    // Fetch a group of WQEs first, then execute them: the fetches are independent loads,
+    // so their cache misses (the lines come from the poster's core) overlap.
+    let mut group = [EMPTY_WQE; FETCH];
+    'fetch: while exec < end {
+        let n = (end - exec).min(FETCH as u64) as usize;
+        for (k, slot) in group[..n].iter_mut().enumerate() {
+            *slot = qp.sq.read(exec + k as u64);
+        }
+        // Start bringing in the next group while this one executes.
+        qp.sq.touch(exec + n as u64, (exec + 2 * n as u64).min(end));
+        for wqe in &group[..n] {
+            let counter = exec as u16;
+            let cqe = if state == QpState::Err {
+                Some(error_cqe(qp, wqe, counter, WcStatus::WrFlushErr))
+            } else {
+                match execute(dev, qp, peer, wqe, exec, mrs) {
+                    Exec::Done { opcode, byte_len } => {
+                        (wqe.signaled || qp.sq_sig_all).then_some(Cqe {
+                            wr_id: wqe.wr_id,
+                            status: WcStatus::Success as u8,
+                            opcode: opcode as u8,
+                            send_queue: true,
+                            has_imm: false,
+                            wqe_counter: counter,
+                            byte_len,
+                            qp_num: qp.qpn,
+                            imm: 0,
+                            vendor_err: 0,
+                        })
                     }
-                    Some(error_cqe(qp, &wqe, counter, status))
+                    Exec::Stall => {
+                        s.rnr_wait = peer.map(|p| p.rq.published());
+                        break 'fetch;
+                    }
+                    Exec::Fail { status, responder } => {
+                        qp.set_error();
+                        state = QpState::Err;
+                        if let (Some(event), Some(peer)) = (responder, peer) {
+                            peer.set_error();
+                            dev.push_event(event(peer.qpn));
+                        }
+                        Some(error_cqe(qp, wqe, counter, status))
+                    }
                 }
-            }
-        };
-        exec += 1;
-        progress = true;
-        if let Some(cqe) = cqe {
-            if !qp.send_cq.push(&cqe) {
-                overrun(dev, qp, qp.send_cq.id);
+            };
+            exec += 1;
+            progress = true;
+            if let Some(cqe) = cqe {
+                if !qp.send_cq.push(&cqe) {
+                    overrun(dev, qp, qp.send_cq.id);
+                    state = QpState::Err;
+                }
             }
         }
+        // The application may have moved the QP to the error state meanwhile.
+        state = qp.state();
     }
     if progress {
-        qp.sq.exec.store(exec, Ordering::Release);
+        qp.sq.set_executed(exec);
     }
     flush_rq_if_error(qp) || progress
 }
@@ -195,8 +224,8 @@ fn flush_rq_if_error(qp: &QpInner) -> bool {
     if qp.state() != QpState::Err {
         return false;
     }
-    let producer = qp.rq.producer.load(Ordering::Acquire);
-    let mut consumer = qp.rq.consumer.load(Ordering::Relaxed);
+    let producer = qp.rq.published();
+    let mut consumer = qp.rq.consumed();
     if producer == consumer {
         return false;
     }
@@ -219,7 +248,7 @@ fn flush_rq_if_error(qp: &QpInner) -> bool {
             break;
         }
     }
-    qp.rq.consumer.store(consumer, Ordering::Release);
+    qp.rq.set_consumed(consumer);
     true
 }
 
@@ -323,13 +352,12 @@ fn copy(src: &Source<'_>, dst: &[std::sync::atomic::AtomicU64], dst_off: usize, 
 
 /// The next receive of `qp`, without consuming it.
 fn peek_recv(qp: &QpInner) -> Option<crate::ring::Rqe> {
-    let consumer = qp.rq.consumer.load(Ordering::Relaxed);
-    (qp.rq.producer.load(Ordering::Acquire) > consumer).then(|| qp.rq.read(consumer))
+    let consumer = qp.rq.consumed();
+    (qp.rq.published() > consumer).then(|| qp.rq.read(consumer))
 }
 
 fn consume_recv(qp: &QpInner) {
-    let consumer = qp.rq.consumer.load(Ordering::Relaxed);
-    qp.rq.consumer.store(consumer + 1, Ordering::Release);
+    qp.rq.set_consumed(qp.rq.consumed() + 1);
 }
 
 fn recv_cqe(

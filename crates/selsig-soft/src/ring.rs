@@ -21,18 +21,39 @@
 
 use crate::sync::{AtomicU64, Ordering, Padded};
 
-/// Words per send-queue slot: 6 of header, 8 of inline data, 2 spare (128 bytes).
-pub(crate) const WQE_WORDS: usize = 16;
-/// Inline data a WQE slot holds.
+/// Inline data a WQE holds (a separate line per slot, touched by inline WQEs only).
 pub(crate) const MAX_INLINE: usize = 64;
-const INLINE_WORD: usize = 6;
-/// Words per completion-queue slot (32 bytes).
-pub(crate) const CQE_WORDS: usize = 4;
-/// Words per receive-queue slot.
-pub(crate) const RQE_WORDS: usize = 3;
 
-fn words(n: usize) -> Box<[AtomicU64]> {
-    (0..n).map(|_| AtomicU64::new(0)).collect()
+/// One cache line of words: a WQE (6 words used), or a WQE's inline data.
+#[repr(align(64))]
+struct Line([AtomicU64; 8]);
+
+/// Half a cache line: an RQE.
+#[repr(align(32))]
+struct Half([AtomicU64; 4]);
+
+fn lines(n: usize) -> Box<[Line]> {
+    (0..n)
+        .map(|_| Line(std::array::from_fn(|_| AtomicU64::new(0))))
+        .collect()
+}
+
+fn halves(n: usize) -> Box<[Half]> {
+    (0..n)
+        .map(|_| Half(std::array::from_fn(|_| AtomicU64::new(0))))
+        .collect()
+}
+
+impl std::fmt::Debug for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Line")
+    }
+}
+
+impl std::fmt::Debug for Half {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Half")
+    }
 }
 
 // ----- send queue --------------------------------------------------------------------
@@ -68,17 +89,18 @@ pub(crate) struct Wqe {
 /// three indices.
 #[derive(Debug)]
 pub(crate) struct SendRing {
-    slots: Box<[AtomicU64]>,
+    slots: Box<[Line]>,
+    inline: Box<[Line]>,
     wqe_head: Box<[AtomicU64]>,
     mask: u64,
     /// Slots the producer may use at once.
     limit: u64,
     /// WQEs published by the application (the doorbell).
-    pub(crate) producer: Padded<AtomicU64>,
+    producer: Padded<AtomicU64>,
     /// WQEs executed (or flushed) by the NIC.
-    pub(crate) exec: Padded<AtomicU64>,
+    exec: Padded<AtomicU64>,
     /// WQEs whose slots the application freed by polling completions (mlx5).
-    pub(crate) tail: Padded<AtomicU64>,
+    tail: Padded<AtomicU64>,
 }
 
 impl SendRing {
@@ -87,8 +109,9 @@ impl SendRing {
     pub(crate) fn new(limit: u32) -> Self {
         let size = (limit as usize).next_power_of_two().max(1);
         SendRing {
-            slots: words(size * WQE_WORDS),
-            wqe_head: words(size),
+            slots: lines(size),
+            inline: lines(size),
+            wqe_head: (0..size).map(|_| AtomicU64::new(0)).collect(),
             mask: size as u64 - 1,
             limit: u64::from(limit),
             producer: Padded(AtomicU64::new(0)),
@@ -101,12 +124,12 @@ impl SendRing {
         self.limit
     }
 
-    fn slot(&self, index: u64) -> &[AtomicU64] {
-        let i = (index & self.mask) as usize * WQE_WORDS;
-        &self.slots[i..i + WQE_WORDS]
+    fn slot(&self, index: u64) -> &[AtomicU64; 8] {
+        &self.slots[(index & self.mask) as usize].0
     }
 
     /// Producer: writes WQE `index` (the caller owns the slot: `index - freed < limit`).
+    #[inline(always)]
     pub(crate) fn write(&self, index: u64, wqe: &Wqe, inline: &[u8]) {
         let s = self.slot(index);
         let flags =
@@ -124,12 +147,58 @@ impl SendRing {
         s[4].store(wqe.remote_addr, Ordering::Relaxed);
         s[5].store(u64::from(wqe.imm), Ordering::Relaxed);
         if !inline.is_empty() {
-            write_words(&s[INLINE_WORD..INLINE_WORD + MAX_INLINE / 8], inline);
+            write_words(self.inline_words(index), inline);
         }
         self.wqe_head[(index & self.mask) as usize].store(index + 1, Ordering::Relaxed);
     }
 
+    /// Producer: publishes the WQEs before `head` (the doorbell).
+    pub(crate) fn publish(&self, head: u64) {
+        self.producer.store(head, Ordering::Release);
+    }
+
+    /// NIC: how many WQEs were published.
+    pub(crate) fn published(&self) -> u64 {
+        self.producer.load(Ordering::Acquire)
+    }
+
+    /// NIC: how many WQEs it executed (only the NIC writes this index).
+    pub(crate) fn executed(&self) -> u64 {
+        self.exec.load(Ordering::Relaxed)
+    }
+
+    /// NIC: the WQEs before `exec` are executed; their slots are not read any more.
+    pub(crate) fn set_executed(&self, exec: u64) {
+        self.exec.store(exec, Ordering::Release);
+    }
+
+    /// Poller (mlx5): a completion for the WQE with this counter was polled: its slot and
+    /// every earlier one are free (`wq->tail = wq->wqe_head[idx] + 1`).
+    pub(crate) fn free_through(&self, wqe_counter: u16) {
+        self.tail
+            .store(self.head_after(wqe_counter), Ordering::Release);
+    }
+
+    /// Producer: the index before which slots are free again: freed by polling (mlx5) or
+    /// by execution (rxe).
+    pub(crate) fn freed(&self, on_poll: bool) -> u64 {
+        if on_poll {
+            self.tail.load(Ordering::Acquire)
+        } else {
+            self.exec.load(Ordering::Acquire)
+        }
+    }
+
+    /// Consumer (NIC): starts loading the lines of published WQEs `from..to`, so that
+    /// their cache misses overlap with other work.
+    pub(crate) fn touch(&self, from: u64, to: u64) {
+        for index in from..to {
+            std::hint::black_box(self.slot(index)[0].load(Ordering::Relaxed));
+        }
+    }
+
     /// Consumer (NIC): reads WQE `index` (published by `producer`).
+    #[inline(always)]
     pub(crate) fn read(&self, index: u64) -> Wqe {
         let s = self.slot(index);
         let w1 = s[1].load(Ordering::Relaxed);
@@ -151,7 +220,7 @@ impl SendRing {
 
     /// The inline data words of slot `index`.
     pub(crate) fn inline_words(&self, index: u64) -> &[AtomicU64] {
-        &self.slot(index)[INLINE_WORD..INLINE_WORD + MAX_INLINE / 8]
+        &self.inline[(index & self.mask) as usize].0
     }
 
     /// Poller (mlx5): the index after the WQE a completion's 16-bit counter names.
@@ -188,20 +257,20 @@ pub(crate) struct Rqe {
 /// The receive queue: slots freed as the NIC consumes them.
 #[derive(Debug)]
 pub(crate) struct RecvRing {
-    slots: Box<[AtomicU64]>,
+    slots: Box<[Half]>,
     mask: u64,
     limit: u64,
     /// RQEs published by the application.
-    pub(crate) producer: Padded<AtomicU64>,
+    producer: Padded<AtomicU64>,
     /// RQEs consumed by the NIC.
-    pub(crate) consumer: Padded<AtomicU64>,
+    consumer: Padded<AtomicU64>,
 }
 
 impl RecvRing {
     pub(crate) fn new(limit: u32) -> Self {
         let size = (limit as usize).next_power_of_two().max(1);
         RecvRing {
-            slots: words(size * RQE_WORDS),
+            slots: halves(size),
             mask: size as u64 - 1,
             limit: u64::from(limit),
             producer: Padded(AtomicU64::new(0)),
@@ -213,9 +282,33 @@ impl RecvRing {
         self.limit
     }
 
-    fn slot(&self, index: u64) -> &[AtomicU64] {
-        let i = (index & self.mask) as usize * RQE_WORDS;
-        &self.slots[i..i + RQE_WORDS]
+    fn slot(&self, index: u64) -> &[AtomicU64; 4] {
+        &self.slots[(index & self.mask) as usize].0
+    }
+
+    /// Producer: publishes the RQEs before `head`.
+    pub(crate) fn publish(&self, head: u64) {
+        self.producer.store(head, Ordering::Release);
+    }
+
+    /// NIC: how many RQEs were published.
+    pub(crate) fn published(&self) -> u64 {
+        self.producer.load(Ordering::Acquire)
+    }
+
+    /// NIC: how many RQEs it consumed (only the NIC writes this index).
+    pub(crate) fn consumed(&self) -> u64 {
+        self.consumer.load(Ordering::Relaxed)
+    }
+
+    /// NIC: the RQEs before `consumer` are consumed, their slots free.
+    pub(crate) fn set_consumed(&self, consumer: u64) {
+        self.consumer.store(consumer, Ordering::Release);
+    }
+
+    /// Producer: the index before which slots are free again.
+    pub(crate) fn freed(&self) -> u64 {
+        self.consumer.load(Ordering::Acquire)
     }
 
     pub(crate) fn write(&self, index: u64, rqe: &Rqe) {
@@ -259,15 +352,18 @@ pub(crate) struct Cqe {
 }
 
 /// The completion queue: one producer (the device's NIC thread), one consumer at a time.
+///
+/// A CQE takes a cache line of its own, like mlx5's default 64-byte CQEs: each completion
+/// costs the NIC a line write and the poller a line read.
 #[derive(Debug)]
 pub(crate) struct CompletionRing {
-    slots: Box<[AtomicU64]>,
+    slots: Box<[Line]>,
     mask: u64,
     capacity: u64,
     /// CQEs published by the NIC.
-    pub(crate) producer: Padded<AtomicU64>,
+    producer: Padded<AtomicU64>,
     /// CQEs consumed by the poller.
-    pub(crate) consumer: Padded<AtomicU64>,
+    consumer: Padded<AtomicU64>,
 }
 
 impl CompletionRing {
@@ -275,7 +371,7 @@ impl CompletionRing {
     pub(crate) fn new(capacity: u32) -> Self {
         let size = (capacity as usize + 1).next_power_of_two();
         CompletionRing {
-            slots: words(size * CQE_WORDS),
+            slots: lines(size),
             mask: size as u64 - 1,
             capacity: u64::from(capacity),
             producer: Padded(AtomicU64::new(0)),
@@ -287,13 +383,39 @@ impl CompletionRing {
         self.capacity
     }
 
-    fn slot(&self, index: u64) -> &[AtomicU64] {
-        let i = (index & self.mask) as usize * CQE_WORDS;
-        &self.slots[i..i + CQE_WORDS]
+    fn slot(&self, index: u64) -> &[AtomicU64; 8] {
+        &self.slots[(index & self.mask) as usize].0
+    }
+
+    /// NIC (the only producer): appends `cqe`; `false` when the ring is full. `seen`
+    /// caches the consumer index, so the poller's line is read only when the ring looks
+    /// full.
+    pub(crate) fn push(&self, cqe: &Cqe, seen: &AtomicU64) -> bool {
+        let p = self.producer.load(Ordering::Relaxed);
+        if p - seen.load(Ordering::Relaxed) >= self.capacity {
+            let c = self.consumer.load(Ordering::Acquire);
+            seen.store(c, Ordering::Relaxed);
+            if p - c >= self.capacity {
+                return false;
+            }
+        }
+        self.write(p, cqe);
+        self.producer.store(p + 1, Ordering::Release);
+        true
+    }
+
+    /// Poller: completions published beyond `consumer`.
+    pub(crate) fn available(&self, consumer: u64) -> u64 {
+        self.producer.load(Ordering::Acquire) - consumer
+    }
+
+    /// Poller: the CQEs before `consumer` are read; their slots are free.
+    pub(crate) fn set_consumed(&self, consumer: u64) {
+        self.consumer.store(consumer, Ordering::Release);
     }
 
     /// Producer: writes CQE `index` (the caller checked there is room).
-    pub(crate) fn write(&self, index: u64, c: &Cqe) {
+    fn write(&self, index: u64, c: &Cqe) {
         let s = self.slot(index);
         let flags = u64::from(c.send_queue) | u64::from(c.has_imm) << 1;
         s[0].store(c.wr_id, Ordering::Relaxed);
@@ -336,7 +458,7 @@ impl CompletionRing {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -402,5 +524,156 @@ mod tests {
             ring.write(index, &wqe, &[]);
             assert_eq!(ring.head_after(index as u16), index + 1);
         }
+    }
+}
+
+/// The rings' protocols under every interleaving `loom` finds (tiny rings, few entries):
+/// `RUSTFLAGS="--cfg loom" cargo test -p selsig-soft --release --lib loom`.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    const N: u64 = 4;
+
+    fn wqe(i: u64) -> Wqe {
+        Wqe {
+            wr_id: 100 + i,
+            opcode: op::WRITE,
+            signaled: true,
+            inline: false,
+            len: i as u32,
+            local_addr: 1000 + i,
+            lkey: i as u32,
+            rkey: 7 * i as u32,
+            remote_addr: 2000 + i,
+            imm: 0,
+        }
+    }
+
+    fn cqe(wr_id: u64, counter: u16) -> Cqe {
+        Cqe {
+            wr_id,
+            status: 0,
+            opcode: 1,
+            send_queue: true,
+            has_imm: false,
+            wqe_counter: counter,
+            byte_len: 0,
+            qp_num: 1,
+            imm: 0,
+            vendor_err: 0,
+        }
+    }
+
+    /// The application posts N WQEs into 2 slots, waiting for slots to be freed; the NIC
+    /// executes each WQE and completes it; the application polls and frees slots through
+    /// the WQE counter (mlx5) or the NIC's index (rxe). Every WQE the NIC reads and every
+    /// CQE the application reads is the one written, in order.
+    fn send_and_complete(free_on_poll: bool) {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(move || {
+            let sq = Arc::new(SendRing::new(2));
+            let cq = Arc::new(CompletionRing::new(1));
+            let nic = {
+                let (sq, cq) = (Arc::clone(&sq), Arc::clone(&cq));
+                thread::spawn(move || {
+                    let seen = AtomicU64::new(0);
+                    let mut exec = 0;
+                    while exec < N {
+                        if sq.published() == exec {
+                            thread::yield_now();
+                            continue;
+                        }
+                        let w = sq.read(exec);
+                        assert_eq!(w, wqe(exec), "the NIC reads what was written");
+                        exec += 1;
+                        sq.set_executed(exec);
+                        while !cq.push(&cqe(w.wr_id, (exec - 1) as u16), &seen) {
+                            thread::yield_now();
+                        }
+                    }
+                })
+            };
+            let (mut head, mut consumer) = (0u64, 0u64);
+            while consumer < N {
+                if head < N && head - sq.freed(free_on_poll) < sq.limit() {
+                    sq.write(head, &wqe(head), &[]);
+                    head += 1;
+                    sq.publish(head);
+                } else if cq.available(consumer) > 0 {
+                    let c = cq.read(consumer);
+                    assert_eq!(c.wr_id, 100 + consumer, "completions in order");
+                    if free_on_poll {
+                        sq.free_through(c.wqe_counter);
+                    }
+                    consumer += 1;
+                    cq.set_consumed(consumer);
+                } else {
+                    thread::yield_now();
+                }
+            }
+            nic.join().expect("the NIC thread");
+        });
+    }
+
+    #[test]
+    fn loom_send_queue_mlx5() {
+        send_and_complete(true);
+    }
+
+    #[test]
+    fn loom_send_queue_rxe() {
+        send_and_complete(false);
+    }
+
+    /// Receives: the application posts N RQEs into 2 slots; the NIC consumes them.
+    #[test]
+    fn loom_receive_queue() {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let rq = Arc::new(RecvRing::new(2));
+            let nic = {
+                let rq = Arc::clone(&rq);
+                thread::spawn(move || {
+                    let mut consumer = 0;
+                    while consumer < N {
+                        if rq.published() == consumer {
+                            thread::yield_now();
+                            continue;
+                        }
+                        let r = rq.read(consumer);
+                        assert_eq!(
+                            (r.wr_id, r.addr, r.len, r.lkey),
+                            (consumer, 10 * consumer, 1, 2)
+                        );
+                        consumer += 1;
+                        rq.set_consumed(consumer);
+                    }
+                })
+            };
+            let mut head = 0;
+            while head < N {
+                if head - rq.freed() < rq.limit() {
+                    rq.write(
+                        head,
+                        &Rqe {
+                            wr_id: head,
+                            addr: 10 * head,
+                            len: 1,
+                            lkey: 2,
+                        },
+                    );
+                    head += 1;
+                    rq.publish(head);
+                } else {
+                    thread::yield_now();
+                }
+            }
+            nic.join().expect("the NIC thread");
+        });
     }
 }

@@ -2,7 +2,7 @@
 //! the rings' protocols under every interleaving (tokio's `loom/mod.rs` idea).
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering, fence};
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering, fence};
 

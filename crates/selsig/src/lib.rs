@@ -74,8 +74,7 @@ pub use provider::{
     QueuePair, RecvWr, RemoteAddr, SendWr, Sge, connect_pair,
 };
 pub use queue::{
-    Completion, Data, DrainError, Payload, PollError, QueueConfig, QueuePostError, SignaledQueue,
-    Work,
+    Completion, DrainError, Payload, PollError, QueueConfig, QueuePostError, SignaledQueue, Work,
 };
 
 pub use credits::{CqBudget, CqCredits};

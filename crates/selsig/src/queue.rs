@@ -8,8 +8,8 @@ use crate::buffer::Buffer;
 use crate::credits::CqBudget;
 use crate::policy::Policy;
 use crate::provider::{
-    CompletionQueue, CqError, Device, Local, Opcode, PostWrError, ProviderError, QueuePair,
-    RemoteAddr, SendWr,
+    CompletionQueue, CqError, Device, Local, MemoryRegion, Opcode, PostWrError, ProviderError,
+    QueuePair, RemoteAddr, SendWr, Sge,
 };
 use crate::tracker::{
     CompletionError, ConfigError, Outcome, PostError, Posted, QueueState, SendTracker, Seq, Signal,
@@ -17,23 +17,15 @@ use crate::tracker::{
 };
 use crate::wc::{WcStatus, WorkCompletion};
 
-/// Where a work request's local data comes from.
-#[derive(Debug)]
-pub enum Data<'a, M> {
-    /// No local data (zero-length WRITE, or a SEND of nothing).
-    None,
-    /// A buffer, held by the queue until the work request is retired.
-    Buffer(Buffer<M>),
-    /// Inline bytes, copied into the work request when it is posted.
-    Inline(&'a [u8]),
-}
-
 /// One work request to post: an operation, its data, and the caller's context `U`, which
 /// comes back with the buffer when the work request is retired.
 #[derive(Debug)]
 pub struct Work<'a, M, U> {
     opcode: Opcode,
-    data: Data<'a, M>,
+    /// A buffer, held by the queue until the work request is retired.
+    buffer: Option<Buffer<M>>,
+    /// Inline bytes, copied into the work request when it is posted.
+    inline: Option<&'a [u8]>,
     remote: RemoteAddr,
     imm_data: u32,
     signal: Signal,
@@ -41,10 +33,17 @@ pub struct Work<'a, M, U> {
 }
 
 impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
-    fn new(opcode: Opcode, data: Data<'a, M>, remote: RemoteAddr, user: U) -> Self {
+    fn new(
+        opcode: Opcode,
+        buffer: Option<Buffer<M>>,
+        inline: Option<&'a [u8]>,
+        remote: RemoteAddr,
+        user: U,
+    ) -> Self {
         Work {
             opcode,
-            data,
+            buffer,
+            inline,
             remote,
             imm_data: 0,
             signal: Signal::Auto,
@@ -54,36 +53,37 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
 
     /// An RDMA WRITE of `buffer` to `remote`.
     pub fn write(buffer: Buffer<M>, remote: RemoteAddr, user: U) -> Self {
-        Self::new(Opcode::RdmaWrite, Data::Buffer(buffer), remote, user)
+        Self::new(Opcode::RdmaWrite, Some(buffer), None, remote, user)
     }
 
     /// An RDMA WRITE of inline bytes to `remote`.
     pub fn write_inline(data: &'a [u8], remote: RemoteAddr, user: U) -> Self {
-        Self::new(Opcode::RdmaWrite, Data::Inline(data), remote, user)
+        Self::new(Opcode::RdmaWrite, None, Some(data), remote, user)
     }
 
     /// A zero-length RDMA WRITE (the remote key is not checked for zero bytes).
     pub fn write_empty(remote: RemoteAddr, user: U) -> Self {
-        Self::new(Opcode::RdmaWrite, Data::None, remote, user)
+        Self::new(Opcode::RdmaWrite, None, None, remote, user)
     }
 
     /// An RDMA WRITE with immediate data: the peer's receive completes with `imm`.
     pub fn write_with_imm(buffer: Buffer<M>, remote: RemoteAddr, imm: u32, user: U) -> Self {
-        let mut w = Self::new(Opcode::RdmaWriteWithImm, Data::Buffer(buffer), remote, user);
+        let mut w = Self::new(Opcode::RdmaWriteWithImm, Some(buffer), None, remote, user);
         w.imm_data = imm;
         w
     }
 
     /// An RDMA READ of `remote` into `buffer` (its region needs `LOCAL_WRITE`).
     pub fn read(buffer: Buffer<M>, remote: RemoteAddr, user: U) -> Self {
-        Self::new(Opcode::RdmaRead, Data::Buffer(buffer), remote, user)
+        Self::new(Opcode::RdmaRead, Some(buffer), None, remote, user)
     }
 
     /// A SEND of `buffer` (the peer needs a receive posted).
     pub fn send(buffer: Buffer<M>, user: U) -> Self {
         Self::new(
             Opcode::Send,
-            Data::Buffer(buffer),
+            Some(buffer),
+            None,
             RemoteAddr::default(),
             user,
         )
@@ -91,19 +91,15 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
 
     /// A SEND of inline bytes.
     pub fn send_inline(data: &'a [u8], user: U) -> Self {
-        Self::new(
-            Opcode::Send,
-            Data::Inline(data),
-            RemoteAddr::default(),
-            user,
-        )
+        Self::new(Opcode::Send, None, Some(data), RemoteAddr::default(), user)
     }
 
     /// A SEND with immediate data.
     pub fn send_with_imm(buffer: Buffer<M>, imm: u32, user: U) -> Self {
         let mut w = Self::new(
             Opcode::SendWithImm,
-            Data::Buffer(buffer),
+            Some(buffer),
+            None,
             RemoteAddr::default(),
             user,
         );
@@ -124,12 +120,8 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
 
     /// The payload that is kept until retirement, giving up the rest.
     fn into_payload(self) -> Payload<M, U> {
-        let buffer = match self.data {
-            Data::Buffer(b) => Some(b),
-            Data::None | Data::Inline(_) => None,
-        };
         Payload {
-            buffer,
+            buffer: self.buffer,
             user: self.user,
         }
     }
@@ -272,6 +264,24 @@ pub enum DrainError {
 /// buf.fill(0); // error: the buffer moved into the queue
 /// # }
 /// ```
+///
+/// It comes back with the completion that retires its work request:
+///
+/// ```
+/// # use selsig::{Buffer, Device, RemoteAddr, SignaledQueue, Work};
+/// # fn f<D: Device>(queue: &mut SignaledQueue<D, ()>, buf: Buffer<D::Mr>, remote: RemoteAddr) -> Option<()> {
+/// queue.post(Work::write(buf, remote, ())).ok()?;
+/// let mut done = Vec::new();
+/// queue.poll(&mut done).ok()?;
+/// for completion in done {
+///     let mut buf = completion.buffer?;
+///     buf.fill(0).ok()?; // the NIC is done with it
+/// }
+/// # Some(())
+/// # }
+/// ```
+///
+/// (`crates/selsig-soft/tests/compile_fail.rs` checks the exact compiler error.)
 pub struct SignaledQueue<D: Device, U> {
     qp: D::Qp,
     cq: Arc<D::Cq>,
@@ -279,7 +289,8 @@ pub struct SignaledQueue<D: Device, U> {
     /// The batch being posted; inline work requests are staged as `Local::Empty` and
     /// patched with their bytes in `submit`.
     staged: Vec<SendWr<'static>>,
-    last_posted: Option<Posted>,
+    /// Why the last work request posted was signaled (for `post`).
+    last_signal: Option<crate::tracker::SignalReason>,
     wcs: Vec<WorkCompletion>,
     unclaimed: Vec<WorkCompletion>,
     marker_target: RemoteAddr,
@@ -315,7 +326,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             cq,
             tracker,
             staged: Vec::with_capacity(slots),
-            last_posted: None,
+            last_signal: None,
             wcs: vec![WorkCompletion::new(0, WcStatus::Success, 0); config.poll_batch.max(1)],
             unclaimed: Vec::new(),
             marker_target: config.marker_target,
@@ -368,12 +379,12 @@ impl<D: Device, U> SignaledQueue<D, U> {
         work: Work<'_, D::Mr, U>,
     ) -> Result<Posted, QueuePostError<Payload<D::Mr, U>>> {
         let mut one = std::iter::once(work);
-        self.last_posted = None;
         self.post_batch(&mut one)?;
-        // A batch of one that returned Ok posted its work request.
-        Ok(self
-            .last_posted
-            .expect("a successful post of one work request"))
+        // A batch of one that returned Ok posted its work request: the last sequence number.
+        Ok(Posted {
+            seq: Seq(self.tracker.next_seq().0 - 1),
+            signal: self.last_signal,
+        })
     }
 
     /// Posts work requests from `works` with one doorbell, as many as fit now; the rest
@@ -394,32 +405,51 @@ impl<D: Device, U> SignaledQueue<D, U> {
         // (index in `staged`, bytes) of inline work requests; empty in the common case.
         let mut inline: Vec<(usize, &'a [u8])> = Vec::new();
         let mut refused = None;
-        while self.tracker.available() > 0 {
-            let Some(work) = works.next() else { break };
-            let opcode = work.opcode;
-            let remote = work.remote;
-            let imm_data = work.imm_data;
-            let signal = work.signal;
-            let local = match &work.data {
-                Data::None => Local::Empty,
-                Data::Buffer(b) => match b.sge() {
-                    Ok(sge) => Local::Sge(sge),
-                    Err(source) => {
+        // Room is known up front: slots and CQ credits only shrink by our own posts.
+        let room = self.tracker.available();
+        for _ in 0..room {
+            let Some(Work {
+                opcode,
+                buffer,
+                inline: inline_bytes,
+                remote,
+                imm_data,
+                signal,
+                user,
+            }) = works.next()
+            else {
+                break;
+            };
+            // Built from scalars rather than through `Buffer::sge`'s `Result`: this is the hot
+            // path of every post.
+            let local = match (&buffer, inline_bytes) {
+                (Some(b), _) => match u32::try_from(b.len()) {
+                    Ok(length) => Local::Sge(Sge {
+                        addr: b.region().addr().wrapping_add(b.offset() as u64),
+                        length,
+                        lkey: b.region().lkey(),
+                    }),
+                    Err(_) => {
+                        let source = ProviderError::Invalid {
+                            what: "buffer length",
+                            why: format!("{} bytes do not fit one work request", b.len()),
+                        };
                         refused = Some(QueuePostError::Invalid {
-                            work: work.into_payload(),
+                            work: Payload { buffer, user },
                             source,
                         });
                         break;
                     }
                 },
-                Data::Inline(bytes) => {
+                (None, Some(bytes)) => {
                     inline.push((self.staged.len(), bytes));
                     Local::Empty
                 }
+                (None, None) => Local::Empty,
             };
-            match self.tracker.post(work.into_payload(), signal, now) {
+            match self.tracker.post(Payload { buffer, user }, signal, now) {
                 Ok(posted) => {
-                    self.last_posted = Some(posted);
+                    self.last_signal = posted.signal;
                     self.staged.push(SendWr {
                         wr_id: posted.seq.wr_id(),
                         opcode,
@@ -427,12 +457,24 @@ impl<D: Device, U> SignaledQueue<D, U> {
                         remote,
                         imm_data,
                         signaled: posted.signaled(),
-                    })
+                    });
                 }
                 Err(e) => {
                     refused = Some(QueuePostError::Refused(e));
                     break;
                 }
+            }
+        }
+        if room == 0 {
+            // Nothing fits: say why with the first work request.
+            if let Some(work) = works.next() {
+                let signal = work.signal;
+                refused = self
+                    .tracker
+                    .post(work.into_payload(), signal, now)
+                    .map(|_| unreachable!("no room"))
+                    .err()
+                    .map(QueuePostError::Refused);
             }
         }
         let count = self.staged.len();
@@ -478,6 +520,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// reported after the rest of the batch was handled.
     pub fn poll(&mut self, out: &mut Vec<Completion<D::Mr, U>>) -> Result<usize, PollError> {
         let n = self.cq.poll(&mut self.wcs)?;
+        if n == 0 {
+            self.collect(out);
+            return Ok(0);
+        }
         let now = Instant::now();
         let mut first_error = None;
         for i in 0..n {

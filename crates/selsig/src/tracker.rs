@@ -531,6 +531,7 @@ impl<T> SendTracker<T> {
 
     /// Work requests posted and not yet retired (each holds a send-queue slot and a CQ
     /// credit).
+    #[inline]
     pub fn outstanding(&self) -> u32 {
         // At most sq_capacity entries are outstanding, so this fits.
         (self.ring.len() - self.retired) as u32
@@ -542,11 +543,13 @@ impl<T> SendTracker<T> {
     }
 
     /// Free send-queue slots.
+    #[inline]
     pub fn free_slots(&self) -> u32 {
         self.sq_capacity - self.outstanding()
     }
 
     /// How many more work requests could be posted now (slots and CQ credits).
+    #[inline]
     pub fn available(&self) -> u32 {
         let cq_free = match &self.cq {
             CqBudget::Exclusive(n) => n.saturating_sub(self.outstanding()),
@@ -644,6 +647,7 @@ impl<T> SendTracker<T> {
     /// Post it with `wr_id = posted.seq.wr_id()` and `IBV_SEND_SIGNALED` when
     /// `posted.signaled()`. If the provider refuses it (or a later one of the same batch),
     /// hand it back with [`rollback`](Self::rollback).
+    #[inline]
     pub fn post(
         &mut self,
         payload: T,
@@ -847,6 +851,7 @@ impl<T> SendTracker<T> {
 
     /// The next retired work request, in posting order, with its payload and outcome.
     /// Call until `None` after handling completions.
+    #[inline]
     pub fn poll_retired(&mut self) -> Option<Retired<T>> {
         while self.retired > 0 {
             let entry = self.ring.pop_front()?;
@@ -867,6 +872,7 @@ impl<T> SendTracker<T> {
 
     // ----- internals -----------------------------------------------------------------
 
+    #[inline]
     fn nanos(&mut self, now: Instant) -> u64 {
         // Callers pass one `now` for a whole batch: convert it once.
         if now != self.last_now {
@@ -938,6 +944,7 @@ impl<T> SendTracker<T> {
 
     /// Takes a slot and a CQ credit for one more work request; `Ok(true)` when it took the
     /// last credit of a shared pool.
+    #[inline]
     fn reserve(&mut self) -> Result<bool, Refusal> {
         let outstanding = self.outstanding();
         if outstanding >= self.sq_capacity {
@@ -956,6 +963,7 @@ impl<T> SendTracker<T> {
         }
     }
 
+    #[inline(always)]
     fn push(&mut self, payload: T, signal: Signal, now: Instant) -> Result<Posted, PostError<T>> {
         let last_credit = match self.reserve() {
             Ok(last_credit) => last_credit,
@@ -971,6 +979,7 @@ impl<T> SendTracker<T> {
     }
 
     /// Whether the next work request is signaled, and why.
+    #[inline]
     fn decide(&self, signal: Signal, last_credit: bool, now_ns: u64) -> Option<SignalReason> {
         let run_after = self.run + 1;
         let by_policy = match self.policy {
@@ -1004,6 +1013,7 @@ impl<T> SendTracker<T> {
         }
     }
 
+    #[inline(always)]
     fn record_post(&mut self, payload: Option<T>, signal: Option<SignalReason>, now_ns: u64) {
         let seq = self.next_seq;
         let user = payload.is_some();
