@@ -74,7 +74,8 @@ pub use provider::{
     QueuePair, RecvWr, RemoteAddr, SendWr, Sge, connect_pair,
 };
 pub use queue::{
-    Completion, DrainError, Payload, PollError, QueueConfig, QueuePostError, SignaledQueue, Work,
+    Completion, DrainError, DrainMarker, Payload, PollError, QueueConfig, QueuePostError,
+    SignaledQueue, Work,
 };
 
 pub use credits::{CqBudget, CqCredits};

@@ -490,7 +490,7 @@ pub enum ProviderError {
 /// A registered memory region. Its memory belongs to the region: the application reads
 /// and writes it through these accessors (never through references, since the NIC may
 /// access it at any time).
-pub trait MemoryRegion: Send + Sync {
+pub trait MemoryRegion: Send + Sync + fmt::Debug + 'static {
     /// The start address, as used in scatter/gather entries and remote addresses.
     fn addr(&self) -> u64;
     /// The length in bytes.
@@ -541,7 +541,7 @@ pub trait MemoryRegion: Send + Sync {
 }
 
 /// A completion queue.
-pub trait CompletionQueue: Send + Sync {
+pub trait CompletionQueue: Send + Sync + 'static {
     /// The real number of entries (read back at creation).
     fn capacity(&self) -> u32;
     /// Moves up to `out.len()` completions into `out`, oldest first; returns how many.
@@ -549,7 +549,7 @@ pub trait CompletionQueue: Send + Sync {
 }
 
 /// An RC queue pair.
-pub trait QueuePair: Send + Sync {
+pub trait QueuePair: Send + Sync + 'static {
     /// The QP number.
     fn qp_num(&self) -> u32;
     /// The real capacities (read back at creation).
@@ -573,7 +573,7 @@ pub trait QueuePair: Send + Sync {
 /// An opened RDMA device (`ibv_context`) and what it creates.
 pub trait Device: Send + Sync {
     /// Protection domains.
-    type Pd: Send + Sync;
+    type Pd: Send + Sync + 'static;
     /// Memory regions.
     type Mr: MemoryRegion;
     /// Completion queues.

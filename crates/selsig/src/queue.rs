@@ -12,8 +12,8 @@ use crate::provider::{
     QueuePair, RemoteAddr, SendWr, Sge,
 };
 use crate::tracker::{
-    CompletionError, ConfigError, Outcome, PostError, Posted, QueueState, SendTracker, Seq, Signal,
-    TrackerConfig,
+    CompletionError, ConfigError, Handled, Outcome, PostError, Posted, QueueState, SendTracker,
+    Seq, Signal, TrackerConfig,
 };
 use crate::wc::{WcStatus, WorkCompletion};
 
@@ -26,6 +26,8 @@ pub struct Work<'a, M, U> {
     buffer: Option<Buffer<M>>,
     /// Inline bytes, copied into the work request when it is posted.
     inline: Option<&'a [u8]>,
+    /// Memory the queue does not hold ([`Work::raw`]).
+    raw: Option<Sge>,
     remote: RemoteAddr,
     imm_data: u32,
     signal: Signal,
@@ -44,6 +46,7 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
             opcode,
             buffer,
             inline,
+            raw: None,
             remote,
             imm_data: 0,
             signal: Signal::Auto,
@@ -105,6 +108,27 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
         );
         w.imm_data = imm;
         w
+    }
+
+    /// Any operation on inline bytes (e.g. an RDMA WRITE with immediate).
+    pub fn inline(opcode: Opcode, data: &'a [u8], remote: RemoteAddr, user: U) -> Self {
+        Self::new(opcode, None, Some(data), remote, user)
+    }
+
+    /// A work request on memory the queue does not hold: `local` is a scatter/gather entry
+    /// of a registered region (or `None` for zero bytes). The caller must not reuse that
+    /// memory before the work request is retired; the queue cannot enforce it. For
+    /// programs that manage their own registered rings.
+    pub fn raw(opcode: Opcode, local: Option<Sge>, remote: RemoteAddr, user: U) -> Self {
+        let mut w = Self::new(opcode, None, None, remote, user);
+        w.raw = local;
+        w
+    }
+
+    /// Sets the immediate data (for the `*_WITH_IMM` operations).
+    pub fn imm(mut self, imm: u32) -> Self {
+        self.imm_data = imm;
+        self
     }
 
     /// Asks for this work request to be signaled (or leaves it to the policy).
@@ -228,6 +252,17 @@ pub enum PollError {
     /// handled.
     #[error(transparent)]
     Completion(#[from] CompletionError),
+}
+
+/// What [`SignaledQueue::post_drain_marker`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainMarker {
+    /// A marker with this sequence number was posted.
+    Posted(Seq),
+    /// Nothing is outstanding, or the last outstanding work request is signaled.
+    NotNeeded,
+    /// No slot or CQ credit yet: poll and try again.
+    NoRoom,
 }
 
 /// Why a drain did not finish.
@@ -412,6 +447,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 opcode,
                 buffer,
                 inline: inline_bytes,
+                raw,
                 remote,
                 imm_data,
                 signal,
@@ -445,7 +481,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     inline.push((self.staged.len(), bytes));
                     Local::Empty
                 }
-                (None, None) => Local::Empty,
+                (None, None) => raw.map_or(Local::Empty, Local::Sge),
             };
             match self.tracker.post(Payload { buffer, user }, signal, now) {
                 Ok(posted) => {
@@ -539,13 +575,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
         }
     }
 
-    /// Handles one completion polled elsewhere (a CQ shared by several queues): it must
-    /// belong to this queue's QP. Collect the retired work requests with
-    /// [`collect`](Self::collect).
-    pub fn handle_completion(&mut self, wc: &WorkCompletion) -> Result<(), CompletionError> {
-        self.tracker
-            .handle_completion(wc, Instant::now())
-            .map(|_| ())
+    /// Handles one completion polled elsewhere (a CQ shared by several queues, or a caller
+    /// that wants to see every completion): it must belong to this queue's QP. Returns what
+    /// it retired; collect those work requests with [`collect`](Self::collect).
+    pub fn handle_completion(&mut self, wc: &WorkCompletion) -> Result<Handled, CompletionError> {
+        self.tracker.handle_completion(wc, Instant::now())
     }
 
     fn handle(&mut self, wc: &WorkCompletion, now: Instant) -> Result<(), CompletionError> {
@@ -630,26 +664,14 @@ impl<D: Device, U> SignaledQueue<D, U> {
         out: &mut Vec<Completion<D::Mr, U>>,
     ) -> Result<(), DrainError> {
         let start = Instant::now();
-        let in_error = matches!(self.tracker.state(), QueueState::Error { .. });
-        self.tracker.start_drain();
+        self.start_drain();
         let mut marker_posted = false;
         loop {
-            if !marker_posted && !self.tracker.is_idle() {
-                let attempt =
-                    if in_error || matches!(self.tracker.state(), QueueState::Error { .. }) {
-                        match self.tracker.post_marker(Instant::now()) {
-                            Ok(seq) => self.post_marker(seq).map(|()| true),
-                            Err(e) if e.is_full() => Ok(false),
-                            Err(e) => Err(QueuePostError::Refused(e)),
-                        }
-                    } else {
-                        match self.confirm_all() {
-                            Ok(_) => Ok(true),
-                            Err(QueuePostError::Refused(e)) if e.is_full() => Ok(false),
-                            Err(e) => Err(e),
-                        }
-                    };
-                marker_posted = attempt.map_err(DrainError::Marker)?;
+            if !marker_posted {
+                marker_posted = !matches!(
+                    self.post_drain_marker().map_err(DrainError::Marker)?,
+                    DrainMarker::NoRoom
+                );
             }
             self.poll(out)?;
             if self.tracker.is_idle() {
@@ -663,6 +685,36 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 });
             }
             std::hint::spin_loop();
+        }
+    }
+
+    /// The first half of [`drain`](Self::drain), for callers that poll themselves: no
+    /// more posts are accepted.
+    pub fn start_drain(&mut self) {
+        self.tracker.start_drain();
+    }
+
+    /// The marker of a drain: in the error state a signaled zero-length WRITE behind
+    /// every outstanding work request (its flush retires everything before it, like
+    /// `ib_drain_sq`), otherwise a confirm marker if the tail is unsignaled. On
+    /// [`DrainMarker::NoRoom`], poll and call again.
+    pub fn post_drain_marker(&mut self) -> Result<DrainMarker, QueuePostError<()>> {
+        if self.tracker.is_idle() {
+            return Ok(DrainMarker::NotNeeded);
+        }
+        if matches!(self.tracker.state(), QueueState::Error { .. }) {
+            match self.tracker.post_marker(Instant::now()) {
+                Ok(seq) => self.post_marker(seq).map(|()| DrainMarker::Posted(seq)),
+                Err(e) if e.is_full() => Ok(DrainMarker::NoRoom),
+                Err(e) => Err(QueuePostError::Refused(e)),
+            }
+        } else {
+            match self.confirm_all() {
+                Ok(Some(seq)) => Ok(DrainMarker::Posted(seq)),
+                Ok(None) => Ok(DrainMarker::NotNeeded),
+                Err(QueuePostError::Refused(e)) if e.is_full() => Ok(DrainMarker::NoRoom),
+                Err(e) => Err(e),
+            }
         }
     }
 }

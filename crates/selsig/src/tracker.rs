@@ -381,6 +381,9 @@ pub enum CompletionError {
 /// What one accepted completion did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handled {
+    /// The first sequence number it retired (markers included): it retired
+    /// `first..=seq`.
+    pub first: Seq,
     /// The completion's sequence number.
     pub seq: Seq,
     /// Work requests (the caller's, not markers) it retired; [`SendTracker::poll_retired`]
@@ -835,12 +838,14 @@ impl<T> SendTracker<T> {
         }
         self.stats.wrs_per_cqe.saturating_record(user);
         let count = idx + 1 - self.retired;
+        let first = self.head_seq + self.retired as u64;
         self.retired = idx + 1;
         while self.signaled_seqs.front().is_some_and(|&s| s <= seq) {
             self.signaled_seqs.pop_front();
         }
         self.release_credits(count as u32);
         Ok(Handled {
+            first: Seq(first),
             seq: Seq(seq),
             retired: user,
             entered_error,

@@ -1,0 +1,164 @@
+//! What every subcommand shares: the provider and device options, opening the device,
+//! sizes, patterns.
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use selsig::Device;
+use selsig_soft::{Personality, SoftConfig, SoftDevice};
+
+/// The providers selsig runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProviderKind {
+    /// The software RDMA NIC in this process (no hardware needed).
+    Soft,
+    /// rdma-core's libibverbs: real RNICs and the kernel's Soft-RoCE (rxe).
+    Verbs,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Soft => "soft",
+            ProviderKind::Verbs => "verbs",
+        }
+    }
+}
+
+/// The soft NIC's personalities, as a command-line value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PersonalityArg {
+    /// Slots freed when a completion is polled (mlx5).
+    Mlx5,
+    /// Slots freed when a work request executes (kernel Soft-RoCE).
+    Rxe,
+}
+
+impl From<PersonalityArg> for Personality {
+    fn from(p: PersonalityArg) -> Personality {
+        match p {
+            PersonalityArg::Mlx5 => Personality::Mlx5,
+            PersonalityArg::Rxe => Personality::Rxe,
+        }
+    }
+}
+
+/// Where to run: provider, device, personality.
+#[derive(Debug, Clone, Args)]
+pub struct ProviderArgs {
+    /// The provider.
+    #[arg(long, value_enum, default_value_t = ProviderKind::Soft)]
+    pub provider: ProviderKind,
+    /// The device (verbs: an RDMA device name such as mlx5_0 or rxe0, default the first;
+    /// soft: the name given to the software device, default soft0).
+    #[arg(long, short = 'd')]
+    pub device: Option<String>,
+    /// The software NIC's personality (soft provider only; default mlx5, or the scenario's).
+    #[arg(long, value_enum)]
+    pub personality: Option<PersonalityArg>,
+    /// The GID index for RoCE (verbs provider only; perftest's -x).
+    #[arg(long = "gid-index", short = 'x')]
+    pub gid_index: Option<u8>,
+}
+
+/// What was opened, for reports.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub provider: ProviderKind,
+    pub device: String,
+    /// `Some` on the soft provider.
+    pub personality: Option<Personality>,
+    pub gid_index: Option<u8>,
+}
+
+/// Work that runs on any device.
+pub trait OnDevice {
+    type Output;
+    fn run<D: Device>(self, dev: &D, info: &DeviceInfo) -> Result<Self::Output>;
+}
+
+/// Opens the device the options name and runs `task` on it.
+pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Output> {
+    match args.provider {
+        ProviderKind::Soft => {
+            let personality = args
+                .personality
+                .map_or(Personality::Mlx5, Personality::from);
+            let mut config = SoftConfig::with_personality(personality);
+            if let Some(name) = &args.device {
+                config.name = name.clone();
+            }
+            let dev = SoftDevice::open(config).context("cannot open the software device")?;
+            let info = DeviceInfo {
+                provider: ProviderKind::Soft,
+                device: dev.name().to_string(),
+                personality: Some(personality),
+                gid_index: None,
+            };
+            task.run(&dev, &info)
+        }
+        ProviderKind::Verbs => anyhow::bail!(
+            "the verbs provider is not available in this build of selsig; use --provider soft"
+        ),
+    }
+}
+
+/// Parses a byte count: `64`, `4K`, `4KiB`, `1M`, `64KiB` (K, M, G are binary, as in
+/// perftest).
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(text.trim())
+        .map_err(|e| format!("invalid size {text:?}: {e} (examples: 64, 4K, 64KiB, 1M)"))
+}
+
+/// The bytes work request `wr` (1-based) writes: recognisable and different for every
+/// work request and offset.
+pub fn pattern(wr: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (wr.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8 + 1)
+        .collect()
+}
+
+/// FNV-1a, 64 bits: the memory digest of traces (stable, no dependency).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// `a–b` or `a` for a range of work-request numbers.
+pub fn span(first: u64, last: u64) -> String {
+    if first == last {
+        format!("WR{first}")
+    } else {
+        format!("WR{first}–WR{last}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_binary_like_perftest() {
+        assert_eq!(parse_size("64"), Ok(64));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        let e = parse_size("lots").unwrap_err();
+        assert!(e.contains("\"lots\"") && e.contains("4K"), "{e}");
+        assert!(parse_size("-1").is_err());
+    }
+
+    #[test]
+    fn patterns_differ_between_work_requests_and_have_no_zero() {
+        assert_ne!(pattern(1, 64), pattern(2, 64));
+        assert!(pattern(7, 4096).iter().all(|&b| b != 0));
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

@@ -1,0 +1,591 @@
+//! `selsig demo`: the seed example, run for real and shown the way the seed draws it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Args;
+use selsig::{
+    Access, Buffer, CompletionQueue, ConnectOptions, Device, MemoryRegion, Outcome, Policy,
+    PostError, QpCaps, QpInit, QueueConfig, QueuePair, QueuePostError, SignaledQueue, WcStatus,
+    Work, WorkCompletion, connect_pair,
+};
+use serde::Serialize;
+
+use crate::common::{DeviceInfo, OnDevice, ProviderArgs, parse_size, pattern, span, with_device};
+
+/// Largest memory the demo registers on each side.
+const MAX_BYTES: u64 = 1 << 30;
+
+/// Run the seed example: RDMA WRITEs on one RC queue pair, every N-th signaled, and show
+/// which completions appeared and what each confirmed.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Number of RDMA WRITEs.
+    #[arg(long, short = 'n', default_value_t = 8, value_name = "N")]
+    pub wrs: u32,
+    /// Signal every N-th WRITE (perftest's --cq-mod). Default 4, as in the seed.
+    #[arg(long, short = 'Q', visible_alias = "cq-mod", value_name = "N")]
+    pub every: Option<u32>,
+    /// Bytes per WRITE: 64, 4K, 64KiB, ...
+    #[arg(long, short = 's', default_value = "64", value_parser = parse_size, value_name = "BYTES")]
+    pub size: u64,
+    /// Signaling policy: every:N, always, never or adaptive:N,LAG (e.g. adaptive:16,50us).
+    #[arg(long, conflicts_with = "every", value_name = "POLICY")]
+    pub policy: Option<Policy>,
+    /// Send queue depth asked for (the real one is read back from the QP).
+    #[arg(long = "tx-depth", short = 't', default_value_t = 64, value_name = "N")]
+    pub tx_depth: u32,
+    /// Make WRITE K fail with a bad remote key, to show the error completion, the flushes
+    /// and every WRITE's outcome.
+    #[arg(long, value_name = "K")]
+    pub fail_at: Option<u32>,
+    /// Print one JSON object instead of the drawing (see docs/demo-json.md).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub provider: ProviderArgs,
+}
+
+/// What the demo did, as printed by `--json`.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub provider: &'static str,
+    pub device: String,
+    pub personality: Option<String>,
+    pub wrs: u32,
+    pub size: u64,
+    pub policy: String,
+    /// The interval of an `every:N` policy, else null.
+    pub every: Option<u32>,
+    pub sq_depth: u32,
+    pub fail_at: Option<u32>,
+    pub posts: Vec<PostView>,
+    pub cqes: Vec<CqeView>,
+    pub confirmed: Vec<Confirmed>,
+    pub outcomes: Vec<OutcomeView>,
+    pub remote_verified: bool,
+    pub mismatches: Vec<u32>,
+    pub summary: Summary,
+    pub elapsed_us: u128,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PostView {
+    /// 1-based WRITE number, as in the seed.
+    pub wr: u32,
+    pub wr_id: u64,
+    pub signaled: bool,
+    /// Why it was signaled: policy, requested, deadlock, ...
+    pub reason: Option<&'static str>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CqeView {
+    /// The WRITE the completion names (1-based), or null for a confirm marker.
+    pub wr: Option<u32>,
+    pub wr_id: u64,
+    pub status: &'static str,
+    /// Null in error completions, whose opcode is meaningless.
+    pub opcode: Option<&'static str>,
+    /// `true` for the zero-length WRITE that confirms an unsignaled tail.
+    pub marker: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Confirmed {
+    /// The WRITE whose completion it is (null for a marker).
+    pub cqe: Option<u32>,
+    pub wr_id: u64,
+    /// The WRITEs it retired, with their outcome.
+    pub wrs: Vec<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OutcomeView {
+    pub wr: u32,
+    /// completed, failed, flushed, or not_posted.
+    pub outcome: &'static str,
+    /// The status of a failed WRITE.
+    pub status: Option<&'static str>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub completed: u32,
+    pub failed: u32,
+    pub flushed: u32,
+    pub not_posted: u32,
+    pub cqes: u32,
+    /// Completions that signaling every WRITE would have produced beyond these.
+    pub cqes_saved: u32,
+}
+
+impl OnDevice for &DemoArgs {
+    type Output = Report;
+
+    fn run<D: Device>(self, dev: &D, info: &DeviceInfo) -> Result<Report> {
+        run_demo(self, dev, info)
+    }
+}
+
+/// Runs the demo; returns its report (printing is the caller's). Call [`validate`] first.
+pub fn demo(args: &DemoArgs) -> Result<Report> {
+    with_device(&args.provider, args)
+}
+
+/// Checks the options (errors here are the user's input).
+pub fn validate(args: &DemoArgs) -> Result<()> {
+    ensure!(args.wrs >= 1, "--wrs must be at least 1");
+    ensure!(
+        args.size <= u64::from(u32::MAX),
+        "--size {} is more than one WRITE carries",
+        args.size
+    );
+    let total = u64::from(args.wrs) * args.size.max(1);
+    ensure!(
+        total <= MAX_BYTES,
+        "--wrs {} × --size {} needs {total} bytes on each side; the demo registers at most {MAX_BYTES}",
+        args.wrs,
+        args.size
+    );
+    if let Some(k) = args.fail_at {
+        ensure!(
+            (1..=args.wrs).contains(&k),
+            "--fail-at {k} names no WRITE: there are {} (1 to {})",
+            args.wrs,
+            args.wrs
+        );
+    }
+    ensure!(args.tx_depth >= 1, "--tx-depth must be at least 1");
+    if let Some(0) = args.every {
+        bail!("--every must be at least 1");
+    }
+    Ok(())
+}
+
+fn policy_of(args: &DemoArgs) -> Policy {
+    args.policy
+        .unwrap_or(Policy::Every(args.every.unwrap_or(4)))
+}
+
+fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Report> {
+    let start = Instant::now();
+    let policy = policy_of(args);
+    let size = args.size as usize;
+    let n = args.wrs as usize;
+    let pd = dev
+        .alloc_pd()
+        .context("cannot allocate a protection domain")?;
+    let cq = Arc::new(
+        dev.create_cq(2 * args.tx_depth + 2)
+            .context("cannot create the completion queue")?,
+    );
+    let peer_cq = dev
+        .create_cq(16)
+        .context("cannot create the peer's completion queue")?;
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: args.tx_depth,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let qp = dev
+        .create_qp(&pd, &cq, &cq, &init)
+        .context("cannot create the queue pair")?;
+    let peer = dev
+        .create_qp(&pd, &peer_cq, &peer_cq, &init)
+        .context("cannot create the peer queue pair")?;
+    let options = ConnectOptions {
+        gid_index: info.gid_index,
+        ..ConnectOptions::default()
+    };
+    connect_pair(&qp, &peer, &options).context("cannot connect the queue pairs")?;
+    let slot = size.max(1);
+    let local = dev
+        .reg_mr(&pd, n * slot, Access::LOCAL_WRITE)
+        .context("cannot register the local buffer")?;
+    let remote = dev
+        .reg_mr(&pd, n * slot, Access::REMOTE_WRITE)
+        .context("cannot register the remote buffer")?;
+    for wr in 1..=n {
+        local.write((wr - 1) * slot, &pattern(wr as u64, size))?;
+    }
+    let (buffers, _) = Buffer::new(local)
+        .split_into(n, slot)
+        .map_err(|_| anyhow::anyhow!("the local region holds the buffers"))?;
+    let config = QueueConfig {
+        policy,
+        marker_target: remote.remote(0),
+        ..QueueConfig::default()
+    };
+    let sq_depth = qp.caps().max_send_wr;
+    let mut queue: SignaledQueue<D, u32> = SignaledQueue::with_config(qp, Arc::clone(&cq), config)?;
+
+    let mut posts = Vec::new();
+    let mut cqes = Vec::new();
+    let mut confirmed = Vec::new();
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
+    let mut markers = Vec::new();
+    let mut done = Vec::new();
+    let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, 0); 32];
+    let deadline = start + Duration::from_secs(30);
+
+    // Polls the CQ once; records each completion and what it confirmed.
+    let mut poll = |queue: &mut SignaledQueue<D, u32>,
+                    cqes: &mut Vec<CqeView>,
+                    confirmed: &mut Vec<Confirmed>,
+                    markers: &[u64]|
+     -> Result<()> {
+        let k = cq
+            .poll(&mut wcs)
+            .context("cannot poll the completion queue")?;
+        for wc in &wcs[..k] {
+            let handled = queue
+                .handle_completion(wc)
+                .with_context(|| format!("an impossible completion: {wc:?}"))?;
+            let marker = markers.contains(&wc.wr_id);
+            let wr = (!marker).then_some(wc.wr_id as u32);
+            cqes.push(CqeView {
+                wr,
+                wr_id: wc.wr_id,
+                status: wc.status.short_name(),
+                opcode: wc.opcode.map(|o| o.short_name()),
+                marker,
+            });
+            confirmed.push(Confirmed {
+                cqe: wr,
+                wr_id: wc.wr_id,
+                wrs: (handled.first.0..=handled.seq.0)
+                    .filter(|s| !markers.contains(s))
+                    .map(|s| s as u32)
+                    .collect(),
+            });
+        }
+        Ok(())
+    };
+
+    let mut pending: std::collections::VecDeque<(u32, Buffer<D::Mr>)> = buffers
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| (i as u32 + 1, b))
+        .collect();
+    while let Some((wr, buf)) = pending.pop_front() {
+        let mut target = remote.remote(i_of(wr) * slot);
+        if args.fail_at == Some(wr) {
+            // A key the responder does not know: the WRITE fails with a remote access error.
+            target.rkey ^= 0x0005_a5a5;
+        }
+        match queue.post(Work::write(buf, target, wr)) {
+            Ok(posted) => posts.push(PostView {
+                wr,
+                wr_id: posted.seq.wr_id(),
+                signaled: posted.signaled(),
+                reason: posted.signal.map(|r| r.as_str()),
+            }),
+            Err(QueuePostError::Refused(e)) if e.is_full() => {
+                // No room until completions are polled: put it back and poll.
+                if let Some(buf) = e.into_payload().buffer {
+                    pending.push_front((wr, buf));
+                }
+                poll(&mut queue, &mut cqes, &mut confirmed, &markers)?;
+                queue.collect(&mut done);
+                ensure!(Instant::now() < deadline, "the queue stayed full for 30 s");
+            }
+            // The queue failed: nothing more can be posted.
+            Err(QueuePostError::Refused(PostError::QueueError { .. })) => break,
+            Err(e) => return Err(e).context(format!("cannot post WRITE {wr}")),
+        }
+    }
+    if matches!(queue.state(), selsig::QueueState::Ready) {
+        if let Some(seq) = queue
+            .confirm_all()
+            .context("cannot post the confirm marker")?
+        {
+            markers.push(seq.wr_id());
+        }
+    }
+    while !queue.tracker().is_idle() {
+        poll(&mut queue, &mut cqes, &mut confirmed, &markers)?;
+        ensure!(
+            Instant::now() < deadline,
+            "{} WRITEs still outstanding after 30 s",
+            queue.outstanding()
+        );
+        std::thread::yield_now();
+    }
+    queue.collect(&mut done);
+    for c in &done {
+        outcomes[(c.user - 1) as usize] = Some(c.outcome);
+    }
+
+    // Verify the remote buffer: every completed WRITE landed, nothing else did.
+    let mut mismatches = Vec::new();
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let mut got = vec![0u8; size];
+        remote.read(i * slot, &mut got)?;
+        let expected = match outcome {
+            Some(Outcome::Completed) => pattern(i as u64 + 1, size),
+            _ => vec![0; size],
+        };
+        if got != expected {
+            mismatches.push(i as u32 + 1);
+        }
+    }
+    drop(peer);
+
+    let count = |f: fn(&Option<Outcome>) -> bool| outcomes.iter().filter(|o| f(o)).count() as u32;
+    let summary = Summary {
+        completed: count(|o| matches!(o, Some(Outcome::Completed))),
+        failed: count(|o| matches!(o, Some(Outcome::Failed(_)))),
+        flushed: count(|o| matches!(o, Some(Outcome::Flushed))),
+        not_posted: count(Option::is_none),
+        cqes: cqes.len() as u32,
+        cqes_saved: (posts.len() as u32).saturating_sub(cqes.len() as u32),
+    };
+    Ok(Report {
+        provider: info.provider.as_str(),
+        device: info.device.clone(),
+        personality: info.personality.map(|p| p.to_string()),
+        wrs: args.wrs,
+        size: args.size,
+        policy: policy.to_string(),
+        every: match policy {
+            Policy::Every(n) => Some(n),
+            Policy::Always => Some(1),
+            _ => None,
+        },
+        sq_depth,
+        fail_at: args.fail_at,
+        posts,
+        cqes,
+        confirmed,
+        outcomes: outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, o)| OutcomeView {
+                wr: i as u32 + 1,
+                outcome: o.map_or("not_posted", |o| o.as_str()),
+                status: match o {
+                    Some(Outcome::Failed(s)) => Some(s.short_name()),
+                    _ => None,
+                },
+            })
+            .collect(),
+        remote_verified: mismatches.is_empty(),
+        mismatches,
+        summary,
+        elapsed_us: start.elapsed().as_micros(),
+    })
+}
+
+/// The index of WRITE `wr` (1-based).
+fn i_of(wr: u32) -> usize {
+    wr as usize - 1
+}
+
+/// The drawing of the seed: the send queue, the completions, what each confirmed.
+pub fn render(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let where_ = match &r.personality {
+        Some(p) => format!("{} ({} provider, {p} personality)", r.device, r.provider),
+        None => format!("{} ({} provider)", r.device, r.provider),
+    };
+    let _ = writeln!(
+        o,
+        "selsig demo: {} RDMA WRITEs of {} B on {where_}, policy {}, send queue depth {}",
+        r.wrs, r.size, r.policy, r.sq_depth
+    );
+    if let Some(k) = r.fail_at {
+        let _ = writeln!(o, "WR{k} is posted with a bad remote key.");
+    }
+    let _ = writeln!(o, "\nSend queue (S = signaled, U = unsignaled):");
+    let items: Vec<String> = r
+        .posts
+        .iter()
+        .map(|p| format!("WR{}({})", p.wr, if p.signaled { "S" } else { "U" }))
+        .collect();
+    for line in wrap_chain(&items, 96) {
+        let _ = writeln!(o, "  {line}");
+    }
+    let forced: Vec<String> = r
+        .posts
+        .iter()
+        .filter(|p| matches!(p.reason, Some("deadlock" | "cq_credit")))
+        .map(|p| format!("WR{}", p.wr))
+        .collect();
+    if !forced.is_empty() {
+        let _ = writeln!(
+            o,
+            "  (signaled by selsig so that the queue cannot fill with unsignaled WRs: {})",
+            forced.join(", ")
+        );
+    }
+    let _ = writeln!(o, "\nCompletion queue (what the NIC wrote):");
+    if r.cqes.is_empty() {
+        let _ = writeln!(o, "  (nothing)");
+    }
+    let lines: Vec<(String, String)> = r
+        .cqes
+        .iter()
+        .zip(&r.confirmed)
+        .map(|(cqe, conf)| {
+            let name = match cqe.wr {
+                Some(wr) => format!("CQE{wr}"),
+                None => "CQE(marker)".to_string(),
+            };
+            let detail = match cqe.opcode {
+                Some(op) => format!("wr_id {}, {}, {op}", cqe.wr_id, cqe.status),
+                None => format!("wr_id {}, {}", cqe.wr_id, cqe.status),
+            };
+            (format!("{name}: {}", confirmation(cqe, conf, r)), detail)
+        })
+        .collect();
+    let width = lines
+        .iter()
+        .map(|(l, _)| l.chars().count())
+        .max()
+        .unwrap_or(0);
+    for (line, detail) in lines {
+        let pad = width - line.chars().count();
+        let _ = writeln!(o, "  {line}{}   ({detail})", " ".repeat(pad));
+    }
+    if r.cqes.iter().any(|c| c.marker) {
+        let _ = writeln!(
+            o,
+            "  (the marker is a signaled zero-length WRITE selsig posted to confirm an unsignaled tail)"
+        );
+    }
+    if r.fail_at.is_some() || r.summary.not_posted > 0 {
+        let _ = writeln!(o, "\nOutcomes:");
+        let mut line = Vec::new();
+        for v in &r.outcomes {
+            line.push(match v.status {
+                Some(s) => format!("WR{} failed ({s})", v.wr),
+                None => format!("WR{} {}", v.wr, v.outcome.replace('_', " ")),
+            });
+        }
+        for l in wrap_list(&line, 96) {
+            let _ = writeln!(o, "  {l}");
+        }
+    }
+    let bytes = u64::from(r.summary.completed) * r.size;
+    let _ = writeln!(o);
+    if r.remote_verified {
+        if r.summary.completed == r.wrs {
+            let _ = writeln!(
+                o,
+                "Remote buffer: all {} writes verified ({bytes} bytes).",
+                r.wrs
+            );
+        } else {
+            let _ = writeln!(
+                o,
+                "Remote buffer: verified: the {} completed writes landed ({bytes} bytes), the {} others did not.",
+                r.summary.completed,
+                r.wrs - r.summary.completed
+            );
+        }
+    } else {
+        let list: Vec<String> = r.mismatches.iter().map(|w| format!("WR{w}")).collect();
+        let _ = writeln!(
+            o,
+            "Remote buffer: VERIFICATION FAILED for {}.",
+            list.join(", ")
+        );
+    }
+    let s = &r.summary;
+    let mut parts = vec![format!("{} WRs executed", s.completed)];
+    if s.failed > 0 {
+        parts.push(format!("{} failed", s.failed));
+    }
+    if s.flushed > 0 {
+        parts.push(format!("{} flushed", s.flushed));
+    }
+    if s.not_posted > 0 {
+        parts.push(format!("{} not posted", s.not_posted));
+    }
+    let _ = writeln!(
+        o,
+        "Summary: {}; {} CQEs generated, {} saved vs signaling every WR.",
+        parts.join(", "),
+        s.cqes,
+        s.cqes_saved
+    );
+    o
+}
+
+fn confirmation(cqe: &CqeView, conf: &Confirmed, r: &Report) -> String {
+    let outcome_of = |wr: u32| r.outcomes.get(wr as usize - 1).map(|o| o.outcome);
+    if conf.wrs.is_empty() {
+        return "nothing new confirmed".to_string();
+    }
+    let first = u64::from(conf.wrs[0]);
+    let last = u64::from(*conf.wrs.last().unwrap_or(&conf.wrs[0]));
+    match cqe.status {
+        "success" => format!("{} confirmed", span(first, last)),
+        "wr_flush_err" if conf.wrs.len() == 1 => format!("{} flushed", span(first, last)),
+        "wr_flush_err" => {
+            let done: Vec<u32> = conf
+                .wrs
+                .iter()
+                .copied()
+                .filter(|w| outcome_of(*w) == Some("completed"))
+                .collect();
+            match done.last() {
+                Some(&l) => format!(
+                    "{} completed, {} flushed",
+                    span(first, u64::from(l)),
+                    span(u64::from(l) + 1, last)
+                ),
+                None => format!("{} flushed", span(first, last)),
+            }
+        }
+        _ if conf.wrs.len() == 1 => format!("{} failed", span(first, last)),
+        _ => format!("{} completed, WR{last} failed", span(first, last - 1)),
+    }
+}
+
+/// `a → b → c` wrapped at `width` columns.
+fn wrap_chain(items: &[String], width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for (i, item) in items.iter().enumerate() {
+        let piece = if i + 1 < items.len() {
+            format!("{item} → ")
+        } else {
+            item.clone()
+        };
+        if line.chars().count() + piece.chars().count() > width && !line.is_empty() {
+            lines.push(line.trim_end().to_string());
+            line.clear();
+        }
+        line.push_str(&piece);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+fn wrap_list(items: &[String], width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for item in items {
+        if line.len() + item.len() + 2 > width && !line.is_empty() {
+            lines.push(line.clone());
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push_str(", ");
+        }
+        line.push_str(item);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}

@@ -1,0 +1,137 @@
+//! `selsig`: RDMA selective signaling from the command line.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod common;
+mod demo;
+mod runner;
+mod scenario;
+mod trace;
+
+/// selsig: selective signaling for RDMA send queues, done right.
+///
+/// On an RC queue pair only signaled work requests produce a completion when they
+/// succeed, and a completion confirms its work request and every earlier one. selsig
+/// decides what to signal, keeps the send queue from deadlocking and the CQ from
+/// overrunning, and hands every buffer back, in order, with its exact outcome.
+#[derive(Debug, Parser)]
+#[command(name = "selsig", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the seed example (8 RDMA WRITEs, every 4th signaled) and show what the NIC did.
+    Demo(demo::DemoArgs),
+    /// Run a scenario file and print its canonical trace (JSON lines) on stdout.
+    Run(RunArgs),
+}
+
+/// Run a scenario file (see docs/scenarios.md) and print its canonical trace.
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// The scenario file (TOML).
+    #[arg(value_name = "SCENARIO")]
+    file: std::path::PathBuf,
+    /// Write the trace to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
+    /// Print only the summary line (and the failures).
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    #[command(flatten)]
+    provider: common::ProviderArgs,
+}
+
+/// How a run ended: exit code 1 for a failed check, 2 for bad input.
+pub enum Failure {
+    /// The input (options, scenario file) is invalid.
+    Input(anyhow::Error),
+    /// The run went wrong or a verification failed.
+    Run(anyhow::Error),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => run_demo(&args),
+        Command::Run(args) => run_scenario(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(Failure::Input(e)) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Run(e)) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run_demo(args: &demo::DemoArgs) -> Result<ExitCode, Failure> {
+    demo::validate(args).map_err(Failure::Input)?;
+    let report = demo::demo(args).map_err(Failure::Run)?;
+    if args.json {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| Failure::Run(e.into()))?;
+        println!("{json}");
+    } else {
+        print!("{}", demo::render(&report));
+    }
+    Ok(if report.remote_verified {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
+    use std::io::Write as _;
+    let scenario = scenario::load(&args.file).map_err(|e| Failure::Input(e.into()))?;
+    if !args.quiet {
+        eprintln!("scenario {}: {}", scenario.name, scenario.description);
+    }
+    let mut provider = args.provider.clone();
+    // The scenario's personality, unless the command line names one.
+    if provider.personality.is_none() {
+        provider.personality = scenario.personality.map(|p| match p {
+            selsig_soft::Personality::Mlx5 => common::PersonalityArg::Mlx5,
+            selsig_soft::Personality::Rxe => common::PersonalityArg::Rxe,
+        });
+    }
+    let result = common::with_device(&provider, &scenario)
+        .map_err(|e| Failure::Run(e.context(format!("scenario {}", args.file.display()))))?;
+    let mut text = String::new();
+    for event in &result.trace {
+        text.push_str(&event.line());
+        text.push('\n');
+    }
+    match &args.trace {
+        Some(path) => std::fs::write(path, &text).map_err(|e| {
+            Failure::Run(anyhow::Error::new(e).context(format!("cannot write {}", path.display())))
+        })?,
+        None if !args.quiet => {
+            let _ = std::io::stdout().write_all(text.as_bytes());
+        }
+        None => {}
+    }
+    if result.failures.is_empty() {
+        let what = if result.checked.is_empty() {
+            "no expectations".to_string()
+        } else {
+            format!("expectations met ({})", result.checked.join(", "))
+        };
+        eprintln!("scenario {}: {what}", scenario.name);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for f in &result.failures {
+            eprintln!("error: scenario {}: {f}", scenario.name);
+        }
+        Ok(ExitCode::from(1))
+    }
+}

@@ -1,0 +1,774 @@
+//! Runs a checked scenario on any provider and produces its canonical trace.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use selsig::{
+    Access, AsyncEvent, CompletionQueue, ConnectOptions, CqBudget, CqCredits, Device, DrainMarker,
+    MemoryRegion, Opcode, Outcome, PostError, QpCaps, QpInit, QueueConfig, QueuePair,
+    QueuePostError, RecvWr, RemoteAddr, Sge, Signal, SignaledQueue, WcOpcode, WcStatus, Work,
+    WorkCompletion,
+};
+
+use crate::common::{DeviceInfo, OnDevice, fnv1a64, pattern};
+use crate::scenario::{Action, Fault, Fill, Op, Post, QpRef, Recv, Scenario, SignalChoice};
+use crate::trace::Event;
+
+/// How long a poll step may wait for the NIC.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The trace and whether the expectations held.
+#[derive(Debug)]
+pub struct RunResult {
+    pub trace: Vec<Event>,
+    /// Expectations that did not hold (empty: all met, or none given).
+    pub failures: Vec<String>,
+    /// What was checked, for the summary line.
+    pub checked: Vec<String>,
+}
+
+/// What a queue keeps per work request: its number in the step order.
+type Rec = u64;
+
+struct Side<D: Device> {
+    queue: SignaledQueue<D, Rec>,
+    peer: D::Qp,
+    /// Receives posted on the peer (its wr_ids count from 1).
+    peer_recvs: u64,
+    peer_recv_done: u64,
+    /// Markers posted on this queue.
+    markers: Vec<u64>,
+}
+
+struct KeyedRegion<M> {
+    mr: Option<M>,
+    addr: u64,
+    len: usize,
+    key_l: u32,
+    key_r: u32,
+}
+
+impl OnDevice for &Scenario {
+    type Output = RunResult;
+
+    fn run<D: Device>(self, dev: &D, info: &DeviceInfo) -> Result<RunResult> {
+        Runner::<D>::new(self, dev, info)?.run()
+    }
+}
+
+struct Runner<'a, D: Device> {
+    sc: &'a Scenario,
+    dev: &'a D,
+    cqs: Vec<Arc<D::Cq>>,
+    sides: Vec<Side<D>>,
+    regions: Vec<KeyedRegion<D::Mr>>,
+    trace: Vec<Event>,
+    /// QP number → endpoint.
+    qpns: BTreeMap<u32, QpRef>,
+    wcs: Vec<WorkCompletion>,
+    _pds: (D::Pd, Option<D::Pd>),
+}
+
+impl<'a, D: Device> Runner<'a, D> {
+    fn new(sc: &'a Scenario, dev: &'a D, info: &DeviceInfo) -> Result<Self> {
+        let pd = dev
+            .alloc_pd()
+            .context("cannot allocate a protection domain")?;
+        let other = if sc.regions.iter().any(|r| r.other_pd) {
+            Some(
+                dev.alloc_pd()
+                    .context("cannot allocate the second protection domain")?,
+            )
+        } else {
+            None
+        };
+        let mut cqs = Vec::new();
+        for c in &sc.cqs {
+            cqs.push(Arc::new(
+                dev.create_cq(c.size)
+                    .with_context(|| format!("cannot create cq {:?}", c.name))?,
+            ));
+        }
+        // A CQ several send queues report to gets one pool of credits.
+        let pools: Vec<Option<CqCredits>> = sc
+            .cqs
+            .iter()
+            .zip(&cqs)
+            .map(|(c, cq)| (c.senders > 1).then(|| CqCredits::new(cq.capacity())))
+            .collect();
+        let mut sides = Vec::new();
+        let mut qpns = BTreeMap::new();
+        for (index, q) in sc.qps.iter().enumerate() {
+            let init = QpInit {
+                caps: QpCaps {
+                    max_send_wr: q.depth,
+                    max_recv_wr: 1,
+                    max_inline_data: 64,
+                    ..QpCaps::default()
+                },
+                sq_sig_all: q.sq_sig_all,
+            };
+            let peer_init = QpInit {
+                caps: QpCaps {
+                    max_send_wr: 1,
+                    max_recv_wr: q.peer_depth,
+                    max_inline_data: 64,
+                    ..QpCaps::default()
+                },
+                sq_sig_all: false,
+            };
+            let send_cq = &cqs[q.send_cq];
+            let peer_cq = &cqs[q.peer_cq];
+            let qp = dev
+                .create_qp(&pd, send_cq, send_cq, &init)
+                .with_context(|| format!("cannot create qp {:?}", q.name))?;
+            let peer = dev
+                .create_qp(&pd, peer_cq, peer_cq, &peer_init)
+                .with_context(|| format!("cannot create qp {:?}.peer", q.name))?;
+            let options = ConnectOptions {
+                gid_index: info.gid_index,
+                rnr_retry: q.rnr_retry,
+                ..ConnectOptions::default()
+            };
+            let peer_options = ConnectOptions {
+                access: q.peer_access | Access::LOCAL_WRITE,
+                ..options
+            };
+            let a = qp.endpoint(&options)?;
+            let b = peer.endpoint(&peer_options)?;
+            qp.connect(&b, &options)
+                .with_context(|| format!("cannot connect qp {:?}", q.name))?;
+            peer.connect(&a, &peer_options)
+                .with_context(|| format!("cannot connect qp {:?}.peer", q.name))?;
+            qpns.insert(qp.qp_num(), QpRef { index, peer: false });
+            qpns.insert(peer.qp_num(), QpRef { index, peer: true });
+            let config = QueueConfig {
+                policy: q.policy,
+                cq: pools[q.send_cq].clone().map(CqBudget::Shared),
+                ..QueueConfig::default()
+            };
+            let queue = SignaledQueue::with_config(qp, Arc::clone(send_cq), config)
+                .with_context(|| format!("qp {:?}", q.name))?;
+            sides.push(Side {
+                queue,
+                peer,
+                peer_recvs: 0,
+                peer_recv_done: 0,
+                markers: Vec::new(),
+            });
+        }
+        let mut regions = Vec::new();
+        for r in &sc.regions {
+            let on = if r.other_pd {
+                other.as_ref().unwrap_or(&pd)
+            } else {
+                &pd
+            };
+            let mr = dev
+                .reg_mr(on, r.size, r.access)
+                .with_context(|| format!("cannot register region {:?}", r.name))?;
+            match r.fill {
+                Fill::Zero => {}
+                Fill::Pattern => {
+                    // The pattern of "work request" 0: distinct from any WRITE's bytes.
+                    mr.write(0, &pattern(0, r.size))?
+                }
+                Fill::Byte(b) => mr.fill(0, r.size, b)?,
+            }
+            regions.push(KeyedRegion {
+                addr: mr.addr(),
+                len: mr.len(),
+                key_l: mr.lkey(),
+                key_r: mr.rkey(),
+                mr: Some(mr),
+            });
+        }
+        Ok(Runner {
+            sc,
+            dev,
+            cqs,
+            sides,
+            regions,
+            trace: Vec::new(),
+            qpns,
+            wcs: vec![WorkCompletion::new(0, WcStatus::Success, 0); 64],
+            _pds: (pd, other),
+        })
+    }
+
+    fn run(mut self) -> Result<RunResult> {
+        for (n, action) in self.sc.steps.iter().enumerate() {
+            self.trace.push(Event::Step {
+                n: n + 1,
+                kind: action.kind(),
+            });
+            self.step(action)
+                .with_context(|| format!("step {} ({})", n + 1, action.kind()))?;
+        }
+        // Events that arrived since the last poll.
+        let mut events = Vec::new();
+        self.async_events(&mut events);
+        self.trace.extend(events);
+        for (r, k) in self.sc.regions.iter().zip(&self.regions) {
+            if let Some(mr) = &k.mr {
+                let mut bytes = vec![0u8; k.len];
+                mr.read(0, &mut bytes)?;
+                self.trace.push(Event::Digest {
+                    region: r.name.clone(),
+                    fnv1a64: format!("{:016x}", fnv1a64(&bytes)),
+                });
+            }
+        }
+        let (failures, checked) = check(self.sc, &self.trace);
+        Ok(RunResult {
+            trace: self.trace,
+            failures,
+            checked,
+        })
+    }
+
+    fn step(&mut self, action: &Action) -> Result<()> {
+        match action {
+            Action::Post(p) => self.post(p),
+            Action::Recv(r) => self.recv(r),
+            Action::PollIdle => self.poll_until(None),
+            Action::PollCqes(n) => self.poll_until(Some(*n)),
+            Action::Confirm(q) => {
+                let name = self.sc.qps[*q].name.clone();
+                match self.sides[*q].queue.confirm_all() {
+                    Ok(Some(seq)) => {
+                        self.sides[*q].markers.push(seq.wr_id());
+                        self.trace.push(marker_event(name, seq.wr_id()));
+                    }
+                    Ok(None) => self.trace.push(Event::ConfirmNotNeeded { qp: name }),
+                    Err(e) => self.trace.push(Event::Refused {
+                        qp: name,
+                        count: 1,
+                        why: e.to_string(),
+                    }),
+                }
+                Ok(())
+            }
+            Action::Drain(q) => self.drain(*q),
+            Action::Dereg(r) => {
+                self.regions[*r].mr = None;
+                self.trace.push(Event::Dereg {
+                    region: self.sc.regions[*r].name.clone(),
+                });
+                Ok(())
+            }
+            Action::ToError(r) => {
+                let side = &self.sides[r.index];
+                if r.peer {
+                    side.peer.to_error()?;
+                } else {
+                    side.queue.qp().to_error()?;
+                }
+                self.trace.push(Event::ToError {
+                    qp: self.sc.qp_name(*r),
+                });
+                Ok(())
+            }
+        }
+    }
+
+    fn post(&mut self, p: &Post) -> Result<()> {
+        let name = self.sc.qps[p.qp].name.clone();
+        let (opcode, op_name) = match p.op {
+            Op::Write => (Opcode::RdmaWrite, "rdma_write"),
+            Op::WriteImm => (Opcode::RdmaWriteWithImm, "rdma_write_with_imm"),
+            Op::Read => (Opcode::RdmaRead, "rdma_read"),
+            Op::Send => (Opcode::Send, "send"),
+            Op::SendImm => (Opcode::SendWithImm, "send_with_imm"),
+        };
+        let mut k = 0;
+        while k < p.count {
+            let fault = p.fault.filter(|(_, at)| *at == k + 1).map(|(f, _)| f);
+            let loff = p.local_offset + k * p.stride;
+            let roff = p.remote_offset + k * p.stride;
+            let local = p.local.map(|l| &self.regions[l]);
+            let mut inline = Vec::new();
+            let sge = match local {
+                Some(l) if p.size > 0 && !p.inline => Some(Sge {
+                    addr: l.addr + loff,
+                    length: p.size as u32,
+                    lkey: if fault == Some(Fault::BadLkey) {
+                        l.key_l ^ 0x0005_a5a5
+                    } else {
+                        l.key_l
+                    },
+                }),
+                Some(l) if p.inline => {
+                    inline = vec![0u8; p.size as usize];
+                    let mr =
+                        l.mr.as_ref()
+                            .ok_or_else(|| anyhow!("the local region was deregistered"))?;
+                    mr.read(loff as usize, &mut inline)?;
+                    None
+                }
+                _ => None,
+            };
+            let remote = match p.remote.map(|r| &self.regions[r]) {
+                Some(r) => {
+                    let addr = if fault == Some(Fault::OutOfBounds) {
+                        // Starts inside the region, ends beyond it.
+                        r.addr + r.len as u64 - (p.size / 2).max(1) + 1
+                    } else {
+                        r.addr + roff
+                    };
+                    let rkey = if fault == Some(Fault::BadRkey) {
+                        r.key_r ^ 0x0005_a5a5
+                    } else {
+                        r.key_r
+                    };
+                    RemoteAddr { addr, rkey }
+                }
+                None => RemoteAddr::default(),
+            };
+            let signal = match p.signal {
+                SignalChoice::Force => Signal::Force,
+                SignalChoice::Last if k + 1 == p.count => Signal::Force,
+                _ => Signal::Auto,
+            };
+            let work = if p.inline {
+                Work::inline(opcode, &inline, remote, k + 1)
+            } else {
+                Work::raw(opcode, sge, remote, k + 1)
+            }
+            .imm(p.imm)
+            .signal(signal);
+            match self.sides[p.qp].queue.post(work) {
+                Ok(posted) => {
+                    self.trace.push(Event::Post {
+                        qp: name.clone(),
+                        seq: posted.seq.wr_id(),
+                        op: op_name,
+                        len: p.size,
+                        signaled: posted.signaled(),
+                        reason: posted.signal.map(|r| r.as_str()),
+                        marker: false,
+                    });
+                    k += 1;
+                }
+                Err(QueuePostError::Refused(e)) if e.is_full() => {
+                    // Poll one completion of this queue's CQ at a time until there is room:
+                    // the same completions, in the same order, on every run.
+                    self.poll_one_for_room(p.qp)?;
+                }
+                Err(QueuePostError::Refused(
+                    e @ (PostError::QueueError { .. } | PostError::Draining { .. }),
+                )) => {
+                    self.trace.push(Event::Refused {
+                        qp: name.clone(),
+                        count: p.count - k,
+                        why: e.to_string(),
+                    });
+                    return Ok(());
+                }
+                Err(e) => bail!("cannot post work request {} on qp {name:?}: {e}", k + 1),
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_one_for_room(&mut self, qp: usize) -> Result<()> {
+        let start = Instant::now();
+        let cq = self.sc.qps[qp].send_cq;
+        while self.sides[qp].queue.available() == 0 {
+            let mut events = Vec::new();
+            let got = self.poll_cq(cq, 1, &mut events)?;
+            self.trace.extend(events);
+            if got == 0 {
+                ensure!(
+                    start.elapsed() < WAIT,
+                    "qp {:?} stayed full",
+                    self.sc.qps[qp].name
+                );
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, r: &Recv) -> Result<()> {
+        let name = self.sc.qp_name(r.qp);
+        let side = &mut self.sides[r.qp.index];
+        for k in 0..r.count {
+            let sge = r.region.map(|g| {
+                let region = &self.regions[g];
+                Sge {
+                    addr: region.addr + r.offset + k * r.size,
+                    length: r.size as u32,
+                    lkey: region.key_l,
+                }
+            });
+            let wr_id = side.peer_recvs + 1;
+            side.peer
+                .post_recv(&[RecvWr { wr_id, sge }])
+                .with_context(|| format!("cannot post a receive on {name:?}"))?;
+            side.peer_recvs += 1;
+            self.trace.push(Event::RecvPost {
+                qp: name.clone(),
+                wr_id,
+                len: r.size,
+            });
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self, q: usize) -> Result<()> {
+        let name = self.sc.qps[q].name.clone();
+        self.sides[q].queue.start_drain();
+        let start = Instant::now();
+        let mut events = Vec::new();
+        loop {
+            match self.sides[q].queue.post_drain_marker() {
+                Ok(DrainMarker::Posted(seq)) => {
+                    self.sides[q].markers.push(seq.wr_id());
+                    self.trace.push(marker_event(name.clone(), seq.wr_id()));
+                    break;
+                }
+                Ok(DrainMarker::NotNeeded) => break,
+                Ok(DrainMarker::NoRoom) => {
+                    let cq = self.sc.qps[q].send_cq;
+                    self.poll_cq(cq, 1, &mut events)?;
+                    self.trace.append(&mut events);
+                    ensure!(
+                        start.elapsed() < WAIT,
+                        "no room for the drain marker of qp {name:?}"
+                    );
+                }
+                Err(e) => bail!("cannot post the drain marker of qp {name:?}: {e}"),
+            }
+        }
+        self.poll_until(None)
+    }
+
+    /// Polls every CQ until nothing is outstanding (`None`) or `n` completions arrived;
+    /// the step's events are put in canonical order: completions by QP, then
+    /// retirements by QP, then asynchronous events.
+    fn poll_until(&mut self, n: Option<u64>) -> Result<()> {
+        let start = Instant::now();
+        let mut events = Vec::new();
+        let mut got = 0u64;
+        loop {
+            let done = match n {
+                Some(n) => got >= n,
+                None => self.idle(),
+            };
+            if done {
+                break;
+            }
+            let mut progress = 0;
+            for cq in 0..self.cqs.len() {
+                let max = n.map_or(self.wcs.len(), |n| (n - got) as usize);
+                if max == 0 {
+                    break;
+                }
+                let k = self.poll_cq(cq, max, &mut events)?;
+                got += k as u64;
+                progress += k;
+            }
+            if progress == 0 {
+                if start.elapsed() > WAIT {
+                    bail!("{}", self.stuck(n, got));
+                }
+                std::thread::yield_now();
+            }
+        }
+        self.async_events(&mut events);
+        canonical(&mut events, self.sc);
+        self.trace.extend(events);
+        Ok(())
+    }
+
+    fn stuck(&self, n: Option<u64>, got: u64) -> String {
+        match n {
+            Some(n) => format!("only {got} of {n} completions arrived in {WAIT:?}"),
+            None => {
+                let waiting: Vec<String> = self
+                    .sc
+                    .qps
+                    .iter()
+                    .zip(&self.sides)
+                    .filter(|(_, s)| {
+                        !s.queue.tracker().is_idle() || s.peer_recvs > s.peer_recv_done
+                    })
+                    .map(|(q, s)| {
+                        format!(
+                            "{}: {} work requests, {} receives outstanding",
+                            q.name,
+                            s.queue.outstanding(),
+                            s.peer_recvs - s.peer_recv_done
+                        )
+                    })
+                    .collect();
+                format!("not idle after {WAIT:?}: {}", waiting.join("; "))
+            }
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.sides
+            .iter()
+            .all(|s| s.queue.tracker().is_idle() && s.peer_recv_done >= s.peer_recvs)
+    }
+
+    /// Polls up to `max` completions of one CQ, routes them, records the events.
+    fn poll_cq(&mut self, cq: usize, max: usize, events: &mut Vec<Event>) -> Result<usize> {
+        let max = max.min(self.wcs.len());
+        let k = self.cqs[cq]
+            .poll(&mut self.wcs[..max])
+            .with_context(|| format!("cannot poll cq {:?}", self.sc.cqs[cq].name))?;
+        for i in 0..k {
+            let wc = self.wcs[i];
+            let Some(&r) = self.qpns.get(&wc.qp_num) else {
+                bail!("a completion of an unknown QP {:#x}: {wc:?}", wc.qp_num);
+            };
+            let name = self.sc.qp_name(r);
+            let defined = matches!(
+                wc.opcode,
+                Some(WcOpcode::Recv | WcOpcode::RecvRdmaWithImm | WcOpcode::RdmaRead)
+            );
+            events.push(Event::Cqe {
+                qp: name.clone(),
+                wr_id: wc.wr_id,
+                status: wc.status.short_name(),
+                opcode: wc.opcode.map(|o| o.short_name()),
+                byte_len: defined.then_some(wc.byte_len),
+                imm: wc.imm_data,
+            });
+            let side = &mut self.sides[r.index];
+            if r.peer {
+                side.peer_recv_done += 1;
+                continue;
+            }
+            side.queue
+                .handle_completion(&wc)
+                .map_err(|e| anyhow!("qp {name:?}: {e}"))?;
+            let mut done = Vec::new();
+            side.queue.collect(&mut done);
+            for c in done {
+                events.push(Event::Retire {
+                    qp: name.clone(),
+                    seq: c.seq.wr_id(),
+                    outcome: c.outcome.as_str(),
+                    status: match c.outcome {
+                        Outcome::Failed(s) => Some(s.short_name()),
+                        _ => None,
+                    },
+                });
+            }
+        }
+        Ok(k)
+    }
+
+    fn async_events(&mut self, events: &mut Vec<Event>) {
+        while let Some(e) = self.dev.poll_async_event() {
+            let qp = match e {
+                AsyncEvent::QpFatal { qp_num }
+                | AsyncEvent::QpAccessErr { qp_num }
+                | AsyncEvent::QpReqErr { qp_num } => Some(
+                    self.qpns
+                        .get(&qp_num)
+                        .map_or(format!("{qp_num:#x}"), |r| self.sc.qp_name(*r)),
+                ),
+                _ => None,
+            };
+            events.push(Event::Async {
+                kind: e.as_str(),
+                qp,
+            });
+        }
+    }
+}
+
+fn marker_event(qp: String, seq: u64) -> Event {
+    Event::Post {
+        qp,
+        seq,
+        op: "rdma_write",
+        len: 0,
+        signaled: true,
+        reason: Some("marker"),
+        marker: true,
+    }
+}
+
+/// Puts one poll step's events in canonical order: each QP's completions, each followed by
+/// the work requests it retired, QP after QP; then asynchronous events by name. Each QP's
+/// own events are in a fixed order; only how QPs interleave varies between runs.
+fn canonical(events: &mut [Event], sc: &Scenario) {
+    let order = |qp: &str| -> usize {
+        let (base, peer) = match qp.strip_suffix(".peer") {
+            Some(b) => (b, 1),
+            None => (qp, 0),
+        };
+        sc.qps
+            .iter()
+            .position(|q| q.name == base)
+            .unwrap_or(usize::MAX / 2)
+            * 2
+            + peer
+    };
+    let rank = |e: &Event| -> (u8, usize, String) {
+        match e {
+            Event::Cqe { qp, .. } | Event::Retire { qp, .. } => (0, order(qp), String::new()),
+            Event::Async { kind, qp } => {
+                (1, 0, format!("{kind}:{}", qp.clone().unwrap_or_default()))
+            }
+            _ => (2, 0, String::new()),
+        }
+    };
+    // A stable sort keeps each QP's events in their order.
+    events.sort_by_key(|e| rank(e));
+}
+
+/// A completion of the trace: QP, wr_id, status, opcode, byte_len.
+type SeenCqe<'t> = (&'t str, u64, &'t str, Option<&'t str>, Option<u32>);
+
+/// Checks the expectations against the trace.
+fn check(sc: &Scenario, trace: &[Event]) -> (Vec<String>, Vec<String>) {
+    let mut failures = Vec::new();
+    let mut checked = Vec::new();
+    let e = &sc.expect;
+    if let Some(expected) = &e.cqes {
+        let actual: Vec<SeenCqe<'_>> = trace
+            .iter()
+            .filter_map(|ev| match ev {
+                Event::Cqe {
+                    qp,
+                    wr_id,
+                    status,
+                    opcode,
+                    byte_len,
+                    ..
+                } => Some((qp.as_str(), *wr_id, *status, *opcode, *byte_len)),
+                _ => None,
+            })
+            .collect();
+        checked.push(format!("{} completions", expected.len()));
+        if actual.len() != expected.len() {
+            failures.push(format!(
+                "expected {} completions, got {}: {:?}",
+                expected.len(),
+                actual.len(),
+                actual
+                    .iter()
+                    .map(|a| format!("{}#{} {}", a.0, a.1, a.2))
+                    .collect::<Vec<_>>()
+            ));
+        }
+        for (i, (x, a)) in expected.iter().zip(&actual).enumerate() {
+            let ok = x.qp == a.0
+                && x.wr_id == a.1
+                && x.status == a.2
+                && x.opcode.as_deref().is_none_or(|o| Some(o) == a.3)
+                && x.byte_len.is_none_or(|b| Some(b) == a.4);
+            if !ok {
+                failures.push(format!(
+                    "completion {}: expected {} wr_id {} {}{}, got {} wr_id {} {}{}",
+                    i + 1,
+                    x.qp,
+                    x.wr_id,
+                    x.status,
+                    x.opcode
+                        .as_deref()
+                        .map(|o| format!(" {o}"))
+                        .unwrap_or_default(),
+                    a.0,
+                    a.1,
+                    a.2,
+                    a.3.map(|o| format!(" {o}")).unwrap_or_default()
+                ));
+                break;
+            }
+        }
+    }
+    for (qp, items) in &e.outcomes {
+        let mut want: BTreeMap<u64, (String, Option<String>)> = BTreeMap::new();
+        for item in items {
+            if let Ok((first, last, outcome, status)) = crate::scenario::parse_outcome_range(item) {
+                for s in first..=last {
+                    want.insert(s, (outcome.clone(), status.clone()));
+                }
+            }
+        }
+        let markers: Vec<u64> = trace
+            .iter()
+            .filter_map(|ev| match ev {
+                Event::Post {
+                    qp: q,
+                    seq,
+                    marker: true,
+                    ..
+                } if q == qp => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        let got: BTreeMap<u64, (String, Option<String>)> = trace
+            .iter()
+            .filter_map(|ev| match ev {
+                Event::Retire {
+                    qp: q,
+                    seq,
+                    outcome,
+                    status,
+                } if q == qp && !markers.contains(seq) => {
+                    Some((*seq, (outcome.to_string(), status.map(str::to_string))))
+                }
+                _ => None,
+            })
+            .collect();
+        checked.push(format!("{} outcomes of {qp}", want.len()));
+        if got != want {
+            let diff: Vec<String> = want
+                .iter()
+                .filter(|(s, w)| got.get(s) != Some(w))
+                .map(|(s, w)| format!("{s}: expected {} got {:?}", w.0, got.get(s).map(|g| &g.0)))
+                .chain(
+                    got.keys()
+                        .filter(|s| !want.contains_key(s))
+                        .map(|s| format!("{s}: not expected")),
+                )
+                .take(5)
+                .collect();
+            failures.push(format!("outcomes of {qp} differ: {}", diff.join(", ")));
+        }
+    }
+    for (region, digest) in &e.digests {
+        checked.push(format!("digest of {region}"));
+        let got = trace.iter().find_map(|ev| match ev {
+            Event::Digest { region: r, fnv1a64 } if r == region => Some(fnv1a64.clone()),
+            _ => None,
+        });
+        if got.as_deref() != Some(digest.to_ascii_lowercase().as_str()) {
+            failures.push(format!(
+                "digest of {region}: expected {digest}, got {}",
+                got.unwrap_or_else(|| "none (deregistered)".into())
+            ));
+        }
+    }
+    if let Some(expected) = &e.events {
+        checked.push(format!("{} async events", expected.len()));
+        let mut got: Vec<String> = trace
+            .iter()
+            .filter_map(|ev| match ev {
+                Event::Async { kind, qp } => Some(match qp {
+                    Some(q) => format!("{kind}:{q}"),
+                    None => kind.to_string(),
+                }),
+                _ => None,
+            })
+            .collect();
+        let mut want = expected.clone();
+        got.sort();
+        want.sort();
+        if got != want {
+            failures.push(format!("async events: expected {want:?}, got {got:?}"));
+        }
+    }
+    (failures, checked)
+}

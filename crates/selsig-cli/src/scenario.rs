@@ -1,0 +1,1046 @@
+//! Scenario files: a send-queue story in TOML (see docs/scenarios.md), parsed and checked
+//! before anything runs. Every error names the file, the line and the problem.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::ops::Range;
+use std::path::Path;
+
+use selsig::{Access, Policy, WcStatus};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Largest region a scenario may register.
+pub const MAX_REGION: u64 = 64 << 20;
+/// Most work requests one post step may post.
+pub const MAX_COUNT: u64 = 1 << 20;
+
+/// A scenario error: where and what.
+#[derive(Debug)]
+pub struct ScenarioError {
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file, self.line, self.column, self.message
+        )
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+// ----- the file's shape -------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    /// What the scenario shows.
+    pub description: String,
+    #[serde(default)]
+    pub device: DeviceSection,
+    #[serde(default)]
+    pub cq: Vec<Spanned<CqDecl>>,
+    pub qp: Vec<Spanned<QpDecl>>,
+    #[serde(default)]
+    pub region: Vec<Spanned<RegionDecl>>,
+    pub step: Vec<Spanned<Step>>,
+    #[serde(default)]
+    pub expect: Option<Spanned<Expect>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSection {
+    /// The software NIC's personality: mlx5 (default) or rxe.
+    pub personality: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CqDecl {
+    pub name: String,
+    pub size: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QpDecl {
+    pub name: String,
+    /// `max_send_wr` asked for (use powers of two: mlx5 rounds up, rxe does not).
+    #[serde(default = "default_depth")]
+    pub depth: u32,
+    #[serde(default)]
+    pub sq_sig_all: bool,
+    /// `every:N`, `always`, `never`, `adaptive:N,LAG`, or `manual` (signal only what a post
+    /// asks for, and what selsig must force).
+    #[serde(default = "default_policy")]
+    pub policy: String,
+    /// The CQ of this QP's send queue (default: one of its own).
+    pub send_cq: Option<String>,
+    /// The CQ of the peer's receive queue (default: one of its own).
+    pub peer_cq: Option<String>,
+    /// What the peer lets this QP do to its memory (`qp_access_flags`).
+    #[serde(default = "default_peer_access")]
+    pub peer_access: Vec<String>,
+    /// The requester's RNR retry count (7 = forever).
+    #[serde(default = "default_rnr")]
+    pub rnr_retry: u8,
+    /// Receive queue depth of the peer.
+    #[serde(default = "default_recv_depth")]
+    pub peer_depth: u32,
+}
+
+fn default_depth() -> u32 {
+    16
+}
+fn default_policy() -> String {
+    "every:4".to_string()
+}
+fn default_peer_access() -> Vec<String> {
+    vec!["remote_write".into(), "remote_read".into()]
+}
+fn default_rnr() -> u8 {
+    7
+}
+fn default_recv_depth() -> u32 {
+    16
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegionDecl {
+    pub name: String,
+    pub size: u64,
+    #[serde(default)]
+    pub access: Vec<String>,
+    /// `zero` (default), `pattern`, or a byte value.
+    #[serde(default)]
+    pub fill: Option<toml::Value>,
+    /// `main` (default) or `other`: a second protection domain.
+    #[serde(default = "default_pd")]
+    pub pd: String,
+}
+
+fn default_pd() -> String {
+    "main".to_string()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    pub post: Option<PostStep>,
+    pub recv: Option<RecvStep>,
+    pub poll: Option<PollStep>,
+    pub confirm: Option<String>,
+    pub drain: Option<String>,
+    pub dereg: Option<String>,
+    pub to_error: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostStep {
+    pub qp: String,
+    /// write, write_imm, read, send, send_imm.
+    pub op: String,
+    /// The local region (not needed for zero-length operations or inline data from a
+    /// literal).
+    pub local: Option<String>,
+    /// The remote region (RDMA operations).
+    pub remote: Option<String>,
+    #[serde(default)]
+    pub size: u64,
+    #[serde(default = "one")]
+    pub count: u64,
+    #[serde(default)]
+    pub local_offset: u64,
+    #[serde(default)]
+    pub remote_offset: u64,
+    /// Bytes between consecutive work requests' offsets (default: `size`).
+    pub stride: Option<u64>,
+    /// auto (default), force, or last (force the last of the batch).
+    #[serde(default = "auto")]
+    pub signal: String,
+    /// Send the local bytes inline.
+    #[serde(default)]
+    pub inline: bool,
+    #[serde(default)]
+    pub imm: u32,
+    /// bad_rkey, bad_lkey or out_of_bounds, on work request `fault_at` of the batch.
+    pub fault: Option<String>,
+    #[serde(default = "one")]
+    pub fault_at: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+fn auto() -> String {
+    "auto".to_string()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecvStep {
+    pub qp: String,
+    pub region: Option<String>,
+    #[serde(default)]
+    pub size: u64,
+    #[serde(default = "one")]
+    pub count: u64,
+    #[serde(default)]
+    pub offset: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PollStep {
+    /// `poll = "idle"`.
+    Word(String),
+    /// `poll = { cqes = N }`.
+    Count { cqes: u64 },
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// Every completion of the run, in trace order.
+    pub cqes: Option<Vec<ExpectCqe>>,
+    /// Outcomes per QP: ranges of sequence numbers, e.g. `["1-2 completed", "3 failed:rem_access_err"]`.
+    #[serde(default)]
+    pub outcomes: BTreeMap<String, Vec<String>>,
+    /// FNV-1a 64 digests of regions at the end (hex).
+    #[serde(default)]
+    pub digests: BTreeMap<String, String>,
+    /// Asynchronous events, as `type:qp` (e.g. `qp_access_err:a.peer`).
+    pub events: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectCqe {
+    pub qp: String,
+    pub wr_id: u64,
+    pub status: String,
+    pub opcode: Option<String>,
+    pub byte_len: Option<u32>,
+}
+
+// ----- the checked scenario ---------------------------------------------------------------
+
+/// A scenario ready to run: names resolved, values in range.
+#[derive(Debug)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    pub personality: Option<selsig_soft::Personality>,
+    pub cqs: Vec<Cq>,
+    pub qps: Vec<Qp>,
+    pub regions: Vec<Region>,
+    pub steps: Vec<Action>,
+    pub expect: Expect,
+}
+
+#[derive(Debug)]
+pub struct Cq {
+    pub name: String,
+    pub size: u32,
+    /// QPs whose send queue reports to it.
+    pub senders: usize,
+}
+
+#[derive(Debug)]
+pub struct Qp {
+    pub name: String,
+    pub depth: u32,
+    pub sq_sig_all: bool,
+    pub policy: Policy,
+    pub send_cq: usize,
+    pub peer_cq: usize,
+    pub peer_access: Access,
+    pub rnr_retry: u8,
+    pub peer_depth: u32,
+}
+
+#[derive(Debug)]
+pub struct Region {
+    pub name: String,
+    pub size: usize,
+    pub access: Access,
+    pub fill: Fill,
+    pub other_pd: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    Zero,
+    Pattern,
+    Byte(u8),
+}
+
+/// An endpoint of a step: a requester QP or its peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpRef {
+    pub index: usize,
+    pub peer: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Write,
+    WriteImm,
+    Read,
+    Send,
+    SendImm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalChoice {
+    Auto,
+    Force,
+    Last,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    BadRkey,
+    BadLkey,
+    OutOfBounds,
+}
+
+#[derive(Debug)]
+pub struct Post {
+    pub qp: usize,
+    pub op: Op,
+    pub local: Option<usize>,
+    pub remote: Option<usize>,
+    pub size: u64,
+    pub count: u64,
+    pub local_offset: u64,
+    pub remote_offset: u64,
+    pub stride: u64,
+    pub signal: SignalChoice,
+    pub inline: bool,
+    pub imm: u32,
+    pub fault: Option<(Fault, u64)>,
+}
+
+#[derive(Debug)]
+pub struct Recv {
+    pub qp: QpRef,
+    pub region: Option<usize>,
+    pub size: u64,
+    pub count: u64,
+    pub offset: u64,
+}
+
+#[derive(Debug)]
+pub enum Action {
+    Post(Post),
+    Recv(Recv),
+    PollIdle,
+    PollCqes(u64),
+    Confirm(usize),
+    Drain(usize),
+    Dereg(usize),
+    ToError(QpRef),
+}
+
+impl Action {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Action::Post(_) => "post",
+            Action::Recv(_) => "recv",
+            Action::PollIdle | Action::PollCqes(_) => "poll",
+            Action::Confirm(_) => "confirm",
+            Action::Drain(_) => "drain",
+            Action::Dereg(_) => "dereg",
+            Action::ToError(_) => "to_error",
+        }
+    }
+}
+
+impl Scenario {
+    /// The name of a QP endpoint (`a`, `a.peer`).
+    pub fn qp_name(&self, r: QpRef) -> String {
+        let base = &self.qps[r.index].name;
+        if r.peer {
+            format!("{base}.peer")
+        } else {
+            base.clone()
+        }
+    }
+}
+
+/// Reads and checks a scenario file.
+pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        file: file.clone(),
+        line: 0,
+        column: 0,
+        message: format!("cannot read the scenario: {e}"),
+    })?;
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| file.clone());
+    parse(&file, &name, &text)
+}
+
+/// Parses and checks scenario text; `file` names it in errors.
+pub fn parse(file: &str, name: &str, text: &str) -> Result<Scenario, ScenarioError> {
+    let at = |span: Option<Range<usize>>, message: String| {
+        let (line, column) = span.map_or((0, 0), |s| line_col(text, s.start));
+        ScenarioError {
+            file: file.to_string(),
+            line,
+            column,
+            message,
+        }
+    };
+    let raw: File = toml::from_str(text).map_err(|e| at(e.span(), e.message().to_string()))?;
+    Checker { raw: &raw, at: &at }.check(name)
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+struct Checker<'a, F: Fn(Option<Range<usize>>, String) -> ScenarioError> {
+    raw: &'a File,
+    at: &'a F,
+}
+
+impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
+    fn check(&self, name: &str) -> Result<Scenario, ScenarioError> {
+        let raw = self.raw;
+        let personality = match raw.device.personality.as_deref() {
+            None => None,
+            Some(p) => Some(p.parse().map_err(|e: String| self.err(None, e))?),
+        };
+        // CQs: declared ones, then one per QP side that names none.
+        let mut cqs: Vec<Cq> = Vec::new();
+        for c in &raw.cq {
+            let span = Some(c.span());
+            let c = c.get_ref();
+            self.name_ok(&c.name, span.clone(), "cq")?;
+            if cqs.iter().any(|x| x.name == c.name) {
+                return Err(self.err(span, format!("a second cq named {:?}", c.name)));
+            }
+            if c.size == 0 || c.size > 1 << 20 {
+                return Err(self.err(
+                    span,
+                    format!(
+                        "cq {:?}: size {} is out of range 1..=1048576",
+                        c.name, c.size
+                    ),
+                ));
+            }
+            cqs.push(Cq {
+                name: c.name.clone(),
+                size: c.size,
+                senders: 0,
+            });
+        }
+        if raw.qp.is_empty() {
+            return Err(self.err(None, "a scenario needs at least one [[qp]]".into()));
+        }
+        let mut qps: Vec<Qp> = Vec::new();
+        for q in &raw.qp {
+            let span = Some(q.span());
+            let q = q.get_ref();
+            self.name_ok(&q.name, span.clone(), "qp")?;
+            if qps.iter().any(|x| x.name == q.name) {
+                return Err(self.err(span, format!("a second qp named {:?}", q.name)));
+            }
+            if q.depth == 0 || q.depth > 32768 {
+                return Err(self.err(
+                    span,
+                    format!(
+                        "qp {:?}: depth {} is out of range 1..=32768",
+                        q.name, q.depth
+                    ),
+                ));
+            }
+            if q.peer_depth == 0 || q.peer_depth > 32768 {
+                return Err(self.err(
+                    span,
+                    format!(
+                        "qp {:?}: peer_depth {} is out of range 1..=32768",
+                        q.name, q.peer_depth
+                    ),
+                ));
+            }
+            if q.rnr_retry > 7 {
+                return Err(self.err(
+                    span,
+                    format!(
+                        "qp {:?}: rnr_retry {} is out of range 0..=7",
+                        q.name, q.rnr_retry
+                    ),
+                ));
+            }
+            let manual = q.policy == "manual";
+            let policy = if manual {
+                Policy::Never
+            } else {
+                q.policy
+                    .parse()
+                    .map_err(|e| self.err(span.clone(), format!("qp {:?}: {e}", q.name)))?
+            };
+            let mut cq_for =
+                |named: &Option<String>, own: String, size: u32| -> Result<usize, ScenarioError> {
+                    match named {
+                        Some(n) => cqs.iter().position(|c| &c.name == n).ok_or_else(|| {
+                            self.err(span.clone(), format!("qp {:?}: no cq named {n:?}", q.name))
+                        }),
+                        None => {
+                            cqs.push(Cq {
+                                name: own,
+                                size,
+                                senders: 0,
+                            });
+                            Ok(cqs.len() - 1)
+                        }
+                    }
+                };
+            let send_cq = cq_for(&q.send_cq, format!("{}.cq", q.name), 2 * q.depth + 2)?;
+            let peer_cq = cq_for(
+                &q.peer_cq,
+                format!("{}.peer.cq", q.name),
+                2 * q.peer_depth + 2,
+            )?;
+            cqs[send_cq].senders += 1;
+            let peer_access = self.access(&q.peer_access, span.clone())?;
+            qps.push(Qp {
+                name: q.name.clone(),
+                depth: q.depth,
+                sq_sig_all: q.sq_sig_all,
+                policy,
+                send_cq,
+                peer_cq,
+                peer_access,
+                rnr_retry: q.rnr_retry,
+                peer_depth: q.peer_depth,
+            });
+        }
+        let mut regions: Vec<Region> = Vec::new();
+        for r in &raw.region {
+            let span = Some(r.span());
+            let r = r.get_ref();
+            self.name_ok(&r.name, span.clone(), "region")?;
+            if regions.iter().any(|x| x.name == r.name) {
+                return Err(self.err(span, format!("a second region named {:?}", r.name)));
+            }
+            if r.size == 0 || r.size > MAX_REGION {
+                return Err(self.err(
+                    span,
+                    format!(
+                        "region {:?}: size {} is out of range 1..={MAX_REGION}",
+                        r.name, r.size
+                    ),
+                ));
+            }
+            let fill = match &r.fill {
+                None => Fill::Zero,
+                Some(toml::Value::String(s)) if s == "zero" => Fill::Zero,
+                Some(toml::Value::String(s)) if s == "pattern" => Fill::Pattern,
+                Some(toml::Value::Integer(b)) if (0..=255).contains(b) => Fill::Byte(*b as u8),
+                Some(other) => {
+                    return Err(self.err(span, format!(
+                        "region {:?}: fill {other} is not \"zero\", \"pattern\" or a byte 0..=255",
+                        r.name
+                    )));
+                }
+            };
+            let other_pd = match r.pd.as_str() {
+                "main" => false,
+                "other" => true,
+                p => {
+                    return Err(self.err(
+                        span,
+                        format!("region {:?}: pd {p:?} is not \"main\" or \"other\"", r.name),
+                    ));
+                }
+            };
+            regions.push(Region {
+                name: r.name.clone(),
+                size: r.size as usize,
+                access: self.access(&r.access, span)?,
+                fill,
+                other_pd,
+            });
+        }
+        let find_qp = |name: &str,
+                       span: Option<Range<usize>>,
+                       allow_peer: bool|
+         -> Result<QpRef, ScenarioError> {
+            let (base, peer) = match name.strip_suffix(".peer") {
+                Some(b) => (b, true),
+                None => (name, false),
+            };
+            if peer && !allow_peer {
+                return Err(self.err(
+                    span,
+                    format!("{name:?}: this step needs a requester QP, not a peer"),
+                ));
+            }
+            qps.iter()
+                .position(|q| q.name == base)
+                .map(|index| QpRef { index, peer })
+                .ok_or_else(|| self.err(span, format!("no qp named {name:?}")))
+        };
+        let find_region =
+            |name: &str, span: Option<Range<usize>>| -> Result<usize, ScenarioError> {
+                regions
+                    .iter()
+                    .position(|r| r.name == name)
+                    .ok_or_else(|| self.err(span, format!("no region named {name:?}")))
+            };
+        if raw.step.is_empty() {
+            return Err(self.err(None, "a scenario needs at least one [[step]]".into()));
+        }
+        let mut steps = Vec::new();
+        for (n, s) in raw.step.iter().enumerate() {
+            let span = Some(s.span());
+            let s = s.get_ref();
+            let set = [
+                s.post.is_some(),
+                s.recv.is_some(),
+                s.poll.is_some(),
+                s.confirm.is_some(),
+                s.drain.is_some(),
+                s.dereg.is_some(),
+                s.to_error.is_some(),
+            ]
+            .iter()
+            .filter(|b| **b)
+            .count();
+            if set != 1 {
+                return Err(self.err(span, format!(
+                    "step {}: give exactly one of post, recv, poll, confirm, drain, dereg, to_error ({set} given)",
+                    n + 1
+                )));
+            }
+            let here = |m: String| self.err(span.clone(), format!("step {}: {m}", n + 1));
+            let action = if let Some(p) = &s.post {
+                let qp = find_qp(&p.qp, span.clone(), false)?.index;
+                let op = match p.op.as_str() {
+                    "write" => Op::Write,
+                    "write_imm" => Op::WriteImm,
+                    "read" => Op::Read,
+                    "send" => Op::Send,
+                    "send_imm" => Op::SendImm,
+                    o => {
+                        return Err(here(format!(
+                            "unknown op {o:?}: expected write, write_imm, read, send or send_imm"
+                        )));
+                    }
+                };
+                if p.count == 0 || p.count > MAX_COUNT {
+                    return Err(here(format!(
+                        "count {} is out of range 1..={MAX_COUNT}",
+                        p.count
+                    )));
+                }
+                if p.size > MAX_REGION {
+                    return Err(here(format!(
+                        "size {} is larger than any region ({MAX_REGION})",
+                        p.size
+                    )));
+                }
+                let stride = p.stride.unwrap_or(p.size);
+                let local = match &p.local {
+                    Some(l) => Some(find_region(l, span.clone())?),
+                    None if p.size > 0 => {
+                        return Err(here(format!(
+                            "a {} of {} bytes needs a local region",
+                            p.op, p.size
+                        )));
+                    }
+                    None => None,
+                };
+                let needs_remote = matches!(op, Op::Write | Op::WriteImm | Op::Read);
+                let remote = match (&p.remote, needs_remote) {
+                    (Some(r), true) => Some(find_region(r, span.clone())?),
+                    (Some(_), false) => {
+                        return Err(here(format!("a {} has no remote region", p.op)));
+                    }
+                    (None, true) => return Err(here(format!("a {} needs a remote region", p.op))),
+                    (None, false) => None,
+                };
+                let signal = match p.signal.as_str() {
+                    "auto" => SignalChoice::Auto,
+                    "force" => SignalChoice::Force,
+                    "last" => SignalChoice::Last,
+                    o => return Err(here(format!("signal {o:?} is not auto, force or last"))),
+                };
+                if p.inline && (op == Op::Read || p.size > 64) {
+                    return Err(here(
+                        "inline data is for WRITEs and SENDs of at most 64 bytes".into(),
+                    ));
+                }
+                let fault = match p.fault.as_deref() {
+                    None => None,
+                    Some(f) => {
+                        let kind = match f {
+                            "bad_rkey" => Fault::BadRkey,
+                            "bad_lkey" => Fault::BadLkey,
+                            "out_of_bounds" => Fault::OutOfBounds,
+                            o => {
+                                return Err(here(format!(
+                                    "unknown fault {o:?}: expected bad_rkey, bad_lkey or out_of_bounds"
+                                )));
+                            }
+                        };
+                        if p.fault_at == 0 || p.fault_at > p.count {
+                            return Err(here(format!(
+                                "fault_at {} names no work request of the {}",
+                                p.fault_at, p.count
+                            )));
+                        }
+                        if kind != Fault::BadLkey && remote.is_none() {
+                            return Err(here(format!("fault {f:?} needs a remote region")));
+                        }
+                        if kind == Fault::BadLkey && (local.is_none() || p.inline) {
+                            return Err(here(
+                                "fault \"bad_lkey\" needs a local region, not inline data".into(),
+                            ));
+                        }
+                        Some((kind, p.fault_at))
+                    }
+                };
+                // Every work request's bytes must lie in its regions (faults aside).
+                let last = p.count - 1;
+                if let Some(l) = local {
+                    let end = p.local_offset + last * stride + p.size;
+                    if end > regions[l].size as u64 {
+                        return Err(here(format!(
+                            "the local bytes end at {end}, beyond region {:?} ({} bytes)",
+                            regions[l].name, regions[l].size
+                        )));
+                    }
+                }
+                if let Some(r) = remote {
+                    let end = p.remote_offset + last * stride + p.size;
+                    if end > regions[r].size as u64 {
+                        return Err(here(format!(
+                            "the remote bytes end at {end}, beyond region {:?} ({} bytes)",
+                            regions[r].name, regions[r].size
+                        )));
+                    }
+                }
+                Action::Post(Post {
+                    qp,
+                    op,
+                    local,
+                    remote,
+                    size: p.size,
+                    count: p.count,
+                    local_offset: p.local_offset,
+                    remote_offset: p.remote_offset,
+                    stride,
+                    signal,
+                    inline: p.inline,
+                    imm: p.imm,
+                    fault,
+                })
+            } else if let Some(r) = &s.recv {
+                let qp = find_qp(&r.qp, span.clone(), true)?;
+                if !qp.peer {
+                    return Err(here(format!(
+                        "receives are posted on a peer (\"{}.peer\"), not on {:?}",
+                        r.qp, r.qp
+                    )));
+                }
+                if r.count == 0 || r.count > MAX_COUNT {
+                    return Err(here(format!(
+                        "count {} is out of range 1..={MAX_COUNT}",
+                        r.count
+                    )));
+                }
+                let region = match &r.region {
+                    Some(name) => {
+                        let i = find_region(name, span.clone())?;
+                        let end = r.offset + r.count * r.size;
+                        if end > regions[i].size as u64 {
+                            return Err(here(format!(
+                                "the receives end at {end}, beyond region {name:?} ({} bytes)",
+                                regions[i].size
+                            )));
+                        }
+                        Some(i)
+                    }
+                    None if r.size > 0 => {
+                        return Err(here("receives of more than 0 bytes need a region".into()));
+                    }
+                    None => None,
+                };
+                Action::Recv(Recv {
+                    qp,
+                    region,
+                    size: r.size,
+                    count: r.count,
+                    offset: r.offset,
+                })
+            } else if let Some(p) = &s.poll {
+                match p {
+                    PollStep::Word(w) if w == "idle" => Action::PollIdle,
+                    PollStep::Word(w) => {
+                        return Err(here(format!(
+                            "poll = {w:?}: expected \"idle\" or {{ cqes = N }}"
+                        )));
+                    }
+                    PollStep::Count { cqes } => Action::PollCqes(*cqes),
+                }
+            } else if let Some(q) = &s.confirm {
+                Action::Confirm(find_qp(q, span.clone(), false)?.index)
+            } else if let Some(q) = &s.drain {
+                Action::Drain(find_qp(q, span.clone(), false)?.index)
+            } else if let Some(r) = &s.dereg {
+                Action::Dereg(find_region(r, span.clone())?)
+            } else if let Some(q) = &s.to_error {
+                Action::ToError(find_qp(q, span.clone(), true)?)
+            } else {
+                unreachable!("exactly one field is set")
+            };
+            steps.push(action);
+        }
+        let mut expect = Expect::default();
+        if let Some(e) = &raw.expect {
+            let span = Some(e.span());
+            let e = e.get_ref();
+            let names: HashSet<String> = qps
+                .iter()
+                .flat_map(|q| [q.name.clone(), format!("{}.peer", q.name)])
+                .collect();
+            for c in e.cqes.iter().flatten() {
+                if !names.contains(&c.qp) {
+                    return Err(
+                        self.err(span.clone(), format!("expect.cqes: no qp named {:?}", c.qp))
+                    );
+                }
+                if !WcStatus::ALL.iter().any(|s| s.short_name() == c.status) {
+                    return Err(self.err(
+                        span.clone(),
+                        format!("expect.cqes: unknown status {:?}", c.status),
+                    ));
+                }
+            }
+            for (q, list) in &e.outcomes {
+                if !qps.iter().any(|x| &x.name == q) {
+                    return Err(
+                        self.err(span.clone(), format!("expect.outcomes: no qp named {q:?}"))
+                    );
+                }
+                for item in list {
+                    parse_outcome_range(item)
+                        .map_err(|m| self.err(span.clone(), format!("expect.outcomes.{q}: {m}")))?;
+                }
+            }
+            for (r, d) in &e.digests {
+                if !regions.iter().any(|x| &x.name == r) {
+                    return Err(self.err(
+                        span.clone(),
+                        format!("expect.digests: no region named {r:?}"),
+                    ));
+                }
+                if u64::from_str_radix(d, 16).is_err() || d.len() != 16 {
+                    return Err(self.err(
+                        span.clone(),
+                        format!("expect.digests.{r}: {d:?} is not 16 hex digits"),
+                    ));
+                }
+            }
+            expect = Expect {
+                cqes: e.cqes.clone(),
+                outcomes: e.outcomes.clone(),
+                digests: e.digests.clone(),
+                events: e.events.clone(),
+            };
+        }
+        Ok(Scenario {
+            name: name.to_string(),
+            description: raw.description.clone(),
+            personality,
+            cqs,
+            qps,
+            regions,
+            steps,
+            expect,
+        })
+    }
+
+    fn err(&self, span: Option<Range<usize>>, message: String) -> ScenarioError {
+        (self.at)(span, message)
+    }
+
+    fn name_ok(
+        &self,
+        name: &str,
+        span: Option<Range<usize>>,
+        what: &str,
+    ) -> Result<(), ScenarioError> {
+        let ok = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            && name.len() <= 32;
+        if ok {
+            Ok(())
+        } else {
+            Err(self.err(
+                span,
+                format!("{what} name {name:?}: use 1 to 32 letters, digits, '_' or '-'"),
+            ))
+        }
+    }
+
+    fn access(
+        &self,
+        names: &[String],
+        span: Option<Range<usize>>,
+    ) -> Result<Access, ScenarioError> {
+        let mut a = Access::empty();
+        for n in names {
+            a |= match n.as_str() {
+                "local_write" => Access::LOCAL_WRITE,
+                "remote_write" => Access::REMOTE_WRITE,
+                "remote_read" => Access::REMOTE_READ,
+                "remote_atomic" => Access::REMOTE_ATOMIC,
+                o => {
+                    return Err(self.err(span, format!(
+                        "unknown access {o:?}: expected local_write, remote_write, remote_read or remote_atomic"
+                    )));
+                }
+            };
+        }
+        Ok(a)
+    }
+}
+
+/// One item of `expect.outcomes`: `"1-2 completed"`, `"3 failed:rem_access_err"`,
+/// `"4-8 flushed"`. Returns (first, last, outcome, status).
+pub fn parse_outcome_range(item: &str) -> Result<(u64, u64, String, Option<String>), String> {
+    let bad = || {
+        format!(
+            "{item:?} is not like \"1-2 completed\", \"3 failed:rem_access_err\" or \"4-8 flushed\""
+        )
+    };
+    let (range, what) = item.trim().split_once(' ').ok_or_else(bad)?;
+    let (first, last) = match range.split_once('-') {
+        Some((a, b)) => (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?),
+        None => {
+            let n = range.parse().map_err(|_| bad())?;
+            (n, n)
+        }
+    };
+    if first == 0 || last < first {
+        return Err(bad());
+    }
+    let (outcome, status) = match what.trim().split_once(':') {
+        Some((o, s)) => (o.to_string(), Some(s.to_string())),
+        None => (what.trim().to_string(), None),
+    };
+    match (outcome.as_str(), &status) {
+        ("completed" | "flushed", None) => {}
+        ("failed", Some(s)) if WcStatus::ALL.iter().any(|x| x.short_name() == s) => {}
+        _ => return Err(bad()),
+    }
+    Ok((first, last, outcome, status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"
+description = "two WRITEs"
+[[qp]]
+name = "a"
+[[region]]
+name = "src"
+size = 128
+fill = "pattern"
+[[region]]
+name = "dst"
+size = 128
+access = ["remote_write"]
+[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 2 }
+[[step]]
+poll = "idle"
+"#;
+
+    fn error(text: &str) -> String {
+        parse("x.toml", "x", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_valid_scenario_parses() {
+        let s = parse("x.toml", "x", OK).unwrap();
+        assert_eq!(s.steps.len(), 2);
+        assert_eq!(s.cqs.len(), 2, "a send CQ and a peer CQ of their own");
+        assert_eq!(
+            s.qp_name(QpRef {
+                index: 0,
+                peer: true
+            }),
+            "a.peer"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_line_and_problem() {
+        let e = error(&OK.replace("size = 64, count = 2", "size = 64, count = 3"));
+        assert!(e.starts_with("x.toml:13:1: step 1:"), "{e}");
+        assert!(e.contains("beyond region \"src\""), "{e}");
+        let e = error(&OK.replace("remote = \"dst\"", "remote = \"dts\""));
+        assert!(
+            e.contains("x.toml:13:") && e.contains("no region named \"dts\""),
+            "{e}"
+        );
+        let e = error(&OK.replace("fill = \"pattern\"", "fill = \"pattern\"\ncolour = 3"));
+        assert!(
+            e.starts_with("x.toml:9:1:") && e.contains("unknown field `colour`"),
+            "{e}"
+        );
+        let e = error(&OK.replace("op = \"write\"", "op = \"swap\""));
+        assert!(e.contains("unknown op \"swap\""), "{e}");
+        let e = error("description = 3");
+        assert!(e.starts_with("x.toml:1:"), "{e}");
+        let e = error(&OK.replace("size = 128\nfill", "size = 0\nfill"));
+        assert!(e.contains("size 0 is out of range"), "{e}");
+        let e = error(&OK.replace("poll = \"idle\"", "poll = \"soon\""));
+        assert!(e.contains("expected \"idle\""), "{e}");
+        let e = error(&format!("{OK}\n[[step]]\nconfirm = \"a\"\ndrain = \"a\"\n"));
+        assert!(e.contains("exactly one of"), "{e}");
+    }
+
+    #[test]
+    fn outcome_ranges() {
+        assert_eq!(
+            parse_outcome_range("1-2 completed").unwrap(),
+            (1, 2, "completed".into(), None)
+        );
+        assert_eq!(
+            parse_outcome_range("3 failed:rem_access_err").unwrap(),
+            (3, 3, "failed".into(), Some("rem_access_err".into()))
+        );
+        assert!(parse_outcome_range("2-1 completed").is_err());
+        assert!(parse_outcome_range("3 failed").is_err());
+        assert!(parse_outcome_range("3 failed:nope").is_err());
+        assert!(parse_outcome_range("x completed").is_err());
+    }
+}

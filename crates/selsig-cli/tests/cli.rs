@@ -1,0 +1,313 @@
+//! The `selsig` command, run as a user runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn selsig(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(args)
+        .output()
+        .expect("the selsig binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn scenarios() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios")
+}
+
+#[test]
+fn demo_draws_the_seed() {
+    let o = selsig(&["demo"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("WR1(U) → WR2(U) → WR3(U) → WR4(S) → WR5(U) → WR6(U) → WR7(U) → WR8(S)"),
+        "{out}"
+    );
+    assert!(out.contains("CQE4: WR1–WR4 confirmed"), "{out}");
+    assert!(out.contains("CQE8: WR5–WR8 confirmed"), "{out}");
+    let cqe_lines = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("CQE"))
+        .count();
+    assert_eq!(cqe_lines, 2, "only CQE4 and CQE8: {out}");
+    assert!(out.contains("all 8 writes verified"), "{out}");
+    assert!(out.contains("2 CQEs generated, 6 saved"), "{out}");
+}
+
+#[test]
+fn demo_json_reports_what_the_nic_did() {
+    let o = selsig(&["demo", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(v["provider"], "soft");
+    assert_eq!(v["wrs"], 8);
+    assert_eq!(v["every"], 4);
+    let cqes: Vec<(u64, String)> = v["cqes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["wr"].as_u64().unwrap(),
+                c["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        cqes,
+        [(4, "success".to_string()), (8, "success".to_string())]
+    );
+    assert_eq!(v["confirmed"][0]["cqe"], 4);
+    assert_eq!(v["confirmed"][0]["wrs"], serde_json::json!([1, 2, 3, 4]));
+    assert_eq!(v["confirmed"][1]["wrs"], serde_json::json!([5, 6, 7, 8]));
+    assert!(
+        v["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["outcome"] == "completed")
+    );
+    assert_eq!(v["remote_verified"], true);
+}
+
+#[test]
+fn demo_fail_at_shows_the_error_and_the_flushes() {
+    let o = selsig(&["demo", "--fail-at", "3", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let cqes: Vec<(u64, &str)> = v["cqes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["wr"].as_u64().unwrap(), c["status"].as_str().unwrap()))
+        .collect();
+    let mut expected = vec![(3, "rem_access_err")];
+    expected.extend((4..=8).map(|w| (w, "wr_flush_err")));
+    assert_eq!(cqes, expected);
+    let outcomes: Vec<&str> = v["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            "completed",
+            "completed",
+            "failed",
+            "flushed",
+            "flushed",
+            "flushed",
+            "flushed",
+            "flushed"
+        ]
+    );
+    assert_eq!(v["outcomes"][2]["status"], "rem_access_err");
+    assert_eq!(v["remote_verified"], true, "WR1-WR2 landed, nothing else");
+    let text = stdout(&selsig(&["demo", "--fail-at", "3"]));
+    assert!(
+        text.contains("CQE3: WR1–WR2 completed, WR3 failed"),
+        "{text}"
+    );
+    assert!(text.contains("CQE8: WR8 flushed"), "{text}");
+}
+
+#[test]
+fn demo_options_size_cq_mod_policy_personality() {
+    let o = selsig(&[
+        "demo",
+        "-Q",
+        "2",
+        "--size",
+        "4K",
+        "--wrs",
+        "6",
+        "--personality",
+        "rxe",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["size"], 4096);
+    assert_eq!(v["personality"], "rxe");
+    assert_eq!(v["cqes"].as_array().unwrap().len(), 3);
+    let o = selsig(&[
+        "demo",
+        "--policy",
+        "never",
+        "--tx-depth",
+        "8",
+        "--wrs",
+        "20",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("WR8(S)") && out.contains("WR16(S)"), "{out}");
+    assert!(out.contains("CQE(marker): WR17–WR20 confirmed"), "{out}");
+}
+
+#[test]
+fn demo_bad_input_is_an_error_not_a_panic() {
+    for (args, text) in [
+        (vec!["demo", "--wrs", "0"], "--wrs must be at least 1"),
+        (vec!["demo", "--fail-at", "9"], "--fail-at 9 names no WRITE"),
+        (vec!["demo", "--size", "4Q"], "invalid size \"4Q\""),
+        (vec!["demo", "--policy", "sometimes"], "unknown policy"),
+        (vec!["demo", "--size", "2G"], "needs"),
+        (vec!["demo", "--provider", "tcp"], "invalid value 'tcp'"),
+    ] {
+        let o = selsig(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(err.contains(text), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn help_reads_well() {
+    let o = selsig(&["--help"]);
+    assert!(o.status.success());
+    let out = stdout(&o);
+    assert!(out.contains("demo") && out.contains("run"), "{out}");
+    let out = stdout(&selsig(&["demo", "--help"]));
+    assert!(
+        out.contains("--cq-mod") && out.contains("--fail-at") && out.contains("--personality"),
+        "{out}"
+    );
+    let out = stdout(&selsig(&["run", "--help"]));
+    assert!(out.contains("SCENARIO") && out.contains("--trace"), "{out}");
+}
+
+#[test]
+fn every_shipped_scenario_meets_its_expectations_with_a_stable_trace() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(scenarios())
+        .expect("scenarios/")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 9, "the shipped scenarios: {files:?}");
+    for f in &files {
+        let path = f.to_str().unwrap();
+        let first = selsig(&["run", path]);
+        assert!(first.status.success(), "{path}: {}", stderr(&first));
+        assert!(
+            stderr(&first).contains("expectations met"),
+            "{path}: {}",
+            stderr(&first)
+        );
+        let again = selsig(&["run", path]);
+        assert_eq!(
+            stdout(&first),
+            stdout(&again),
+            "{path}: the trace changed between runs"
+        );
+        for line in stdout(&first).lines() {
+            let v: Value = serde_json::from_str(line).expect("JSON lines");
+            assert!(v["event"].is_string(), "{line}");
+            assert!(!line.contains("0x7f"), "no addresses in the trace: {line}");
+        }
+        // The rxe personality gives the same trace (it frees slots earlier, which the
+        // tracker's own accounting does not depend on).
+        let rxe = selsig(&["run", path, "--personality", "rxe"]);
+        assert_eq!(
+            stdout(&first),
+            stdout(&rxe),
+            "{path}: mlx5 and rxe personalities differ"
+        );
+    }
+}
+
+#[test]
+fn failed_expectations_fail_the_run() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
+    let wrong = seed.replace(
+        "wr_id = 8, status = \"success\"",
+        "wr_id = 7, status = \"success\"",
+    );
+    let path = dir.join("wrong.toml");
+    std::fs::write(&path, wrong).unwrap();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("completion 2: expected a wr_id 7"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_scenarios_name_file_line_and_problem() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
+    for (name, text, line, problem) in [
+        (
+            "syntax",
+            seed.replace("size = 512\naccess = [\"local_write\"]", "size = = 512"),
+            10,
+            "expected",
+        ),
+        (
+            "unknown-field",
+            seed.replace("depth = 16", "depht = 16"),
+            5,
+            "unknown field `depht`",
+        ),
+        (
+            "missing-region",
+            seed.replace("remote = \"dst\"", "remote = \"dts\""),
+            19,
+            "no region named \"dts\"",
+        ),
+        (
+            "too-big",
+            seed.replace("count = 8", "count = 9"),
+            19,
+            "beyond region \"src\"",
+        ),
+        (
+            "bad-policy",
+            seed.replace("policy = \"every:4\"", "policy = \"every:0\""),
+            3,
+            "at least 1",
+        ),
+    ] {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let o = selsig(&["run", path.to_str().unwrap()]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{name}: {err}");
+        let at = format!("{}:{line}:", path.display());
+        assert!(
+            err.starts_with(&format!("error: {at}")),
+            "{name}: expected {at} in {err}"
+        );
+        assert!(err.contains(problem), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let o = selsig(&["run", "/nonexistent/x.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("cannot read the scenario"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
