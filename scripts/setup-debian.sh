@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building and testing selsig needs on Debian 12 (bookworm), idempotently:
-# a C toolchain and pkg-config (crates that build C), and Rust through rustup when no
-# cargo is on PATH. Safe to run again: it only installs what is missing.
+# a C toolchain and pkg-config (crates that build C), libibverbs-dev (the header the verbs
+# provider's layout test compares its FFI declarations with; the provider itself loads
+# libibverbs at run time and builds without it), and Rust through rustup when no cargo is
+# on PATH. Safe to run again: it only installs what is missing.
 set -euo pipefail
 
-PKGS=(build-essential pkg-config curl ca-certificates)
+PKGS=(build-essential pkg-config curl ca-certificates libibverbs-dev)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then

@@ -68,6 +68,9 @@ pub struct DeviceInfo {
     /// `Some` on the soft provider.
     pub personality: Option<Personality>,
     pub gid_index: Option<u8>,
+    /// The device behaves like the kernel's Soft-RoCE: verbs on an rxe device, or the soft
+    /// NIC's rxe personality.
+    pub rxe: bool,
 }
 
 /// Work that runs on any device.
@@ -93,12 +96,32 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                 device: dev.name().to_string(),
                 personality: Some(personality),
                 gid_index: None,
+                rxe: personality == Personality::Rxe,
             };
             task.run(&dev, &info)
         }
-        ProviderKind::Verbs => anyhow::bail!(
-            "the verbs provider is not available in this build of selsig; use --provider soft"
-        ),
+        ProviderKind::Verbs => {
+            if args.personality.is_some() {
+                anyhow::bail!(
+                    "--personality is for the soft provider; the verbs provider has the device's own"
+                );
+            }
+            let options = selsig_verbs::VerbsOptions {
+                device: args.device.clone(),
+                port: None,
+                gid_index: args.gid_index,
+            };
+            let dev =
+                selsig_verbs::VerbsDevice::open(&options).context("cannot open the RDMA device")?;
+            let info = DeviceInfo {
+                provider: ProviderKind::Verbs,
+                device: dev.name().to_string(),
+                personality: None,
+                gid_index: dev.gid_index(),
+                rxe: dev.name().starts_with("rxe"),
+            };
+            task.run(&dev, &info)
+        }
     }
 }
 

@@ -7,12 +7,13 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use selsig::{
     Access, Buffer, CompletionQueue, ConnectOptions, Device, MemoryRegion, Outcome, Policy,
-    PostError, QpCaps, QpInit, QueueConfig, QueuePair, QueuePostError, SignaledQueue, WcStatus,
-    Work, WorkCompletion, connect_pair,
+    PostError, QpCaps, QpInit, QueueConfig, QueuePair, QueuePostError, RemoteAddr, SignaledQueue,
+    WcStatus, Work, WorkCompletion, connect_pair,
 };
 use serde::Serialize;
 
 use crate::common::{DeviceInfo, OnDevice, ProviderArgs, parse_size, pattern, span, with_device};
+use crate::remote::RemotePeer;
 
 /// Largest memory the demo registers on each side.
 const MAX_BYTES: u64 = 1 << 30;
@@ -43,6 +44,10 @@ pub struct DemoArgs {
     /// Print one JSON object instead of the drawing (see docs/demo-json.md).
     #[arg(long)]
     pub json: bool,
+    /// Write into the memory of `selsig serve` on HOST or HOST:PORT (another process or host)
+    /// instead of a peer QP in this process.
+    #[arg(long, value_name = "HOST")]
+    pub connect: Option<String>,
     #[command(flatten)]
     pub provider: ProviderArgs,
 }
@@ -66,6 +71,8 @@ pub struct Report {
     pub outcomes: Vec<OutcomeView>,
     pub remote_verified: bool,
     pub mismatches: Vec<u32>,
+    /// The server's device and address with `--connect`; null for a peer in this process.
+    pub target: Option<String>,
     pub summary: Summary,
     pub elapsed_us: u128,
 }
@@ -181,9 +188,6 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         dev.create_cq(2 * args.tx_depth + 2)
             .context("cannot create the completion queue")?,
     );
-    let peer_cq = dev
-        .create_cq(16)
-        .context("cannot create the peer's completion queue")?;
     let init = QpInit {
         caps: QpCaps {
             max_send_wr: args.tx_depth,
@@ -195,21 +199,43 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
     let qp = dev
         .create_qp(&pd, &cq, &cq, &init)
         .context("cannot create the queue pair")?;
-    let peer = dev
-        .create_qp(&pd, &peer_cq, &peer_cq, &init)
-        .context("cannot create the peer queue pair")?;
     let options = ConnectOptions {
         gid_index: info.gid_index,
         ..ConnectOptions::default()
     };
-    connect_pair(&qp, &peer, &options).context("cannot connect the queue pairs")?;
     let slot = size.max(1);
+    // The target: a peer QP and a region in this process, or a `selsig serve`.
+    let peer: Peer<D> = match &args.connect {
+        None => {
+            let peer_cq = dev
+                .create_cq(16)
+                .context("cannot create the peer's completion queue")?;
+            let peer = dev
+                .create_qp(&pd, &peer_cq, &peer_cq, &init)
+                .context("cannot create the peer queue pair")?;
+            connect_pair(&qp, &peer, &options).context("cannot connect the queue pairs")?;
+            let remote = dev
+                .reg_mr(&pd, n * slot, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .context("cannot register the remote buffer")?;
+            Peer::Local {
+                target: remote.remote(0),
+                _qp: peer,
+                _cq: peer_cq,
+                region: remote,
+            }
+        }
+        Some(host) => {
+            let mine = qp.endpoint(&options)?;
+            let remote = RemotePeer::connect(host, &mine, args.wrs, args.size)?;
+            qp.connect(&remote.endpoint, &options)
+                .context("cannot connect to the server's queue pair")?;
+            Peer::Remote(remote)
+        }
+    };
+    let target = peer.target();
     let local = dev
         .reg_mr(&pd, n * slot, Access::LOCAL_WRITE)
         .context("cannot register the local buffer")?;
-    let remote = dev
-        .reg_mr(&pd, n * slot, Access::REMOTE_WRITE)
-        .context("cannot register the remote buffer")?;
     for wr in 1..=n {
         local.write((wr - 1) * slot, &pattern(wr as u64, size))?;
     }
@@ -218,7 +244,7 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         .map_err(|_| anyhow::anyhow!("the local region holds the buffers"))?;
     let config = QueueConfig {
         policy,
-        marker_target: remote.remote(0),
+        marker_target: target,
         ..QueueConfig::default()
     };
     let sq_depth = qp.caps().max_send_wr;
@@ -273,7 +299,7 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         .map(|(i, b)| (i as u32 + 1, b))
         .collect();
     while let Some((wr, buf)) = pending.pop_front() {
-        let mut target = remote.remote(i_of(wr) * slot);
+        let mut target = target.offset((i_of(wr) * slot) as u64);
         if args.fail_at == Some(wr) {
             // A key the responder does not know: the WRITE fails with a remote access error.
             target.rkey ^= 0x0005_a5a5;
@@ -322,19 +348,38 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
     }
 
     // Verify the remote buffer: every completed WRITE landed, nothing else did.
-    let mut mismatches = Vec::new();
-    for (i, outcome) in outcomes.iter().enumerate() {
-        let mut got = vec![0u8; size];
-        remote.read(i * slot, &mut got)?;
-        let expected = match outcome {
-            Some(Outcome::Completed) => pattern(i as u64 + 1, size),
-            _ => vec![0; size],
-        };
-        if got != expected {
-            mismatches.push(i as u32 + 1);
+    let completed: Vec<u32> = outcomes
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| matches!(o, Some(Outcome::Completed)))
+        .map(|(i, _)| i as u32 + 1)
+        .collect();
+    let (mismatches, target_device) = match peer {
+        // (the local peer's region is a `D::Mr`)
+        Peer::Local { region, .. } => {
+            let mut mismatches = Vec::new();
+            for i in 0..n {
+                let mut got = vec![0u8; size];
+                region.read(i * slot, &mut got)?;
+                let expected = if completed.contains(&(i as u32 + 1)) {
+                    pattern(i as u64 + 1, size)
+                } else {
+                    vec![0; size]
+                };
+                if got != expected {
+                    mismatches.push(i as u32 + 1);
+                }
+            }
+            (mismatches, None)
         }
-    }
-    drop(peer);
+        Peer::Remote(remote) => {
+            let where_ = format!("{} at {}", remote.device, remote.address);
+            let mismatches = remote
+                .check(completed)
+                .context("cannot get the server's check of its memory")?;
+            (mismatches, Some(where_))
+        }
+    };
 
     let count = |f: fn(&Option<Outcome>) -> bool| outcomes.iter().filter(|o| f(o)).count() as u32;
     let summary = Summary {
@@ -375,10 +420,33 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             })
             .collect(),
         remote_verified: mismatches.is_empty(),
+        target: target_device,
         mismatches,
         summary,
         elapsed_us: start.elapsed().as_micros(),
     })
+}
+
+/// Where the WRITEs land.
+enum Peer<D: Device> {
+    /// A peer QP and a region in this process.
+    Local {
+        target: RemoteAddr,
+        region: D::Mr,
+        _qp: D::Qp,
+        _cq: D::Cq,
+    },
+    /// `selsig serve` in another process.
+    Remote(RemotePeer),
+}
+
+impl<D: Device> Peer<D> {
+    fn target(&self) -> RemoteAddr {
+        match self {
+            Peer::Local { target, .. } => *target,
+            Peer::Remote(r) => r.target,
+        }
+    }
 }
 
 /// The index of WRITE `wr` (1-based).
@@ -399,6 +467,9 @@ pub fn render(r: &Report) -> String {
         "selsig demo: {} RDMA WRITEs of {} B on {where_}, policy {}, send queue depth {}",
         r.wrs, r.size, r.policy, r.sq_depth
     );
+    if let Some(t) = &r.target {
+        let _ = writeln!(o, "The WRITEs go to the memory of selsig serve on {t}.");
+    }
     if let Some(k) = r.fail_at {
         let _ = writeln!(o, "WR{k} is posted with a bad remote key.");
     }

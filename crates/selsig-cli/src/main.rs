@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod common;
 mod demo;
+mod remote;
 mod runner;
 mod scenario;
 mod trace;
@@ -29,6 +30,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run a scenario file and print its canonical trace (JSON lines) on stdout.
     Run(RunArgs),
+    /// Hold a target region and queue pair for `selsig demo --connect` from another
+    /// process or host.
+    Serve(remote::ServeArgs),
 }
 
 /// Run a scenario file (see docs/scenarios.md) and print its canonical trace.
@@ -60,6 +64,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => run_demo(&args),
         Command::Run(args) => run_scenario(&args),
+        Command::Serve(args) => common::with_device(&args.provider, &args)
+            .map_err(Failure::Run)
+            .map(|ok| {
+                if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }),
     };
     match result {
         Ok(code) => code,
@@ -119,6 +132,12 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
             let _ = std::io::stdout().write_all(text.as_bytes());
         }
         None => {}
+    }
+    if let Some(why) = &result.differs {
+        eprintln!(
+            "note: scenario {}: the rxe expectations apply: {why}",
+            scenario.name
+        );
     }
     if result.failures.is_empty() {
         let what = if result.checked.is_empty() {

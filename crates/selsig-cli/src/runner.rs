@@ -13,7 +13,7 @@ use selsig::{
 };
 
 use crate::common::{DeviceInfo, OnDevice, fnv1a64, pattern};
-use crate::scenario::{Action, Fault, Fill, Op, Post, QpRef, Recv, Scenario, SignalChoice};
+use crate::scenario::{Action, Expect, Fault, Fill, Op, Post, QpRef, Recv, Scenario, SignalChoice};
 use crate::trace::Event;
 
 /// How long a poll step may wait for the NIC.
@@ -27,6 +27,8 @@ pub struct RunResult {
     pub failures: Vec<String>,
     /// What was checked, for the summary line.
     pub checked: Vec<String>,
+    /// Why the expectations for rxe were used (the scenario's `differs.rxe`).
+    pub differs: Option<String>,
 }
 
 /// What a queue keeps per work request: its number in the step order.
@@ -54,7 +56,13 @@ impl OnDevice for &Scenario {
     type Output = RunResult;
 
     fn run<D: Device>(self, dev: &D, info: &DeviceInfo) -> Result<RunResult> {
-        Runner::<D>::new(self, dev, info)?.run()
+        let (expect, differs) = match (&self.expect_rxe, info.rxe) {
+            (Some(rxe), true) => (rxe, self.differs.get("rxe").cloned()),
+            _ => (&self.expect, None),
+        };
+        let mut result = Runner::<D>::new(self, dev, info)?.run(expect)?;
+        result.differs = differs;
+        Ok(result)
     }
 }
 
@@ -198,7 +206,7 @@ impl<'a, D: Device> Runner<'a, D> {
         })
     }
 
-    fn run(mut self) -> Result<RunResult> {
+    fn run(mut self, expect: &Expect) -> Result<RunResult> {
         for (n, action) in self.sc.steps.iter().enumerate() {
             self.trace.push(Event::Step {
                 n: n + 1,
@@ -221,11 +229,12 @@ impl<'a, D: Device> Runner<'a, D> {
                 });
             }
         }
-        let (failures, checked) = check(self.sc, &self.trace);
+        let (failures, checked) = check(expect, &self.trace);
         Ok(RunResult {
             trace: self.trace,
             failures,
             checked,
+            differs: None,
         })
     }
 
@@ -528,17 +537,18 @@ impl<'a, D: Device> Runner<'a, D> {
                 bail!("a completion of an unknown QP {:#x}: {wc:?}", wc.qp_num);
             };
             let name = self.sc.qp_name(r);
-            let defined = matches!(
-                wc.opcode,
-                Some(WcOpcode::Recv | WcOpcode::RecvRdmaWithImm | WcOpcode::RdmaRead)
-            );
+            // byte_len and immediate data are defined for receives (and byte_len for
+            // READs); elsewhere providers leave what they like (rxe flags immediate data
+            // on the sender's completion of a *_WITH_IMM).
+            let recv = matches!(wc.opcode, Some(WcOpcode::Recv | WcOpcode::RecvRdmaWithImm));
+            let defined = recv || wc.opcode == Some(WcOpcode::RdmaRead);
             events.push(Event::Cqe {
                 qp: name.clone(),
                 wr_id: wc.wr_id,
                 status: wc.status.short_name(),
                 opcode: wc.opcode.map(|o| o.short_name()),
                 byte_len: defined.then_some(wc.byte_len),
-                imm: wc.imm_data,
+                imm: if recv { wc.imm_data } else { None },
             });
             let side = &mut self.sides[r.index];
             if r.peer {
@@ -630,10 +640,9 @@ fn canonical(events: &mut [Event], sc: &Scenario) {
 type SeenCqe<'t> = (&'t str, u64, &'t str, Option<&'t str>, Option<u32>);
 
 /// Checks the expectations against the trace.
-fn check(sc: &Scenario, trace: &[Event]) -> (Vec<String>, Vec<String>) {
+fn check(e: &Expect, trace: &[Event]) -> (Vec<String>, Vec<String>) {
     let mut failures = Vec::new();
     let mut checked = Vec::new();
-    let e = &sc.expect;
     if let Some(expected) = &e.cqes {
         let actual: Vec<SeenCqe<'_>> = trace
             .iter()
@@ -727,7 +736,17 @@ fn check(sc: &Scenario, trace: &[Event]) -> (Vec<String>, Vec<String>) {
             let diff: Vec<String> = want
                 .iter()
                 .filter(|(s, w)| got.get(s) != Some(w))
-                .map(|(s, w)| format!("{s}: expected {} got {:?}", w.0, got.get(s).map(|g| &g.0)))
+                .map(|(s, w)| {
+                    let show = |o: &(String, Option<String>)| match &o.1 {
+                        Some(st) => format!("{}:{st}", o.0),
+                        None => o.0.clone(),
+                    };
+                    format!(
+                        "{s}: expected {} got {}",
+                        show(w),
+                        got.get(s).map_or("nothing".to_string(), show)
+                    )
+                })
                 .chain(
                     got.keys()
                         .filter(|s| !want.contains_key(s))

@@ -53,6 +53,10 @@ pub struct File {
     pub step: Vec<Spanned<Step>>,
     #[serde(default)]
     pub expect: Option<Spanned<Expect>>,
+    /// Where a provider legitimately differs, and why: `differs.rxe = "..."`. Required
+    /// for `[expect.rxe]`.
+    #[serde(default)]
+    pub differs: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -221,6 +225,9 @@ pub struct Expect {
     pub digests: BTreeMap<String, String>,
     /// Asynchronous events, as `type:qp` (e.g. `qp_access_err:a.peer`).
     pub events: Option<Vec<String>>,
+    /// What differs on rxe (the kernel's Soft-RoCE, and the soft NIC's rxe personality):
+    /// the fields given here replace the ones above.
+    pub rxe: Option<Box<Expect>>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -246,6 +253,10 @@ pub struct Scenario {
     pub regions: Vec<Region>,
     pub steps: Vec<Action>,
     pub expect: Expect,
+    /// The expectations on rxe, where they differ (see `differs`).
+    pub expect_rxe: Option<Expect>,
+    /// Why a provider differs, by provider.
+    pub differs: BTreeMap<String, String>,
 }
 
 #[derive(Debug)]
@@ -817,57 +828,53 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             };
             steps.push(action);
         }
+        for key in raw.differs.keys() {
+            if key != "rxe" {
+                return Err(self.err(
+                    None,
+                    format!("differs.{key}: the only provider that may differ is rxe"),
+                ));
+            }
+        }
         let mut expect = Expect::default();
+        let mut expect_rxe = None;
         if let Some(e) = &raw.expect {
             let span = Some(e.span());
             let e = e.get_ref();
-            let names: HashSet<String> = qps
-                .iter()
-                .flat_map(|q| [q.name.clone(), format!("{}.peer", q.name)])
-                .collect();
-            for c in e.cqes.iter().flatten() {
-                if !names.contains(&c.qp) {
-                    return Err(
-                        self.err(span.clone(), format!("expect.cqes: no qp named {:?}", c.qp))
-                    );
+            self.expectations(e, span.clone(), &qps, &regions, "expect")?;
+            if let Some(r) = &e.rxe {
+                if r.rxe.is_some() {
+                    return Err(self.err(span, "expect.rxe.rxe: one level only".into()));
                 }
-                if !WcStatus::ALL.iter().any(|s| s.short_name() == c.status) {
+                if !raw.differs.contains_key("rxe") {
                     return Err(self.err(
-                        span.clone(),
-                        format!("expect.cqes: unknown status {:?}", c.status),
+                        span,
+                        "[expect.rxe] needs differs.rxe to say why rxe differs".into(),
                     ));
                 }
-            }
-            for (q, list) in &e.outcomes {
-                if !qps.iter().any(|x| &x.name == q) {
-                    return Err(
-                        self.err(span.clone(), format!("expect.outcomes: no qp named {q:?}"))
-                    );
-                }
-                for item in list {
-                    parse_outcome_range(item)
-                        .map_err(|m| self.err(span.clone(), format!("expect.outcomes.{q}: {m}")))?;
-                }
-            }
-            for (r, d) in &e.digests {
-                if !regions.iter().any(|x| &x.name == r) {
-                    return Err(self.err(
-                        span.clone(),
-                        format!("expect.digests: no region named {r:?}"),
-                    ));
-                }
-                if u64::from_str_radix(d, 16).is_err() || d.len() != 16 {
-                    return Err(self.err(
-                        span.clone(),
-                        format!("expect.digests.{r}: {d:?} is not 16 hex digits"),
-                    ));
-                }
+                self.expectations(r, span.clone(), &qps, &regions, "expect.rxe")?;
+                expect_rxe = Some(Expect {
+                    cqes: r.cqes.clone().or_else(|| e.cqes.clone()),
+                    outcomes: if r.outcomes.is_empty() {
+                        e.outcomes.clone()
+                    } else {
+                        r.outcomes.clone()
+                    },
+                    digests: if r.digests.is_empty() {
+                        e.digests.clone()
+                    } else {
+                        r.digests.clone()
+                    },
+                    events: r.events.clone().or_else(|| e.events.clone()),
+                    rxe: None,
+                });
             }
             expect = Expect {
                 cqes: e.cqes.clone(),
                 outcomes: e.outcomes.clone(),
                 digests: e.digests.clone(),
                 events: e.events.clone(),
+                rxe: None,
             };
         }
         Ok(Scenario {
@@ -879,7 +886,58 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             regions,
             steps,
             expect,
+            expect_rxe,
+            differs: raw.differs.clone(),
         })
+    }
+
+    fn expectations(
+        &self,
+        e: &Expect,
+        span: Option<Range<usize>>,
+        qps: &[Qp],
+        regions: &[Region],
+        what: &str,
+    ) -> Result<(), ScenarioError> {
+        let names: HashSet<String> = qps
+            .iter()
+            .flat_map(|q| [q.name.clone(), format!("{}.peer", q.name)])
+            .collect();
+        for c in e.cqes.iter().flatten() {
+            if !names.contains(&c.qp) {
+                return Err(self.err(span.clone(), format!("{what}.cqes: no qp named {:?}", c.qp)));
+            }
+            if !WcStatus::ALL.iter().any(|s| s.short_name() == c.status) {
+                return Err(self.err(
+                    span.clone(),
+                    format!("{what}.cqes: unknown status {:?}", c.status),
+                ));
+            }
+        }
+        for (q, list) in &e.outcomes {
+            if !qps.iter().any(|x| &x.name == q) {
+                return Err(self.err(span.clone(), format!("{what}.outcomes: no qp named {q:?}")));
+            }
+            for item in list {
+                parse_outcome_range(item)
+                    .map_err(|m| self.err(span.clone(), format!("{what}.outcomes.{q}: {m}")))?;
+            }
+        }
+        for (r, d) in &e.digests {
+            if !regions.iter().any(|x| &x.name == r) {
+                return Err(self.err(
+                    span.clone(),
+                    format!("{what}.digests: no region named {r:?}"),
+                ));
+            }
+            if u64::from_str_radix(d, 16).is_err() || d.len() != 16 {
+                return Err(self.err(
+                    span.clone(),
+                    format!("{what}.digests.{r}: {d:?} is not 16 hex digits"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn err(&self, span: Option<Range<usize>>, message: String) -> ScenarioError {

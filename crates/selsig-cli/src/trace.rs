@@ -38,6 +38,7 @@ pub enum Event {
         /// Only where it is defined: receives and READs.
         #[serde(skip_serializing_if = "Option::is_none")]
         byte_len: Option<u32>,
+        /// Immediate data of a receive.
         #[serde(skip_serializing_if = "Option::is_none")]
         imm: Option<u32>,
     },

@@ -49,7 +49,11 @@ fn setup(size: usize) -> Setup {
         .reg_mr(&pd, DEPTH * size, Access::LOCAL_WRITE)
         .expect("mr");
     let remote = dev
-        .reg_mr(&pd, DEPTH * size, Access::REMOTE_WRITE)
+        .reg_mr(
+            &pd,
+            DEPTH * size,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
         .expect("mr");
     Setup {
         dev,

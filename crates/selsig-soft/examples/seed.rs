@@ -21,7 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let qp = dev.create_qp(&pd, &cq, &cq, &init)?;
     let peer = dev.create_qp(&pd, &cq, &cq, &init)?;
     connect_pair(&qp, &peer, &ConnectOptions::default())?;
-    let remote = dev.reg_mr(&pd, 8 * 64, Access::REMOTE_WRITE)?;
+    let remote = dev.reg_mr(&pd, 8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
     let local = Buffer::new(dev.reg_mr(&pd, 8 * 64, Access::LOCAL_WRITE)?);
     let (buffers, _) = local.split_into(8, 64).map_err(|_| "8 buffers fit")?;
 

@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     connect_pair(&a, &b, &ConnectOptions::default())?;
     let n = depth as usize;
     let local = dev.reg_mr(&pd, n * size, Access::LOCAL_WRITE)?;
-    let remote = dev.reg_mr(&pd, n * size, Access::REMOTE_WRITE)?;
+    let remote = dev.reg_mr(&pd, n * size, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
     let (mut free, _) = Buffer::new(local)
         .split_into(n, size)
         .map_err(|_| "the region holds the buffers")?;

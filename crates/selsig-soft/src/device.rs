@@ -571,7 +571,6 @@ impl QueuePair for SoftQp {
             ));
         }
         if remote.gid != self.dev.gid {
-            qp.set_error();
             return Err(self.transition_error(
                 QpState::Init,
                 QpState::Rtr,
@@ -583,7 +582,6 @@ impl QueuePair for SoftQp {
         }
         let peer = self.dev.qps.lock().by_num.get(&remote.qp_num).cloned();
         let Some(peer) = peer.filter(|p| p.strong_count() > 0) else {
-            qp.set_error();
             return Err(self.transition_error(
                 QpState::Init,
                 QpState::Rtr,
@@ -749,6 +747,17 @@ impl Device for SoftDevice {
     }
 
     fn reg_mr(&self, pd: &SoftPd, len: usize, access: Access) -> Result<SoftMr, ProviderError> {
+        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            // As verbs: ibv_reg_mr(3) fails with EINVAL.
+            return Err(ProviderError::Invalid {
+                what: "access flags",
+                why: format!(
+                    "{access}: REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE too (ibv_reg_mr(3))"
+                ),
+            });
+        }
         if len > self.dev.config.max_mr_size {
             return Err(ProviderError::Invalid {
                 what: "region length",

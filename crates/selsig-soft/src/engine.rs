@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use selsig::{Access, AsyncEvent, QpState, WcOpcode, WcStatus};
 
-use crate::device::{DeviceInner, QpInner};
+use crate::device::{DeviceInner, Personality, QpInner};
 use crate::mem;
 use crate::mr::{MrInner, MrTable};
 use crate::ring::{Cqe, Wqe, op};
@@ -165,10 +165,22 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                     Exec::Fail { status, responder } => {
                         qp.set_error();
                         state = QpState::Err;
+                        let rxe = dev.config.personality == Personality::Rxe;
                         if let (Some(event), Some(peer)) = (responder, peer) {
                             peer.set_error();
-                            dev.push_event(event(peer.qpn));
+                            // mlx5 raises the responder's affiliated event (IBV_EVENT_QP_ACCESS_ERR);
+                            // rxe (Linux 6.1) raises none.
+                            if !rxe {
+                                dev.push_event(event(peer.qpn));
+                            }
                         }
+                        // rxe reports a requester's local protection error (bad lkey,
+                        // local bounds) as a local QP operation error.
+                        let status = if rxe && status == WcStatus::LocProtErr {
+                            WcStatus::LocQpOpErr
+                        } else {
+                            status
+                        };
                         Some(error_cqe(qp, wqe, counter, status))
                     }
                 }

@@ -119,7 +119,7 @@ fn statuses(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
 fn seed_example_raw_only_cqe4_and_cqe8() {
     let p = pair();
     let local = p.mr(8 * 64, Access::LOCAL_WRITE);
-    let remote = p.mr(8 * 64, Access::REMOTE_WRITE);
+    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let mut wrs = Vec::new();
     for wr in 1..=8u64 {
         let off = (wr as usize - 1) * 64;
@@ -149,7 +149,7 @@ fn seed_example_raw_only_cqe4_and_cqe8() {
 fn seed_example_through_the_signaled_queue() {
     let p = pair();
     let local = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE));
-    let remote = p.mr(8 * 64, Access::REMOTE_WRITE);
+    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let (mut bufs, _) = local.split_into(8, 64).unwrap();
     let mut q: SignaledQueue<SoftDevice, u64> =
         SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
@@ -187,7 +187,7 @@ fn seed_example_through_the_signaled_queue() {
 /// Posts unsignaled 8-byte WRITEs one at a time until the provider refuses one.
 fn post_unsignaled_until_full(p: &Pair, n: u64) -> Result<u64, selsig::PostWrError> {
     let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     for wr in 0..n {
         p.a.post_send(&[write(wr, &local, 0, 8, remote.remote(0), false)])?;
         // Give the NIC time to execute what was posted: only slot freeing differs.
@@ -229,7 +229,7 @@ fn rxe_frees_slots_on_execution_and_holds_more_than_reported() {
     // One list of 36 unsignaled WRITEs on depth 8: the first 15 are accepted.
     let p = pair_with(Personality::Rxe, 8, 64, false);
     let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     // Keep the NIC busy-free: it may execute some while we post, so accept >= 15.
     let wrs: Vec<_> = (0..36)
         .map(|i| write(i, &local, 0, 8, remote.remote(0), false))
@@ -248,7 +248,7 @@ fn the_driver_never_fills_an_mlx5_queue_with_unsignaled_wrs() {
     for policy in [Policy::Never, Policy::Every(1000)] {
         let p = pair_with(Personality::Mlx5, 8, 64, false);
         let local = Buffer::new(p.mr(64, Access::LOCAL_WRITE));
-        let remote = p.mr(64, Access::REMOTE_WRITE);
+        let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
         let (bufs, _) = local.split_into(8, 8).unwrap();
         let mut free: Vec<_> = bufs;
         let mut q: SignaledQueue<SoftDevice, ()> =
@@ -274,7 +274,7 @@ fn the_driver_never_fills_an_mlx5_queue_with_unsignaled_wrs() {
 fn bad_rkey_on_wr3_fails_it_and_flushes_the_rest() {
     let p = pair();
     let local = p.mr(8 * 64, Access::LOCAL_WRITE);
-    let remote = p.mr(8 * 64, Access::REMOTE_WRITE);
+    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let mut wrs = Vec::new();
     for wr in 1..=8u64 {
         let off = (wr as usize - 1) * 64;
@@ -322,7 +322,7 @@ fn bad_rkey_on_wr3_fails_it_and_flushes_the_rest() {
 fn bad_rkey_outcomes_through_the_driver() {
     let p = pair();
     let local = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE));
-    let remote = p.mr(8 * 64, Access::REMOTE_WRITE);
+    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let (bufs, _) = local.split_into(8, 64).unwrap();
     let mut q: SignaledQueue<SoftDevice, u64> =
         SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(8)).unwrap();
@@ -354,11 +354,34 @@ fn bad_rkey_outcomes_through_the_driver() {
 }
 
 #[test]
+fn rxe_personality_raises_no_access_event_and_reports_local_errors_as_qp_op_errors() {
+    // As the kernel's Soft-RoCE (Linux 6.1) does, seen in scripts/rxe-vm.
+    let p = pair_with(Personality::Rxe, 16, 64, false);
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut target = remote.remote(0);
+    target.rkey ^= 0x5a5;
+    assert_eq!(one_write(&p, &local, 8, target), WcStatus::RemAccessErr);
+    assert_eq!(
+        p.b.state(),
+        QpState::Err,
+        "the responder still goes to the error state"
+    );
+    assert_eq!(p.dev.poll_async_event(), None, "but rxe raises no event");
+    let p = pair_with(Personality::Rxe, 16, 64, false);
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    p.a.post_send(&[write(1, &local, 32, 64, remote.remote(0), true)])
+        .unwrap();
+    assert_eq!(poll_n(&p.cq_a, 1)[0].status, WcStatus::LocQpOpErr);
+}
+
+#[test]
 fn cq_overrun_puts_the_cq_and_qp_in_error_and_raises_events() {
     let p = pair_with(Personality::Mlx5, 64, 4, false);
     assert_eq!(p.cq_a.capacity(), 7, "like mlx5: 2^k - 1 >= requested");
     let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let wrs: Vec<_> = (0..10)
         .map(|i| write(i, &local, 0, 8, remote.remote(0), true))
         .collect();
@@ -401,14 +424,14 @@ fn remote_checks_bounds_access_pd_and_deregistration() {
     // Out of bounds.
     let p = pair();
     let local = p.mr(128, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     assert_eq!(
         one_write(&p, &local, 65, remote.remote(0)),
         WcStatus::RemAccessErr
     );
     let p = pair();
     let local = p.mr(128, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     assert_eq!(
         one_write(&p, &local, 8, remote.remote(60)),
         WcStatus::RemAccessErr
@@ -425,7 +448,10 @@ fn remote_checks_bounds_access_pd_and_deregistration() {
     let p = pair();
     let local = p.mr(64, Access::LOCAL_WRITE);
     let other_pd = p.dev.alloc_pd().unwrap();
-    let remote = p.dev.reg_mr(&other_pd, 64, Access::REMOTE_WRITE).unwrap();
+    let remote = p
+        .dev
+        .reg_mr(&other_pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
     assert_eq!(
         one_write(&p, &local, 8, remote.remote(0)),
         WcStatus::RemAccessErr
@@ -433,15 +459,15 @@ fn remote_checks_bounds_access_pd_and_deregistration() {
     // A deregistered region; and a new one reusing its table entry rejects the old key.
     let p = pair();
     let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let stale = remote.remote(0);
     drop(remote);
-    let _new = p.mr(64, Access::REMOTE_WRITE);
+    let _new = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     assert_eq!(one_write(&p, &local, 8, stale), WcStatus::RemAccessErr);
     // The responder QP's own access flags.
     let p = pair();
     let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     p.a.post_send(&[SendWr {
         opcode: Opcode::RdmaRead,
         ..write(1, &local, 0, 8, remote.remote(0), true)
@@ -475,7 +501,11 @@ fn the_responder_qp_access_flags_are_checked() {
         .unwrap();
     let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
     let remote = dev
-        .reg_mr(&pd, 64, Access::REMOTE_WRITE | Access::REMOTE_READ)
+        .reg_mr(
+            &pd,
+            64,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
         .unwrap();
     a.post_send(&[write(1, &local, 0, 8, remote.remote(0), true)])
         .unwrap();
@@ -492,14 +522,14 @@ fn local_checks_give_local_protection_errors() {
     let p = pair();
     let other_pd = p.dev.alloc_pd().unwrap();
     let local = p.dev.reg_mr(&other_pd, 64, Access::LOCAL_WRITE).unwrap();
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     assert_eq!(
         one_write(&p, &local, 8, remote.remote(0)),
         WcStatus::LocProtErr
     );
     let p = pair();
     let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     p.a.post_send(&[write(1, &local, 32, 64, remote.remote(0), true)])
         .unwrap();
     assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(1, WcStatus::LocProtErr)]);
@@ -686,7 +716,7 @@ fn receives_are_flushed_when_the_qp_goes_to_error() {
 fn zero_length_write_confirms_an_unsignaled_tail() {
     let p = pair();
     let local = Buffer::new(p.mr(64, Access::LOCAL_WRITE));
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let (bufs, _) = local.split_into(3, 8).unwrap();
     let mut q: SignaledQueue<SoftDevice, usize> =
         SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(16)).unwrap();
@@ -804,6 +834,18 @@ fn invalid_work_requests_and_states_are_refused() {
 }
 
 #[test]
+fn remote_write_access_needs_local_write_as_in_verbs() {
+    let p = pair();
+    let e = p.dev.reg_mr(&p.pd, 64, Access::REMOTE_WRITE).unwrap_err();
+    assert!(e.to_string().contains("LOCAL_WRITE"), "{e}");
+    assert!(p.dev.reg_mr(&p.pd, 64, Access::REMOTE_ATOMIC).is_err());
+    assert!(
+        p.dev.reg_mr(&p.pd, 64, Access::REMOTE_READ).is_ok(),
+        "REMOTE_READ alone is fine"
+    );
+}
+
+#[test]
 fn mlx5_rounds_capacities_up_to_powers_of_two() {
     let p = pair_with(Personality::Mlx5, 100, 100, false);
     assert_eq!(p.a.caps().max_send_wr, 128);
@@ -814,7 +856,7 @@ fn mlx5_rounds_capacities_up_to_powers_of_two() {
 fn sq_sig_all_signals_every_wr() {
     let p = pair_with(Personality::Mlx5, 16, 64, true);
     let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let wrs: Vec<_> = (1..=3)
         .map(|i| write(i, &local, 0, 8, remote.remote(0), false))
         .collect();
@@ -826,7 +868,7 @@ fn sq_sig_all_signals_every_wr() {
 fn partial_post_reports_the_failing_wr_and_the_driver_rolls_back() {
     let p = pair_with(Personality::Mlx5, 8, 64, false);
     let local = Buffer::new(p.mr(64, Access::LOCAL_WRITE));
-    let remote = p.mr(64, Access::REMOTE_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let (bufs, _) = local.split_into(2, 8).unwrap();
     let mut q: SignaledQueue<SoftDevice, u32> =
         SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
@@ -860,7 +902,7 @@ fn wqe_counter_wraps_past_2_16_on_mlx5() {
     // Slots are freed through the 16-bit WQE counter of each completion.
     let p = pair_with(Personality::Mlx5, 16, 64, false);
     let local = Buffer::new(p.mr(16 * 8, Access::LOCAL_WRITE));
-    let remote = p.mr(8, Access::REMOTE_WRITE);
+    let remote = p.mr(8, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let (bufs, _) = local.split_into(16, 8).unwrap();
     let mut free = bufs;
     let mut q: SignaledQueue<SoftDevice, ()> =

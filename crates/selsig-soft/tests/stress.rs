@@ -78,7 +78,11 @@ fn run_thread(dev: SoftDevice, thread: u64, total: u64) -> (u64, u64) {
     // Buffered WRITEs land in slots 0..BUFFERS, inline ones in the slots after them.
     let inline_slots = 2 * depth as usize;
     let remote: SoftMr = dev
-        .reg_mr(&pd, (BUFFERS + inline_slots) * SLOT, Access::REMOTE_WRITE)
+        .reg_mr(
+            &pd,
+            (BUFFERS + inline_slots) * SLOT,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
         .expect("mr");
     let (mut free, _) = Buffer::new(local).split_into(BUFFERS, SLOT).expect("split");
     let policies = [

@@ -15,7 +15,7 @@ fn main() {
     let qp = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
     let peer = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
     connect_pair(&qp, &peer, &ConnectOptions::default()).unwrap();
-    let remote = dev.reg_mr(&pd, 64, Access::REMOTE_WRITE).unwrap();
+    let remote = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
     let buf = Buffer::new(dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap());
     let mut queue: SignaledQueue<SoftDevice, ()> = SignaledQueue::new(qp, cq, Policy::Every(4)).unwrap();
     queue.post(Work::write(buf, remote.remote(0), ())).unwrap();

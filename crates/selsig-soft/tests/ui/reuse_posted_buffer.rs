@@ -11,7 +11,7 @@ fn main() {
     let cq = Arc::new(dev.create_cq(16).unwrap());
     let init = QpInit { caps: QpCaps::default(), sq_sig_all: false };
     let qp = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
-    let remote = dev.reg_mr(&pd, 64, Access::REMOTE_WRITE).unwrap();
+    let remote = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
     let mut buf = Buffer::new(dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap());
     let mut queue: SignaledQueue<SoftDevice, ()> = SignaledQueue::new(qp, cq, Policy::Every(4)).unwrap();
     queue.post(Work::write(buf, remote.remote(0), ())).unwrap();

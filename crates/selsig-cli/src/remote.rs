@@ -1,0 +1,371 @@
+//! Two processes, two hosts: `selsig serve` holds the target memory and its QP;
+//! `selsig demo --connect HOST` writes into it. Like perftest and `ibv_rc_pingpong`, the
+//! two exchange what RDMA needs over a small TCP handshake (JSON lines): QP number, PSN,
+//! LID, GID, and the target region's address and key. After the run the client sends the
+//! outcome of every WRITE and the server checks its memory.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Args;
+use selsig::{
+    Access, ConnectOptions, Device, Endpoint, MemoryRegion, QpCaps, QpInit, QueuePair, RemoteAddr,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::common::{DeviceInfo, OnDevice, ProviderArgs, pattern};
+
+/// The default TCP port (perftest's).
+pub const DEFAULT_PORT: u16 = 18515;
+/// Largest target region a server registers for one client.
+const MAX_BYTES: u64 = 1 << 30;
+
+/// A QP's address, as exchanged.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Wire {
+    pub qp_num: u32,
+    pub psn: u32,
+    pub lid: u16,
+    /// The GID, 32 hex digits.
+    pub gid: String,
+}
+
+impl Wire {
+    fn from_endpoint(e: &Endpoint) -> Wire {
+        Wire {
+            qp_num: e.qp_num,
+            psn: e.psn,
+            lid: e.lid,
+            gid: e.gid.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+
+    fn endpoint(&self) -> Result<Endpoint> {
+        ensure!(
+            self.gid.len() == 32,
+            "the peer sent a GID of {} hex digits",
+            self.gid.len()
+        );
+        let mut gid = [0u8; 16];
+        for (i, g) in gid.iter_mut().enumerate() {
+            *g = u8::from_str_radix(&self.gid[2 * i..2 * i + 2], 16)
+                .context("the peer sent a malformed GID")?;
+        }
+        Ok(Endpoint {
+            qp_num: self.qp_num,
+            psn: self.psn,
+            lid: self.lid,
+            gid,
+        })
+    }
+}
+
+/// client → server: who I am and how much memory I will write.
+#[derive(Debug, Serialize, Deserialize)]
+struct Hello {
+    qp: Wire,
+    wrs: u32,
+    size: u64,
+}
+
+/// server → client: my QP and the region to write into.
+#[derive(Debug, Serialize, Deserialize)]
+struct Welcome {
+    qp: Wire,
+    addr: u64,
+    rkey: u32,
+    device: String,
+}
+
+/// server → client when it cannot serve.
+#[derive(Debug, Serialize, Deserialize)]
+struct Refusal {
+    error: String,
+}
+
+/// What the server answers a hello.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Reply {
+    Welcome(Welcome),
+    Refusal(Refusal),
+}
+
+/// client → server: which WRITEs completed (1-based), after the run.
+#[derive(Debug, Serialize, Deserialize)]
+struct Check {
+    completed: Vec<u32>,
+}
+
+/// server → client: the WRITEs whose bytes are not as the outcomes say.
+#[derive(Debug, Serialize, Deserialize)]
+struct Checked {
+    mismatches: Vec<u32>,
+}
+
+fn send<T: Serialize>(w: &mut TcpStream, msg: &T) -> Result<()> {
+    let mut line = serde_json::to_string(msg)?;
+    line.push('\n');
+    w.write_all(line.as_bytes())
+        .context("the connection broke")?;
+    Ok(())
+}
+
+fn receive<T: for<'de> Deserialize<'de>>(r: &mut BufReader<TcpStream>, what: &str) -> Result<T> {
+    let mut line = String::new();
+    let n = r
+        .read_line(&mut line)
+        .with_context(|| format!("cannot read the {what}"))?;
+    ensure!(n > 0, "the peer closed the connection before the {what}");
+    serde_json::from_str(line.trim())
+        .with_context(|| format!("the peer sent a malformed {what}: {:?}", line.trim()))
+}
+
+/// The client side: a connection to a server, its region, and the check at the end.
+pub struct RemotePeer {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    pub target: RemoteAddr,
+    pub endpoint: Endpoint,
+    pub device: String,
+    pub address: String,
+}
+
+impl RemotePeer {
+    /// Connects to `host[:port]` and exchanges addresses; `local` is this side's QP.
+    pub fn connect(host: &str, local: &Endpoint, wrs: u32, size: u64) -> Result<RemotePeer> {
+        let address =
+            if host.contains(':') && !host.starts_with('[') && host.matches(':').count() == 1 {
+                host.to_string()
+            } else {
+                format!("{host}:{DEFAULT_PORT}")
+            };
+        let addrs: Vec<_> = address
+            .to_socket_addrs()
+            .with_context(|| format!("cannot resolve {address}"))?
+            .collect();
+        let stream = addrs
+            .iter()
+            .find_map(|a| TcpStream::connect_timeout(a, Duration::from_secs(5)).ok())
+            .with_context(|| {
+                format!("cannot connect to selsig serve at {address}: is it running?")
+            })?;
+        stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let mut writer = stream.try_clone()?;
+        let mut reader = BufReader::new(stream);
+        send(
+            &mut writer,
+            &Hello {
+                qp: Wire::from_endpoint(local),
+                wrs,
+                size,
+            },
+        )?;
+        let welcome = match receive::<Reply>(&mut reader, "server's reply")? {
+            Reply::Welcome(w) => w,
+            Reply::Refusal(r) => bail!("selsig serve at {address} refused: {}", r.error),
+        };
+        Ok(RemotePeer {
+            endpoint: welcome.qp.endpoint()?,
+            target: RemoteAddr {
+                addr: welcome.addr,
+                rkey: welcome.rkey,
+            },
+            device: welcome.device,
+            reader,
+            writer,
+            address,
+        })
+    }
+
+    /// Tells the server which WRITEs completed; returns those whose bytes differ.
+    pub fn check(mut self, completed: Vec<u32>) -> Result<Vec<u32>> {
+        send(&mut self.writer, &Check { completed })?;
+        let checked: Checked = receive(&mut self.reader, "server's check")?;
+        Ok(checked.mismatches)
+    }
+}
+
+/// Hold a target region and a QP for `selsig demo --connect` clients.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// The TCP port to listen on.
+    #[arg(long, short = 'p', default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// The address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind: String,
+    /// Serve one client, then exit (with the check's result).
+    #[arg(long)]
+    pub once: bool,
+    #[command(flatten)]
+    pub provider: ProviderArgs,
+}
+
+impl OnDevice for &ServeArgs {
+    type Output = bool;
+
+    fn run<D: Device>(self, dev: &D, info: &DeviceInfo) -> Result<bool> {
+        let listener = TcpListener::bind((self.bind.as_str(), self.port))
+            .with_context(|| format!("cannot listen on {}:{}", self.bind, self.port))?;
+        eprintln!(
+            "selsig serve: {} ({} provider) listening on {}:{}",
+            info.device,
+            info.provider.as_str(),
+            self.bind,
+            self.port
+        );
+        loop {
+            let (stream, from) = listener.accept().context("accept failed")?;
+            let ok = match serve_one(dev, info, stream) {
+                Ok((wrs, bad)) => {
+                    eprintln!(
+                        "selsig serve: client {from}: {} of {wrs} WRITEs checked, {}",
+                        wrs,
+                        if bad.is_empty() {
+                            "memory as the outcomes say".to_string()
+                        } else {
+                            format!("mismatches: {bad:?}")
+                        }
+                    );
+                    bad.is_empty()
+                }
+                Err(e) => {
+                    eprintln!("selsig serve: client {from}: error: {e:#}");
+                    false
+                }
+            };
+            if self.once {
+                return Ok(ok);
+            }
+        }
+    }
+}
+
+/// One client: its QP, its region, the handshake, the check.
+fn serve_one<D: Device>(dev: &D, info: &DeviceInfo, stream: TcpStream) -> Result<(u32, Vec<u32>)> {
+    stream.set_read_timeout(Some(Duration::from_secs(300)))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    let hello: Hello = receive(&mut reader, "client's hello")?;
+    match prepare(dev, info, &hello) {
+        Ok(prepared) => finish(prepared, &hello, dev, &mut reader, &mut writer),
+        Err(e) => {
+            let _ = send(
+                &mut writer,
+                &Refusal {
+                    error: format!("{e:#}"),
+                },
+            );
+            Err(e)
+        }
+    }
+}
+
+/// The server's QP and region for one client, connected to it.
+struct Prepared<D: Device> {
+    qp: D::Qp,
+    region: D::Mr,
+    mine: Endpoint,
+    _cq: Arc<D::Cq>,
+    _pd: D::Pd,
+}
+
+fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepared<D>> {
+    let slot = hello.size.max(1);
+    let bytes = u64::from(hello.wrs).saturating_mul(slot);
+    if hello.wrs == 0 || bytes > MAX_BYTES {
+        bail!(
+            "the client asked for {} WRITEs of {} bytes: at most {MAX_BYTES} bytes in all",
+            hello.wrs,
+            hello.size
+        );
+    }
+    let pd = dev
+        .alloc_pd()
+        .context("cannot allocate a protection domain")?;
+    let cq = Arc::new(
+        dev.create_cq(16)
+            .context("cannot create the completion queue")?,
+    );
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let qp = dev
+        .create_qp(&pd, &cq, &cq, &init)
+        .context("cannot create the queue pair")?;
+    let region = dev
+        .reg_mr(
+            &pd,
+            bytes as usize,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .context("cannot register the target region")?;
+    let options = ConnectOptions {
+        gid_index: info.gid_index,
+        ..ConnectOptions::default()
+    };
+    let mine = qp.endpoint(&options)?;
+    qp.connect(&hello.qp.endpoint()?, &options)
+        .context("cannot connect to the client's QP")?;
+    Ok(Prepared {
+        qp,
+        region,
+        mine,
+        _cq: cq,
+        _pd: pd,
+    })
+}
+
+fn finish<D: Device>(
+    p: Prepared<D>,
+    hello: &Hello,
+    dev: &D,
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+) -> Result<(u32, Vec<u32>)> {
+    let Prepared {
+        qp, region, mine, ..
+    } = p;
+    let slot = hello.size.max(1);
+    send(
+        writer,
+        &Welcome {
+            qp: Wire::from_endpoint(&mine),
+            addr: region.addr(),
+            rkey: region.rkey(),
+            device: dev.name().to_string(),
+        },
+    )?;
+    let check: Check = receive(reader, "client's outcomes")?;
+    let mut mismatches = Vec::new();
+    let size = hello.size as usize;
+    for wr in 1..=hello.wrs {
+        let mut got = vec![0u8; size];
+        region.read((wr as usize - 1) * slot as usize, &mut got)?;
+        let expected = if check.completed.contains(&wr) {
+            pattern(u64::from(wr), size)
+        } else {
+            vec![0; size]
+        };
+        if got != expected {
+            mismatches.push(wr);
+        }
+    }
+    send(
+        writer,
+        &Checked {
+            mismatches: mismatches.clone(),
+        },
+    )?;
+    drop(qp);
+    Ok((hello.wrs, mismatches))
+}

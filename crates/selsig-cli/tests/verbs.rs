@@ -1,0 +1,131 @@
+//! The `selsig` command on a real RDMA device (in CI: the kernel's Soft-RoCE `rxe0` in the
+//! VM of `scripts/verbs-tests.sh`): the demo, two processes through `serve`/`--connect`,
+//! and every shipped scenario, whose canonical trace must be the same as on the software
+//! NIC's rxe personality.
+//!
+//! Every test needs a device, so every test is `#[ignore]`d with the reason; the script
+//! runs them with `--ignored`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+fn selsig(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(args)
+        .output()
+        .expect("the selsig binary runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `-x N` when `SELSIG_GID_INDEX` names a GID index.
+fn gid() -> Vec<String> {
+    std::env::var("SELSIG_GID_INDEX").map_or_else(|_| Vec::new(), |g| vec!["-x".to_string(), g])
+}
+
+fn verbs(args: &[&str]) -> Output {
+    let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    all.extend(["--provider".to_string(), "verbs".to_string()]);
+    all.extend(gid());
+    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    selsig(&refs)
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn demo_on_the_device_shows_only_cqe4_and_cqe8() {
+    let o = verbs(&["demo", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["provider"], "verbs");
+    let wrs: Vec<u64> = v["cqes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["wr"].as_u64().unwrap())
+        .collect();
+    assert_eq!(wrs, [4, 8]);
+    assert_eq!(v["remote_verified"], true);
+    let o = verbs(&["demo", "--fail-at", "3", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let cqes: Vec<(u64, String)> = v["cqes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["wr"].as_u64().unwrap(),
+                c["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut expected = vec![(3, "rem_access_err".to_string())];
+    expected.extend((4..=8).map(|w| (w, "wr_flush_err".to_string())));
+    assert_eq!(cqes, expected, "one flush completion per remaining WRITE");
+    assert_eq!(v["remote_verified"], true);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn two_processes_serve_and_connect() {
+    let address = std::env::var("SELSIG_SERVE_ADDR").unwrap_or_else(|_| "127.0.0.1".to_string());
+    let port = "18631";
+    let mut args = vec!["serve", "--once", "--port", port, "--provider", "verbs"];
+    let g = gid();
+    args.extend(g.iter().map(String::as_str));
+    let mut server = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(&args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("selsig serve starts");
+    std::thread::sleep(Duration::from_millis(500));
+    let target = format!("{address}:{port}");
+    let o = verbs(&["demo", "--connect", &target, "--wrs", "12", "--json"]);
+    let status = server.wait().expect("selsig serve ends");
+    assert!(o.status.success(), "client: {}", text(&o.stderr));
+    assert!(status.success(), "the server's check failed");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["remote_verified"], true);
+    assert!(v["target"].as_str().unwrap().contains(port));
+    assert_eq!(v["summary"]["completed"], 12);
+}
+
+fn scenarios() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn every_scenario_gives_the_soft_rxe_trace_on_the_device() {
+    let files = scenarios();
+    assert!(files.len() >= 9);
+    for f in &files {
+        let path = f.to_str().unwrap();
+        let hw = verbs(&["run", path]);
+        assert!(hw.status.success(), "{path} on verbs: {}", text(&hw.stderr));
+        let soft = selsig(&["run", path, "--personality", "rxe"]);
+        assert!(
+            soft.status.success(),
+            "{path} on soft rxe: {}",
+            text(&soft.stderr)
+        );
+        assert_eq!(
+            text(&hw.stdout),
+            text(&soft.stdout),
+            "{path}: the trace on the device differs from the soft NIC's rxe personality"
+        );
+    }
+}

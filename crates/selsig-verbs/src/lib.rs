@@ -1,0 +1,1194 @@
+//! selsig's libibverbs provider: real RDMA devices (mlx5 and every other RNIC rdma-core
+//! supports) and the kernel's Soft-RoCE (rxe), through rdma-core's `libibverbs.so.1`,
+//! loaded at run time. A program using it builds and runs everywhere; where rdma-core is
+//! missing, [`VerbsDevice::open`] says what to install.
+//!
+//! Each verbs object is a handle holding its parent (a QP holds its PD and CQs, everything
+//! holds the device context), so they are destroyed in the right order whatever order the
+//! program drops them in. A failed destroy is reported on stderr; `Drop` never panics.
+//!
+//! Registered memory is allocated by the provider (page-aligned, zeroed) and accessed only
+//! through [`MemoryRegion::read`] and [`MemoryRegion::write`], which copy through raw
+//! pointers: the NIC may write it at any time.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks, missing_docs)]
+
+pub mod sys;
+
+use std::alloc::Layout;
+use std::ffi::{CStr, c_int, c_void};
+use std::fmt;
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use selsig::{
+    Access, AsyncEvent, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Local,
+    MemoryRegion, Opcode, PostFailure, PostWrError, ProviderError, QpCaps, QpInit, QpState,
+    QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use sys::Verbs;
+
+/// libibverbs, loaded once per process.
+fn verbs() -> Result<&'static Verbs, ProviderError> {
+    static VERBS: OnceLock<Result<Verbs, String>> = OnceLock::new();
+    VERBS.get_or_init(Verbs::load).as_ref().map_err(|e| {
+        ProviderError::Unavailable(format!(
+            "cannot load {}: {e}. Install rdma-core's verbs library and providers \
+             (Debian/Ubuntu: apt-get install libibverbs1 ibverbs-providers; \
+             Fedora/RHEL: dnf install libibverbs)",
+            sys::LIBRARY
+        ))
+    })
+}
+
+/// `ibv_get_device_list` failed: without the kernel's RDMA subsystem it says ENOSYS.
+fn no_device_list() -> ProviderError {
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ENOSYS) {
+        ProviderError::NoDevice(
+            "no RDMA device: this kernel has no RDMA support (ibv_get_device_list: function \
+             not implemented); use --provider soft, or a machine with an RNIC or Soft-RoCE \
+             (modprobe rdma_rxe)"
+                .to_string(),
+        )
+    } else {
+        ProviderError::Os {
+            verb: "ibv_get_device_list",
+            source: e,
+        }
+    }
+}
+
+fn os(verb: &'static str) -> ProviderError {
+    ProviderError::Os {
+        verb,
+        source: io::Error::last_os_error(),
+    }
+}
+
+/// The RDMA devices rdma-core sees, by name.
+pub fn device_names() -> Result<Vec<String>, ProviderError> {
+    let v = verbs()?;
+    let mut n: c_int = 0;
+    // SAFETY: `get_device_list` returns a NULL-terminated array of `n` devices (or NULL
+    // with errno set), which we read and then free with `free_device_list`.
+    unsafe {
+        let list = (v.fns.get_device_list)(&mut n);
+        if list.is_null() {
+            return Err(no_device_list());
+        }
+        let mut names = Vec::new();
+        for i in 0..n.max(0) as usize {
+            let dev = *list.add(i);
+            let name = (v.fns.get_device_name)(dev);
+            if !name.is_null() {
+                names.push(CStr::from_ptr(name).to_string_lossy().into_owned());
+            }
+        }
+        (v.fns.free_device_list)(list);
+        Ok(names)
+    }
+}
+
+/// An open device context (`ibv_context`).
+struct Context {
+    v: &'static Verbs,
+    ctx: NonNull<sys::ibv_context>,
+    name: String,
+}
+
+// SAFETY: libibverbs contexts may be used from any thread (the library locks internally);
+// the pointer is owned by this struct until `Drop` closes it.
+unsafe impl Send for Context {}
+// SAFETY: as above: every verb called through a shared `Context` is thread-safe.
+unsafe impl Sync for Context {}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: the context was opened by `ibv_open_device` and every object created
+        // from it holds an `Arc<Context>`, so none is left when this runs.
+        let rc = unsafe { (self.v.fns.close_device)(self.ctx.as_ptr()) };
+        if rc != 0 {
+            eprintln!(
+                "selsig-verbs: ibv_close_device({}) failed: {}",
+                self.name,
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Where to open: a device by name (default the first), a port, a GID index.
+#[derive(Debug, Clone, Default)]
+pub struct VerbsOptions {
+    /// The device's name (`mlx5_0`, `rxe0`); `None` for the first.
+    pub device: Option<String>,
+    /// The port, 1-based (default 1).
+    pub port: Option<u8>,
+    /// The GID index (RoCE, or global routing on InfiniBand); default 0 on Ethernet,
+    /// none (LID routing) on InfiniBand.
+    pub gid_index: Option<u8>,
+}
+
+/// An RDMA device opened through libibverbs.
+#[derive(Clone)]
+pub struct VerbsDevice {
+    ctx: Arc<Context>,
+    port: u8,
+    gid_index: Option<u8>,
+    gid: [u8; 16],
+    lid: u16,
+    active_mtu: u32,
+    ethernet: bool,
+}
+
+impl fmt::Debug for VerbsDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerbsDevice")
+            .field("name", &self.ctx.name)
+            .field("port", &self.port)
+            .field("gid_index", &self.gid_index)
+            .field("lid", &self.lid)
+            .field("ethernet", &self.ethernet)
+            .finish()
+    }
+}
+
+fn mtu_bytes(mtu: u32) -> u32 {
+    match mtu {
+        1 => 256,
+        2 => 512,
+        3 => 1024,
+        4 => 2048,
+        5 => 4096,
+        _ => 1024,
+    }
+}
+
+fn mtu_enum(bytes: u32) -> u32 {
+    match bytes {
+        0..=256 => 1,
+        257..=512 => 2,
+        513..=1024 => 3,
+        1025..=2048 => 4,
+        _ => 5,
+    }
+}
+
+impl VerbsDevice {
+    /// Opens a device and checks its port: it must be active, and the GID index must name
+    /// a GID.
+    pub fn open(options: &VerbsOptions) -> Result<VerbsDevice, ProviderError> {
+        let v = verbs()?;
+        let port = options.port.unwrap_or(1);
+        let mut n: c_int = 0;
+        // SAFETY: as in `device_names`; the chosen device is opened before the list is
+        // freed, which the API allows.
+        let (ctx, name) = unsafe {
+            let list = (v.fns.get_device_list)(&mut n);
+            if list.is_null() {
+                return Err(no_device_list());
+            }
+            let mut found = None;
+            let mut names = Vec::new();
+            for i in 0..n.max(0) as usize {
+                let dev = *list.add(i);
+                let p = (v.fns.get_device_name)(dev);
+                let name = if p.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(p).to_string_lossy().into_owned()
+                };
+                if found.is_none() && options.device.as_ref().is_none_or(|want| *want == name) {
+                    found = Some((dev, name.clone()));
+                }
+                names.push(name);
+            }
+            let result = match found {
+                Some((dev, name)) => {
+                    let ctx = (v.fns.open_device)(dev);
+                    NonNull::new(ctx)
+                        .map(|c| (c, name))
+                        .ok_or_else(|| os("ibv_open_device"))
+                }
+                None if names.is_empty() => Err(ProviderError::NoDevice(
+                    "no RDMA device found: load a driver, or create a Soft-RoCE device \
+                     (modprobe rdma_rxe; rdma link add rxe0 type rxe netdev eth0)"
+                        .to_string(),
+                )),
+                None => Err(ProviderError::NoDevice(format!(
+                    "no RDMA device named {:?}; found: {}",
+                    options.device.as_deref().unwrap_or(""),
+                    names.join(", ")
+                ))),
+            };
+            (v.fns.free_device_list)(list);
+            result?
+        };
+        let ctx = Arc::new(Context { v, ctx, name });
+        // Asynchronous events are read without blocking.
+        // SAFETY: `async_fd` is the context's event file descriptor, open while it is.
+        unsafe {
+            let fd = (*ctx.ctx.as_ptr()).async_fd;
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+                return Err(os("fcntl(async_fd, O_NONBLOCK)"));
+            }
+        }
+        let mut attr = sys::ibv_port_attr::default();
+        // SAFETY: the exported `ibv_query_port` fills the (older, shorter) compat prefix of
+        // `ibv_port_attr`; `attr` is zeroed and large enough.
+        let rc = unsafe { (v.fns.query_port)(ctx.ctx.as_ptr(), port, &mut attr) };
+        if rc != 0 {
+            return Err(ProviderError::Invalid {
+                what: "port",
+                why: format!(
+                    "{} has no port {port} ({})",
+                    ctx.name,
+                    io::Error::from_raw_os_error(if rc > 0 { rc } else { libc::EINVAL })
+                ),
+            });
+        }
+        if attr.state != sys::IBV_PORT_ACTIVE {
+            let state = ["NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"]
+                .get(attr.state as usize)
+                .copied()
+                .unwrap_or("unknown");
+            return Err(ProviderError::Invalid {
+                what: "port",
+                why: format!("port {port} of {} is {state}, not ACTIVE", ctx.name),
+            });
+        }
+        let ethernet = attr.link_layer == sys::IBV_LINK_LAYER_ETHERNET;
+        let gid_index = options.gid_index.or(ethernet.then_some(0));
+        let mut gid = sys::ibv_gid::default();
+        if let Some(index) = gid_index {
+            if i32::from(index) >= attr.gid_tbl_len {
+                return Err(ProviderError::Invalid {
+                    what: "GID index",
+                    why: format!(
+                        "{index} is beyond the GID table of {} port {port} ({} entries)",
+                        ctx.name, attr.gid_tbl_len
+                    ),
+                });
+            }
+            // SAFETY: `gid` is a valid `union ibv_gid` to fill.
+            let rc =
+                unsafe { (v.fns.query_gid)(ctx.ctx.as_ptr(), port, c_int::from(index), &mut gid) };
+            if rc != 0 || gid.raw == [0; 16] {
+                return Err(ProviderError::Invalid {
+                    what: "GID index",
+                    why: format!(
+                        "GID {index} of {} port {port} is empty (see `ibv_devinfo -v`)",
+                        ctx.name
+                    ),
+                });
+            }
+        }
+        Ok(VerbsDevice {
+            ctx,
+            port,
+            gid_index,
+            gid: gid.raw,
+            lid: attr.lid,
+            active_mtu: mtu_bytes(attr.active_mtu),
+            ethernet,
+        })
+    }
+
+    /// The port in use.
+    pub fn port(&self) -> u8 {
+        self.port
+    }
+
+    /// The GID index in use, if any.
+    pub fn gid_index(&self) -> Option<u8> {
+        self.gid_index
+    }
+
+    /// The port's active MTU in bytes.
+    pub fn active_mtu(&self) -> u32 {
+        self.active_mtu
+    }
+
+    fn v(&self) -> &'static Verbs {
+        self.ctx.v
+    }
+}
+
+struct PdInner {
+    pd: NonNull<sys::ibv_pd>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: a protection domain is a handle the thread-safe verbs take; owned until `Drop`.
+unsafe impl Send for PdInner {}
+// SAFETY: as above.
+unsafe impl Sync for PdInner {}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        // SAFETY: every MR and QP of this PD holds an `Arc<PdInner>`: none is left.
+        let rc = unsafe { (self.ctx.v.fns.dealloc_pd)(self.pd.as_ptr()) };
+        if rc != 0 {
+            eprintln!(
+                "selsig-verbs: ibv_dealloc_pd failed: {}",
+                io::Error::from_raw_os_error(rc)
+            );
+        }
+    }
+}
+
+/// A protection domain.
+pub struct VerbsPd {
+    inner: Arc<PdInner>,
+}
+
+/// A memory region: page-aligned zeroed memory owned by the region, registered with the
+/// NIC. Deregistered, then freed, when dropped.
+pub struct VerbsMr {
+    mr: NonNull<sys::ibv_mr>,
+    mem: NonNull<u8>,
+    layout: Layout,
+    len: usize,
+    access: Access,
+    pd: Arc<PdInner>,
+}
+
+// SAFETY: the region's memory is only accessed through raw-pointer copies (`read`,
+// `write`), never through references, and the MR handle through thread-safe verbs.
+unsafe impl Send for VerbsMr {}
+// SAFETY: as above.
+unsafe impl Sync for VerbsMr {}
+
+impl fmt::Debug for VerbsMr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerbsMr")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl Drop for VerbsMr {
+    fn drop(&mut self) {
+        // SAFETY: the MR was registered on this PD (kept alive by `self.pd`); after the
+        // deregistration the NIC no longer reaches the memory, which is then freed with
+        // the layout it was allocated with.
+        unsafe {
+            let rc = (self.pd.ctx.v.fns.dereg_mr)(self.mr.as_ptr());
+            if rc != 0 {
+                // Freeing memory the NIC may still write would be unsound: leak it.
+                eprintln!(
+                    "selsig-verbs: ibv_dereg_mr failed ({}); its {} bytes are leaked",
+                    io::Error::from_raw_os_error(rc),
+                    self.len
+                );
+                return;
+            }
+            std::alloc::dealloc(self.mem.as_ptr(), self.layout);
+        }
+    }
+}
+
+impl VerbsMr {
+    fn check(&self, offset: usize, len: usize) -> Result<(), ProviderError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(ProviderError::OutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+}
+
+impl MemoryRegion for VerbsMr {
+    fn addr(&self) -> u64 {
+        self.mem.as_ptr() as u64
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn lkey(&self) -> u32 {
+        // SAFETY: the MR handle is valid until `Drop`; `lkey` is set at registration.
+        unsafe { (*self.mr.as_ptr()).lkey }
+    }
+    fn rkey(&self) -> u32 {
+        // SAFETY: as for `lkey`.
+        unsafe { (*self.mr.as_ptr()).rkey }
+    }
+    fn access(&self) -> Access {
+        self.access
+    }
+    fn write(&self, offset: usize, data: &[u8]) -> Result<(), ProviderError> {
+        self.check(offset, data.len())?;
+        // SAFETY: the range is inside the allocation (checked); no Rust reference to the
+        // region's memory exists, and the copy goes through raw pointers.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_ptr().add(offset), data.len());
+        }
+        Ok(())
+    }
+    fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), ProviderError> {
+        self.check(offset, buf.len())?;
+        // SAFETY: as in `write`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.mem.as_ptr().add(offset),
+                buf.as_mut_ptr(),
+                buf.len(),
+            );
+        }
+        Ok(())
+    }
+}
+
+struct CqInner {
+    cq: NonNull<sys::ibv_cq>,
+    ctx: Arc<Context>,
+    raw: Mutex<Vec<sys::ibv_wc>>,
+}
+
+// SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers; the scratch buffer is
+// behind a mutex.
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // SAFETY: every QP using this CQ holds an `Arc<CqInner>`: none is left.
+        let rc = unsafe { (self.ctx.v.fns.destroy_cq)(self.cq.as_ptr()) };
+        if rc != 0 {
+            eprintln!(
+                "selsig-verbs: ibv_destroy_cq failed: {}",
+                io::Error::from_raw_os_error(rc)
+            );
+        }
+    }
+}
+
+/// A completion queue.
+pub struct VerbsCq {
+    inner: Arc<CqInner>,
+}
+
+impl VerbsCq {
+    /// The CQ's handle, as in [`AsyncEvent::CqErr`].
+    pub fn handle(&self) -> u32 {
+        // SAFETY: the CQ is valid until `Drop`.
+        unsafe { (*self.inner.cq.as_ptr()).handle }
+    }
+}
+
+fn decode(wc: &sys::ibv_wc) -> WorkCompletion {
+    let status = WcStatus::try_from(wc.status).unwrap_or(WcStatus::GeneralErr);
+    WorkCompletion {
+        wr_id: wc.wr_id,
+        status,
+        opcode: if status.is_success() {
+            WcOpcode::try_from(wc.opcode).ok()
+        } else {
+            None
+        },
+        byte_len: wc.byte_len,
+        qp_num: wc.qp_num,
+        imm_data: (wc.wc_flags & sys::IBV_WC_WITH_IMM != 0).then(|| u32::from_be(wc.imm_data)),
+        vendor_err: wc.vendor_err,
+    }
+}
+
+impl CompletionQueue for VerbsCq {
+    fn capacity(&self) -> u32 {
+        // SAFETY: the CQ is valid until `Drop`; `cqe` is the real size, set at creation.
+        unsafe { (*self.inner.cq.as_ptr()).cqe.max(0) as u32 }
+    }
+
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
+        let mut raw = self
+            .inner
+            .raw
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if raw.len() < out.len() {
+            raw.resize(out.len(), sys::ibv_wc::default());
+        }
+        let cq = self.inner.cq.as_ptr();
+        // SAFETY: `poll_cq` is the provider's function from the context's ops table (what
+        // the static inline `ibv_poll_cq` calls); it writes at most `out.len()` entries into
+        // `raw`, which has room for them.
+        let n = unsafe {
+            let Some(poll) = (*(*cq).context).ops.poll_cq else {
+                return Err(CqError::Os(io::Error::other("the provider has no poll_cq")));
+            };
+            poll(
+                cq,
+                out.len().min(c_int::MAX as usize) as c_int,
+                raw.as_mut_ptr(),
+            )
+        };
+        if n < 0 {
+            return Err(CqError::Os(io::Error::from_raw_os_error(-n)));
+        }
+        let n = n as usize;
+        for (o, w) in out.iter_mut().zip(&raw[..n]) {
+            *o = decode(w);
+        }
+        Ok(n)
+    }
+}
+
+/// An RC queue pair.
+pub struct VerbsQp {
+    qp: NonNull<sys::ibv_qp>,
+    _pd: Arc<PdInner>,
+    _send_cq: Arc<CqInner>,
+    _recv_cq: Arc<CqInner>,
+    caps: QpCaps,
+    sq_sig_all: bool,
+    dev: VerbsDevice,
+    psn: AtomicU32,
+}
+
+// SAFETY: `ibv_post_send`, `ibv_post_recv`, `ibv_modify_qp` and `ibv_query_qp` are
+// thread-safe; the handle is owned until `Drop`.
+unsafe impl Send for VerbsQp {}
+// SAFETY: as above.
+unsafe impl Sync for VerbsQp {}
+
+impl Drop for VerbsQp {
+    fn drop(&mut self) {
+        // SAFETY: the QP was created by `ibv_create_qp`; its PD and CQs are still alive
+        // (this struct holds them), as the destroy requires.
+        let rc = unsafe { (self.dev.v().fns.destroy_qp)(self.qp.as_ptr()) };
+        if rc != 0 {
+            eprintln!(
+                "selsig-verbs: ibv_destroy_qp failed: {}",
+                io::Error::from_raw_os_error(rc)
+            );
+        }
+    }
+}
+
+fn state_name(s: u32) -> QpState {
+    QpState::try_from(s).unwrap_or(QpState::Err)
+}
+
+impl VerbsQp {
+    fn modify(
+        &self,
+        attr: &mut sys::ibv_qp_attr,
+        mask: c_int,
+        to: QpState,
+        what: &str,
+    ) -> Result<(), ProviderError> {
+        let from = self.state();
+        // SAFETY: `attr` is a valid `ibv_qp_attr` whose fields named by `mask` are set.
+        let rc = unsafe { (self.dev.v().fns.modify_qp)(self.qp.as_ptr(), attr, mask) };
+        if rc != 0 {
+            let code = if rc > 0 { rc } else { libc::EINVAL };
+            return Err(ProviderError::Transition {
+                qp_num: self.qp_num(),
+                from,
+                to,
+                why: format!(
+                    "ibv_modify_qp failed ({}); attributes set: {what}",
+                    io::Error::from_raw_os_error(code)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn local_psn(&self) -> u32 {
+        let psn = self.psn.load(Ordering::Relaxed);
+        if psn != u32::MAX {
+            return psn;
+        }
+        let fresh = random_psn();
+        match self
+            .psn
+            .compare_exchange(u32::MAX, fresh, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => fresh,
+            Err(existing) => existing,
+        }
+    }
+}
+
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    (h.finish() as u32) & 0x00ff_ffff
+}
+
+impl QueuePair for VerbsQp {
+    fn qp_num(&self) -> u32 {
+        // SAFETY: the QP is valid until `Drop`; `qp_num` is set at creation.
+        unsafe { (*self.qp.as_ptr()).qp_num }
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn sq_sig_all(&self) -> bool {
+        self.sq_sig_all
+    }
+
+    fn state(&self) -> QpState {
+        let mut attr = sys::ibv_qp_attr::default();
+        // SAFETY: `init` is a valid `ibv_qp_init_attr` to fill; `attr` likewise.
+        let rc = unsafe {
+            let mut init: sys::ibv_qp_init_attr = std::mem::zeroed();
+            (self.dev.v().fns.query_qp)(self.qp.as_ptr(), &mut attr, sys::IBV_QP_STATE, &mut init)
+        };
+        if rc != 0 {
+            // The state libibverbs last set.
+            // SAFETY: the QP is valid until `Drop`.
+            return state_name(unsafe { (*self.qp.as_ptr()).state });
+        }
+        state_name(attr.qp_state)
+    }
+
+    fn endpoint(&self, options: &ConnectOptions) -> Result<Endpoint, ProviderError> {
+        if options.port != self.dev.port {
+            return Err(ProviderError::Invalid {
+                what: "port",
+                why: format!(
+                    "the device was opened on port {}, not {}",
+                    self.dev.port, options.port
+                ),
+            });
+        }
+        Ok(Endpoint {
+            qp_num: self.qp_num(),
+            psn: self.local_psn(),
+            lid: self.dev.lid,
+            gid: self.dev.gid,
+        })
+    }
+
+    fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<(), ProviderError> {
+        let port = self.dev.port;
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_INIT,
+            pkey_index: 0,
+            port_num: port,
+            qp_access_flags: options.access.bits(),
+            ..Default::default()
+        };
+        self.modify(
+            &mut a,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_PKEY_INDEX
+                | sys::IBV_QP_PORT
+                | sys::IBV_QP_ACCESS_FLAGS,
+            QpState::Init,
+            &format!("pkey_index 0, port {port}, access {}", options.access),
+        )?;
+        let gid_index = options.gid_index.or(self.dev.gid_index);
+        let mtu = options.mtu.min(self.dev.active_mtu);
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTR,
+            path_mtu: mtu_enum(mtu),
+            dest_qp_num: remote.qp_num,
+            rq_psn: remote.psn & 0x00ff_ffff,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ah_attr: sys::ibv_ah_attr {
+                grh: sys::ibv_global_route {
+                    dgid: sys::ibv_gid { raw: remote.gid },
+                    sgid_index: gid_index.unwrap_or(0),
+                    hop_limit: 64,
+                    ..Default::default()
+                },
+                dlid: remote.lid,
+                is_global: u8::from(gid_index.is_some()),
+                port_num: port,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        self.modify(
+            &mut a,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_AV
+                | sys::IBV_QP_PATH_MTU
+                | sys::IBV_QP_DEST_QPN
+                | sys::IBV_QP_RQ_PSN
+                | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+                | sys::IBV_QP_MIN_RNR_TIMER,
+            QpState::Rtr,
+            &format!(
+                "path_mtu {mtu}, dest_qp_num {:#x}, rq_psn {:#x}, address vector (dlid {}, {})",
+                remote.qp_num,
+                remote.psn,
+                remote.lid,
+                match gid_index {
+                    Some(i) => format!("sgid_index {i}, dgid {}", gid_text(&remote.gid)),
+                    None => "no GRH".to_string(),
+                }
+            ),
+        )?;
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTS,
+            timeout: 14,
+            retry_cnt: options.retry_cnt,
+            rnr_retry: options.rnr_retry,
+            sq_psn: self.local_psn(),
+            max_rd_atomic: 1,
+            ..Default::default()
+        };
+        self.modify(
+            &mut a,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_TIMEOUT
+                | sys::IBV_QP_RETRY_CNT
+                | sys::IBV_QP_RNR_RETRY
+                | sys::IBV_QP_SQ_PSN
+                | sys::IBV_QP_MAX_QP_RD_ATOMIC,
+            QpState::Rts,
+            &format!(
+                "timeout 14, retry_cnt {}, rnr_retry {}, sq_psn {:#x}",
+                options.retry_cnt,
+                options.rnr_retry,
+                self.local_psn()
+            ),
+        )
+    }
+
+    fn to_error(&self) -> Result<(), ProviderError> {
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        self.modify(&mut a, sys::IBV_QP_STATE, QpState::Err, "state ERR")
+    }
+
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<sys::ibv_sge> = Vec::with_capacity(wrs.len());
+        let mut raw: Vec<sys::ibv_send_wr> = Vec::with_capacity(wrs.len());
+        for wr in wrs {
+            let (sge, inline) = match wr.local {
+                Local::Empty => (None, false),
+                Local::Sge(s) => (
+                    Some(sys::ibv_sge {
+                        addr: s.addr,
+                        length: s.length,
+                        lkey: s.lkey,
+                    }),
+                    false,
+                ),
+                Local::Inline(data) => (
+                    Some(sys::ibv_sge {
+                        addr: data.as_ptr() as u64,
+                        length: data.len() as u32,
+                        lkey: 0,
+                    }),
+                    true,
+                ),
+            };
+            sges.push(sge.unwrap_or_default());
+            let opcode = match wr.opcode {
+                Opcode::RdmaWrite => sys::IBV_WR_RDMA_WRITE,
+                Opcode::RdmaWriteWithImm => sys::IBV_WR_RDMA_WRITE_WITH_IMM,
+                Opcode::RdmaRead => sys::IBV_WR_RDMA_READ,
+                Opcode::Send => sys::IBV_WR_SEND,
+                Opcode::SendWithImm => sys::IBV_WR_SEND_WITH_IMM,
+            };
+            let mut flags = 0;
+            if wr.signaled {
+                flags |= sys::IBV_SEND_SIGNALED;
+            }
+            if inline {
+                flags |= sys::IBV_SEND_INLINE;
+            }
+            raw.push(sys::ibv_send_wr {
+                wr_id: wr.wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: std::ptr::null_mut(),
+                num_sge: i32::from(sge.is_some()),
+                opcode,
+                send_flags: flags,
+                imm_data: wr.imm_data.to_be(),
+                wr: sys::ibv_send_wr_wr {
+                    rdma: sys::ibv_rdma_info {
+                        remote_addr: wr.remote.addr,
+                        rkey: wr.remote.rkey,
+                    },
+                },
+                _qp_type: 0,
+                _bind_mw_or_tso: [0; 6],
+            });
+        }
+        // Link the list now that neither vector moves any more.
+        let base = raw.as_mut_ptr();
+        for i in 0..raw.len() {
+            // SAFETY: `i` and `i + 1` index `raw` and `sges`, which have `wrs.len()`
+            // elements and are not reallocated below.
+            unsafe {
+                let w = base.add(i);
+                if (*w).num_sge > 0 {
+                    (*w).sg_list = sges.as_mut_ptr().add(i);
+                }
+                if i + 1 < wrs.len() {
+                    (*w).next = base.add(i + 1);
+                }
+            }
+        }
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        let qp = self.qp.as_ptr();
+        // SAFETY: `post_send` is the provider's function from the context's ops table (what
+        // the static inline `ibv_post_send` calls). The list, its scatter/gather entries
+        // and the inline bytes they point at live until it returns; inline data is copied
+        // during the call.
+        let rc = unsafe {
+            let Some(post) = (*(*qp).context).ops.post_send else {
+                return Err(PostWrError {
+                    index: 0,
+                    failure: PostFailure::Other,
+                    source: Some(io::Error::other("the provider has no post_send")),
+                });
+            };
+            post(qp, base, &mut bad)
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        // rxe returns the errno as a positive value, others may return -1 with errno set.
+        let code = if rc > 0 {
+            rc
+        } else {
+            io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL)
+        };
+        let index = if bad.is_null() {
+            0
+        } else {
+            // SAFETY: `bad` points into `raw` (the failing work request).
+            (unsafe { bad.offset_from(base) }).clamp(0, wrs.len() as isize - 1) as usize
+        };
+        let failure = match code {
+            libc::ENOMEM | libc::ENOSPC => PostFailure::Full,
+            libc::EINVAL => match self.state() {
+                s @ (QpState::Reset | QpState::Init | QpState::Rtr) => PostFailure::State(s),
+                _ => PostFailure::Invalid("rejected by the provider (EINVAL)"),
+            },
+            _ => PostFailure::Other,
+        };
+        Err(PostWrError {
+            index,
+            failure,
+            source: Some(io::Error::from_raw_os_error(code)),
+        })
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<sys::ibv_sge> = wrs
+            .iter()
+            .map(|w| {
+                w.sge.map_or_else(sys::ibv_sge::default, |s| sys::ibv_sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                })
+            })
+            .collect();
+        let mut raw: Vec<sys::ibv_recv_wr> = wrs
+            .iter()
+            .map(|w| sys::ibv_recv_wr {
+                wr_id: w.wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: std::ptr::null_mut(),
+                num_sge: i32::from(w.sge.is_some()),
+            })
+            .collect();
+        let base = raw.as_mut_ptr();
+        for i in 0..raw.len() {
+            // SAFETY: as in `post_send`.
+            unsafe {
+                let w = base.add(i);
+                if (*w).num_sge > 0 {
+                    (*w).sg_list = sges.as_mut_ptr().add(i);
+                }
+                if i + 1 < wrs.len() {
+                    (*w).next = base.add(i + 1);
+                }
+            }
+        }
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        let qp = self.qp.as_ptr();
+        // SAFETY: as in `post_send`, with the provider's `post_recv`.
+        let rc = unsafe {
+            let Some(post) = (*(*qp).context).ops.post_recv else {
+                return Err(PostWrError {
+                    index: 0,
+                    failure: PostFailure::Other,
+                    source: Some(io::Error::other("the provider has no post_recv")),
+                });
+            };
+            post(qp, base, &mut bad)
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let code = if rc > 0 { rc } else { libc::EINVAL };
+        let index = if bad.is_null() {
+            0
+        } else {
+            // SAFETY: `bad` points into `raw`.
+            (unsafe { bad.offset_from(base) }).clamp(0, wrs.len() as isize - 1) as usize
+        };
+        Err(PostWrError {
+            index,
+            failure: if code == libc::ENOMEM {
+                PostFailure::Full
+            } else {
+                PostFailure::Other
+            },
+            source: Some(io::Error::from_raw_os_error(code)),
+        })
+    }
+}
+
+fn gid_text(gid: &[u8; 16]) -> String {
+    gid.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+impl Device for VerbsDevice {
+    type Pd = VerbsPd;
+    type Mr = VerbsMr;
+    type Cq = VerbsCq;
+    type Qp = VerbsQp;
+
+    fn name(&self) -> &str {
+        &self.ctx.name
+    }
+
+    fn alloc_pd(&self) -> Result<VerbsPd, ProviderError> {
+        // SAFETY: the context is open.
+        let pd = unsafe { (self.v().fns.alloc_pd)(self.ctx.ctx.as_ptr()) };
+        let pd = NonNull::new(pd).ok_or_else(|| os("ibv_alloc_pd"))?;
+        Ok(VerbsPd {
+            inner: Arc::new(PdInner {
+                pd,
+                ctx: Arc::clone(&self.ctx),
+            }),
+        })
+    }
+
+    fn reg_mr(&self, pd: &VerbsPd, len: usize, access: Access) -> Result<VerbsMr, ProviderError> {
+        let layout =
+            Layout::from_size_align(len.max(1), 4096).map_err(|e| ProviderError::Invalid {
+                what: "region length",
+                why: format!("{len} bytes: {e}"),
+            })?;
+        // SAFETY: the layout has a non-zero size.
+        let mem = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(|| {
+            ProviderError::Invalid {
+                what: "region length",
+                why: format!("cannot allocate {len} bytes"),
+            }
+        })?;
+        // SAFETY: `mem` is `len` bytes of memory owned by the region, registered for as long
+        // as the region lives.
+        let mr = unsafe {
+            (self.v().fns.reg_mr)(
+                pd.inner.pd.as_ptr(),
+                mem.as_ptr().cast::<c_void>(),
+                len,
+                access.bits() as c_int,
+            )
+        };
+        let Some(mr) = NonNull::new(mr) else {
+            let err = os("ibv_reg_mr");
+            // SAFETY: the registration failed: the memory is ours to free.
+            unsafe { std::alloc::dealloc(mem.as_ptr(), layout) };
+            return Err(err);
+        };
+        Ok(VerbsMr {
+            mr,
+            mem,
+            layout,
+            len,
+            access,
+            pd: Arc::clone(&pd.inner),
+        })
+    }
+
+    fn create_cq(&self, min_entries: u32) -> Result<VerbsCq, ProviderError> {
+        let cqe = c_int::try_from(min_entries).map_err(|_| ProviderError::Invalid {
+            what: "CQ size",
+            why: format!("{min_entries} entries"),
+        })?;
+        // SAFETY: the context is open; no channel, no CQ context.
+        let cq = unsafe {
+            (self.v().fns.create_cq)(
+                self.ctx.ctx.as_ptr(),
+                cqe,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        let cq = NonNull::new(cq).ok_or_else(|| os("ibv_create_cq"))?;
+        Ok(VerbsCq {
+            inner: Arc::new(CqInner {
+                cq,
+                ctx: Arc::clone(&self.ctx),
+                raw: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    fn create_qp(
+        &self,
+        pd: &VerbsPd,
+        send_cq: &VerbsCq,
+        recv_cq: &VerbsCq,
+        init: &QpInit,
+    ) -> Result<VerbsQp, ProviderError> {
+        let mut attr = sys::ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: send_cq.inner.cq.as_ptr(),
+            recv_cq: recv_cq.inner.cq.as_ptr(),
+            srq: std::ptr::null_mut(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: init.caps.max_send_wr,
+                max_recv_wr: init.caps.max_recv_wr,
+                max_send_sge: init.caps.max_send_sge.max(1),
+                max_recv_sge: init.caps.max_recv_sge.max(1),
+                max_inline_data: init.caps.max_inline_data,
+            },
+            qp_type: sys::IBV_QPT_RC,
+            sq_sig_all: c_int::from(init.sq_sig_all),
+        };
+        // SAFETY: `attr` is valid; the CQs and the PD belong to this context and the QP
+        // keeps them alive. On success the real capacities are written back into `attr.cap`.
+        let qp = unsafe { (self.v().fns.create_qp)(pd.inner.pd.as_ptr(), &mut attr) };
+        let qp = NonNull::new(qp).ok_or_else(|| os("ibv_create_qp"))?;
+        let c = attr.cap;
+        Ok(VerbsQp {
+            qp,
+            _pd: Arc::clone(&pd.inner),
+            _send_cq: Arc::clone(&send_cq.inner),
+            _recv_cq: Arc::clone(&recv_cq.inner),
+            caps: QpCaps {
+                max_send_wr: c.max_send_wr,
+                max_recv_wr: c.max_recv_wr,
+                max_send_sge: c.max_send_sge,
+                max_recv_sge: c.max_recv_sge,
+                max_inline_data: c.max_inline_data,
+            },
+            sq_sig_all: init.sq_sig_all,
+            dev: self.clone(),
+            psn: AtomicU32::new(u32::MAX),
+        })
+    }
+
+    fn poll_async_event(&self) -> Option<AsyncEvent> {
+        // SAFETY: `ev` is filled by `get_async_event` (non-blocking: the fd was set
+        // O_NONBLOCK at open), read, then acknowledged as the API requires.
+        unsafe {
+            let mut ev = sys::ibv_async_event {
+                element: std::ptr::null_mut(),
+                event_type: 0,
+            };
+            if (self.v().fns.get_async_event)(self.ctx.ctx.as_ptr(), &mut ev) != 0 {
+                return None;
+            }
+            let qp_num = || (*ev.element.cast::<sys::ibv_qp>()).qp_num;
+            let event = match ev.event_type {
+                sys::IBV_EVENT_CQ_ERR => AsyncEvent::CqErr {
+                    cq: (*ev.element.cast::<sys::ibv_cq>()).handle,
+                },
+                sys::IBV_EVENT_QP_FATAL => AsyncEvent::QpFatal { qp_num: qp_num() },
+                sys::IBV_EVENT_QP_REQ_ERR => AsyncEvent::QpReqErr { qp_num: qp_num() },
+                sys::IBV_EVENT_QP_ACCESS_ERR => AsyncEvent::QpAccessErr { qp_num: qp_num() },
+                sys::IBV_EVENT_PORT_ACTIVE => AsyncEvent::PortActive {
+                    port: ev.element as usize as u8,
+                },
+                sys::IBV_EVENT_PORT_ERR => AsyncEvent::PortErr {
+                    port: ev.element as usize as u8,
+                },
+                other => AsyncEvent::Other { event_type: other },
+            };
+            (self.v().fns.ack_async_event)(&mut ev);
+            Some(event)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_round_trips() {
+        for (bytes, e) in [(256, 1), (512, 2), (1024, 3), (2048, 4), (4096, 5)] {
+            assert_eq!(mtu_enum(bytes), e);
+            assert_eq!(mtu_bytes(e), bytes);
+        }
+        assert_eq!(mtu_enum(9000), 5);
+    }
+
+    #[test]
+    fn completions_decode_without_panics() {
+        let mut wc = sys::ibv_wc {
+            wr_id: 7,
+            status: 0,
+            opcode: 129,
+            byte_len: 12,
+            imm_data: 42u32.to_be(),
+            wc_flags: sys::IBV_WC_WITH_IMM,
+            qp_num: 3,
+            ..Default::default()
+        };
+        let d = decode(&wc);
+        assert_eq!(
+            (d.wr_id, d.status, d.opcode, d.imm_data),
+            (
+                7,
+                WcStatus::Success,
+                Some(WcOpcode::RecvRdmaWithImm),
+                Some(42)
+            )
+        );
+        wc.status = 999;
+        assert_eq!(decode(&wc).status, WcStatus::GeneralErr);
+        wc.status = 10;
+        assert_eq!(
+            decode(&wc).opcode,
+            None,
+            "an error completion's opcode is meaningless"
+        );
+    }
+
+    #[test]
+    fn gids_print_like_ibv_devinfo() {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[10, 77, 0, 1]);
+        assert_eq!(gid_text(&g), "0000:0000:0000:0000:0000:ffff:0a4d:0001");
+    }
+}

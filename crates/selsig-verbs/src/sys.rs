@@ -1,0 +1,668 @@
+//! The few libibverbs types and functions selsig uses, written by hand from
+//! `<infiniband/verbs.h>` (rdma-core) and loaded at run time. Their layouts are checked
+//! against the system header by the crate's tests (`layout.c`).
+//!
+//! Only what selsig touches is spelled out; the rest of a struct is opaque padding of the
+//! right size. Nothing here is safe to use directly: the wrappers in the crate root are.
+#![allow(non_camel_case_types, missing_docs)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use libloading::Library;
+
+/// `struct ibv_device`: opaque.
+#[repr(C)]
+pub struct ibv_device {
+    _opaque: [u8; 0],
+}
+
+/// `struct ibv_comp_channel`, `struct ibv_srq`: opaque.
+#[repr(C)]
+pub struct ibv_opaque {
+    _opaque: [u8; 0],
+}
+
+pub type PollCq =
+    unsafe extern "C" fn(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int;
+pub type PostSend = unsafe extern "C" fn(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int;
+pub type PostRecv = unsafe extern "C" fn(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int;
+
+/// `struct ibv_context_ops`: the provider's function table, through which the
+/// `static inline` verbs (`ibv_post_send`, `ibv_poll_cq`, ...) call.
+#[repr(C)]
+pub struct ibv_context_ops {
+    /// `_compat_query_device` … `_compat_create_cq`.
+    pub _before_poll_cq: [*mut c_void; 11],
+    pub poll_cq: Option<PollCq>,
+    pub req_notify_cq:
+        Option<unsafe extern "C" fn(cq: *mut ibv_cq, solicited_only: c_int) -> c_int>,
+    /// `_compat_cq_event` … `_compat_destroy_qp`.
+    pub _before_post_send: [*mut c_void; 12],
+    pub post_send: Option<PostSend>,
+    pub post_recv: Option<PostRecv>,
+    /// `_compat_create_ah` … `_compat_async_event`.
+    pub _after: [*mut c_void; 5],
+}
+
+/// `struct ibv_context`.
+#[repr(C)]
+pub struct ibv_context {
+    pub device: *mut ibv_device,
+    pub ops: ibv_context_ops,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: libc::pthread_mutex_t,
+    pub abi_compat: *mut c_void,
+}
+
+/// `struct ibv_pd`.
+#[repr(C)]
+pub struct ibv_pd {
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub struct ibv_cq {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_opaque,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: libc::pthread_mutex_t,
+    pub cond: libc::pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_qp`.
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut ibv_context,
+    pub qp_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_opaque,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: c_uint,
+    pub qp_type: c_uint,
+    pub mutex: libc::pthread_mutex_t,
+    pub cond: libc::pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_opaque,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_uint,
+    pub sq_sig_all: c_int,
+}
+
+/// `union ibv_gid` (16 bytes, 8-byte aligned by its `__be64` view).
+#[repr(C, align(8))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_qp_attr {
+    pub qp_state: c_uint,
+    pub cur_qp_state: c_uint,
+    pub path_mtu: c_uint,
+    pub path_mig_state: c_uint,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_uint,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `struct ibv_port_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_port_attr {
+    pub state: c_uint,
+    pub max_mtu: c_uint,
+    pub active_mtu: c_uint,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// The `rdma` member of `ibv_send_wr.wr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_rdma_info {
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+/// The `wr` union of `ibv_send_wr` (its largest member, `atomic`, is 32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_send_wr_wr {
+    pub rdma: ibv_rdma_info,
+    pub _atomic: [u64; 4],
+}
+
+/// `struct ibv_send_wr`.
+#[repr(C)]
+pub struct ibv_send_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_send_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub opcode: c_uint,
+    pub send_flags: c_uint,
+    /// Network byte order.
+    pub imm_data: u32,
+    pub wr: ibv_send_wr_wr,
+    /// The `qp_type` union (`xrc.remote_srqn`).
+    pub _qp_type: u32,
+    /// The `bind_mw` / `tso` union.
+    pub _bind_mw_or_tso: [u64; 6],
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+/// `struct ibv_wc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_wc {
+    pub wr_id: u64,
+    pub status: c_uint,
+    pub opcode: c_uint,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// Immediate data (network byte order) or the invalidated rkey.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: c_uint,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+/// `struct ibv_async_event`.
+#[repr(C)]
+pub struct ibv_async_event {
+    /// `element`: a CQ, QP, SRQ or WQ pointer, or a port number.
+    pub element: *mut c_void,
+    pub event_type: c_uint,
+}
+
+// enum values
+pub const IBV_QPT_RC: c_uint = 2;
+pub const IBV_QPS_RESET: c_uint = 0;
+pub const IBV_QPS_INIT: c_uint = 1;
+pub const IBV_QPS_RTR: c_uint = 2;
+pub const IBV_QPS_RTS: c_uint = 3;
+pub const IBV_QPS_ERR: c_uint = 6;
+pub const IBV_QP_STATE: c_int = 1 << 0;
+pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+pub const IBV_QP_PORT: c_int = 1 << 5;
+pub const IBV_QP_AV: c_int = 1 << 7;
+pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
+pub const IBV_QP_TIMEOUT: c_int = 1 << 9;
+pub const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+pub const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+pub const IBV_QP_RQ_PSN: c_int = 1 << 12;
+pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
+pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+pub const IBV_WR_RDMA_WRITE: c_uint = 0;
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_uint = 1;
+pub const IBV_WR_SEND: c_uint = 2;
+pub const IBV_WR_SEND_WITH_IMM: c_uint = 3;
+pub const IBV_WR_RDMA_READ: c_uint = 4;
+pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
+pub const IBV_SEND_INLINE: c_uint = 1 << 3;
+pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
+pub const IBV_PORT_ACTIVE: c_uint = 4;
+pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+pub const IBV_EVENT_CQ_ERR: c_uint = 0;
+pub const IBV_EVENT_QP_FATAL: c_uint = 1;
+pub const IBV_EVENT_QP_REQ_ERR: c_uint = 2;
+pub const IBV_EVENT_QP_ACCESS_ERR: c_uint = 3;
+pub const IBV_EVENT_PORT_ACTIVE: c_uint = 9;
+pub const IBV_EVENT_PORT_ERR: c_uint = 10;
+
+/// The exported functions selsig calls, resolved from `libibverbs.so.1`.
+pub struct Fns {
+    pub get_device_list: unsafe extern "C" fn(num: *mut c_int) -> *mut *mut ibv_device,
+    pub free_device_list: unsafe extern "C" fn(list: *mut *mut ibv_device),
+    pub get_device_name: unsafe extern "C" fn(dev: *mut ibv_device) -> *const c_char,
+    pub open_device: unsafe extern "C" fn(dev: *mut ibv_device) -> *mut ibv_context,
+    pub close_device: unsafe extern "C" fn(ctx: *mut ibv_context) -> c_int,
+    pub query_port:
+        unsafe extern "C" fn(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int,
+    pub query_gid: unsafe extern "C" fn(
+        ctx: *mut ibv_context,
+        port: u8,
+        index: c_int,
+        gid: *mut ibv_gid,
+    ) -> c_int,
+    pub alloc_pd: unsafe extern "C" fn(ctx: *mut ibv_context) -> *mut ibv_pd,
+    pub dealloc_pd: unsafe extern "C" fn(pd: *mut ibv_pd) -> c_int,
+    pub reg_mr: unsafe extern "C" fn(
+        pd: *mut ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+        access: c_int,
+    ) -> *mut ibv_mr,
+    pub dereg_mr: unsafe extern "C" fn(mr: *mut ibv_mr) -> c_int,
+    pub create_cq: unsafe extern "C" fn(
+        ctx: *mut ibv_context,
+        cqe: c_int,
+        cq_context: *mut c_void,
+        channel: *mut ibv_opaque,
+        comp_vector: c_int,
+    ) -> *mut ibv_cq,
+    pub destroy_cq: unsafe extern "C" fn(cq: *mut ibv_cq) -> c_int,
+    pub create_qp:
+        unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp,
+    pub destroy_qp: unsafe extern "C" fn(qp: *mut ibv_qp) -> c_int,
+    pub modify_qp:
+        unsafe extern "C" fn(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int,
+    pub query_qp: unsafe extern "C" fn(
+        qp: *mut ibv_qp,
+        attr: *mut ibv_qp_attr,
+        mask: c_int,
+        init: *mut ibv_qp_init_attr,
+    ) -> c_int,
+    pub get_async_event:
+        unsafe extern "C" fn(ctx: *mut ibv_context, event: *mut ibv_async_event) -> c_int,
+    pub ack_async_event: unsafe extern "C" fn(event: *mut ibv_async_event),
+}
+
+/// The library and its functions; the functions are valid while the library is loaded.
+pub struct Verbs {
+    pub fns: Fns,
+    _lib: Library,
+}
+
+/// The library file rdma-core installs.
+pub const LIBRARY: &str = "libibverbs.so.1";
+
+impl Verbs {
+    /// Loads libibverbs and resolves every function selsig calls.
+    pub fn load() -> Result<Verbs, String> {
+        // SAFETY: loading libibverbs runs its initializers, which only read configuration
+        // (the provider drivers are loaded later, by ibv_get_device_list).
+        let lib = unsafe { Library::new(LIBRARY) }.map_err(|e| e.to_string())?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the symbol is the libibverbs function of this name, whose C
+                // signature the field's type spells out; the pointer stays valid while
+                // `lib` is loaded, and `Verbs` keeps `lib` with the pointers.
+                unsafe {
+                    *lib.get(concat!($name, "\0").as_bytes())
+                        .map_err(|e| format!("libibverbs has no {}: {e}", $name))?
+                }
+            };
+        }
+        let fns = Fns {
+            get_device_list: sym!("ibv_get_device_list"),
+            free_device_list: sym!("ibv_free_device_list"),
+            get_device_name: sym!("ibv_get_device_name"),
+            open_device: sym!("ibv_open_device"),
+            close_device: sym!("ibv_close_device"),
+            query_port: sym!("ibv_query_port"),
+            query_gid: sym!("ibv_query_gid"),
+            alloc_pd: sym!("ibv_alloc_pd"),
+            dealloc_pd: sym!("ibv_dealloc_pd"),
+            reg_mr: sym!("ibv_reg_mr"),
+            dereg_mr: sym!("ibv_dereg_mr"),
+            create_cq: sym!("ibv_create_cq"),
+            destroy_cq: sym!("ibv_destroy_cq"),
+            create_qp: sym!("ibv_create_qp"),
+            destroy_qp: sym!("ibv_destroy_qp"),
+            modify_qp: sym!("ibv_modify_qp"),
+            query_qp: sym!("ibv_query_qp"),
+            get_async_event: sym!("ibv_get_async_event"),
+            ack_async_event: sym!("ibv_ack_async_event"),
+        };
+        Ok(Verbs { fns, _lib: lib })
+    }
+}
+
+/// Compares every declaration above with the system header, through the table
+/// `csrc/layout.c` computes with the C compiler.
+#[cfg(test)]
+mod layout {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    #[cfg(verbs_h)]
+    #[repr(C)]
+    struct Entry {
+        name: *const c_char,
+        value: usize,
+    }
+
+    #[cfg(verbs_h)]
+    unsafe extern "C" {
+        static selsig_verbs_layout: [Entry; 0];
+    }
+
+    /// What Rust computes for the same names.
+    fn rust_table() -> Vec<(String, usize)> {
+        macro_rules! size {
+            ($t:ident) => {
+                (
+                    concat!("size ", stringify!($t)).to_string(),
+                    size_of::<$t>(),
+                )
+            };
+        }
+        macro_rules! align {
+            ($t:ident) => {
+                (
+                    concat!("align ", stringify!($t)).to_string(),
+                    align_of::<$t>(),
+                )
+            };
+        }
+        macro_rules! off {
+            ($t:ident, $($f:tt)+) => {
+                (concat!("offset ", stringify!($t), ".", stringify!($($f)+)).replace(' ', "").replacen("offset", "offset ", 1), offset_of!($t, $($f)+))
+            };
+        }
+        vec![
+            size!(ibv_context_ops),
+            off!(ibv_context_ops, poll_cq),
+            off!(ibv_context_ops, req_notify_cq),
+            off!(ibv_context_ops, post_send),
+            off!(ibv_context_ops, post_recv),
+            size!(ibv_context),
+            off!(ibv_context, ops),
+            off!(ibv_context, cmd_fd),
+            off!(ibv_context, async_fd),
+            off!(ibv_context, mutex),
+            off!(ibv_context, abi_compat),
+            size!(ibv_pd),
+            off!(ibv_pd, handle),
+            size!(ibv_mr),
+            off!(ibv_mr, addr),
+            off!(ibv_mr, length),
+            off!(ibv_mr, lkey),
+            off!(ibv_mr, rkey),
+            size!(ibv_cq),
+            off!(ibv_cq, handle),
+            off!(ibv_cq, cqe),
+            off!(ibv_cq, mutex),
+            off!(ibv_cq, cond),
+            off!(ibv_cq, async_events_completed),
+            size!(ibv_qp),
+            off!(ibv_qp, context),
+            off!(ibv_qp, send_cq),
+            off!(ibv_qp, qp_num),
+            off!(ibv_qp, state),
+            off!(ibv_qp, mutex),
+            off!(ibv_qp, events_completed),
+            size!(ibv_qp_cap),
+            off!(ibv_qp_cap, max_inline_data),
+            size!(ibv_qp_init_attr),
+            off!(ibv_qp_init_attr, cap),
+            off!(ibv_qp_init_attr, qp_type),
+            off!(ibv_qp_init_attr, sq_sig_all),
+            size!(ibv_gid),
+            align!(ibv_gid),
+            size!(ibv_global_route),
+            off!(ibv_global_route, flow_label),
+            off!(ibv_global_route, sgid_index),
+            off!(ibv_global_route, hop_limit),
+            size!(ibv_ah_attr),
+            align!(ibv_ah_attr),
+            off!(ibv_ah_attr, dlid),
+            off!(ibv_ah_attr, is_global),
+            off!(ibv_ah_attr, port_num),
+            size!(ibv_qp_attr),
+            off!(ibv_qp_attr, path_mtu),
+            off!(ibv_qp_attr, rq_psn),
+            off!(ibv_qp_attr, sq_psn),
+            off!(ibv_qp_attr, dest_qp_num),
+            off!(ibv_qp_attr, qp_access_flags),
+            off!(ibv_qp_attr, cap),
+            off!(ibv_qp_attr, ah_attr),
+            off!(ibv_qp_attr, alt_ah_attr),
+            off!(ibv_qp_attr, pkey_index),
+            off!(ibv_qp_attr, max_rd_atomic),
+            off!(ibv_qp_attr, max_dest_rd_atomic),
+            off!(ibv_qp_attr, min_rnr_timer),
+            off!(ibv_qp_attr, port_num),
+            off!(ibv_qp_attr, timeout),
+            off!(ibv_qp_attr, retry_cnt),
+            off!(ibv_qp_attr, rnr_retry),
+            off!(ibv_qp_attr, rate_limit),
+            size!(ibv_port_attr),
+            off!(ibv_port_attr, active_mtu),
+            off!(ibv_port_attr, gid_tbl_len),
+            off!(ibv_port_attr, lid),
+            off!(ibv_port_attr, link_layer),
+            off!(ibv_port_attr, port_cap_flags2),
+            size!(ibv_sge),
+            off!(ibv_sge, length),
+            off!(ibv_sge, lkey),
+            size!(ibv_send_wr),
+            align!(ibv_send_wr),
+            off!(ibv_send_wr, next),
+            off!(ibv_send_wr, sg_list),
+            off!(ibv_send_wr, num_sge),
+            off!(ibv_send_wr, opcode),
+            off!(ibv_send_wr, send_flags),
+            off!(ibv_send_wr, imm_data),
+            off!(ibv_send_wr, wr.rdma.remote_addr),
+            off!(ibv_send_wr, wr.rdma.rkey),
+            size!(ibv_recv_wr),
+            off!(ibv_recv_wr, sg_list),
+            off!(ibv_recv_wr, num_sge),
+            size!(ibv_wc),
+            off!(ibv_wc, status),
+            off!(ibv_wc, opcode),
+            off!(ibv_wc, vendor_err),
+            off!(ibv_wc, byte_len),
+            off!(ibv_wc, imm_data),
+            off!(ibv_wc, qp_num),
+            off!(ibv_wc, wc_flags),
+            off!(ibv_wc, dlid_path_bits),
+            size!(ibv_async_event),
+            off!(ibv_async_event, event_type),
+            ("value IBV_QPT_RC".into(), IBV_QPT_RC as usize),
+            ("value IBV_QPS_RTS".into(), IBV_QPS_RTS as usize),
+            ("value IBV_QPS_ERR".into(), IBV_QPS_ERR as usize),
+            ("value IBV_QP_DEST_QPN".into(), IBV_QP_DEST_QPN as usize),
+            (
+                "value IBV_QP_MAX_DEST_RD_ATOMIC".into(),
+                IBV_QP_MAX_DEST_RD_ATOMIC as usize,
+            ),
+            ("value IBV_WR_RDMA_READ".into(), IBV_WR_RDMA_READ as usize),
+            (
+                "value IBV_WR_SEND_WITH_IMM".into(),
+                IBV_WR_SEND_WITH_IMM as usize,
+            ),
+            ("value IBV_SEND_SIGNALED".into(), IBV_SEND_SIGNALED as usize),
+            ("value IBV_SEND_INLINE".into(), IBV_SEND_INLINE as usize),
+            ("value IBV_WC_WITH_IMM".into(), IBV_WC_WITH_IMM as usize),
+            ("value IBV_PORT_ACTIVE".into(), IBV_PORT_ACTIVE as usize),
+            (
+                "value IBV_LINK_LAYER_ETHERNET".into(),
+                IBV_LINK_LAYER_ETHERNET as usize,
+            ),
+            (
+                "value IBV_EVENT_QP_ACCESS_ERR".into(),
+                IBV_EVENT_QP_ACCESS_ERR as usize,
+            ),
+            (
+                "value IBV_EVENT_PORT_ERR".into(),
+                IBV_EVENT_PORT_ERR as usize,
+            ),
+        ]
+    }
+
+    #[cfg(verbs_h)]
+    fn c_table() -> Vec<(String, usize)> {
+        let mut out = Vec::new();
+        // SAFETY: `selsig_verbs_layout` is the constant array of `layout.c`, terminated by
+        // an entry with a NULL name; the names are NUL-terminated string literals.
+        unsafe {
+            let mut p = std::ptr::addr_of!(selsig_verbs_layout).cast::<Entry>();
+            while !(*p).name.is_null() {
+                let name = std::ffi::CStr::from_ptr((*p).name)
+                    .to_string_lossy()
+                    .into_owned();
+                out.push((name, (*p).value));
+                p = p.add(1);
+            }
+        }
+        out
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(verbs_h),
+        ignore = "<infiniband/verbs.h> was not found when building: install libibverbs-dev"
+    )]
+    fn declarations_match_the_system_header() {
+        #[cfg(verbs_h)]
+        {
+            let c: std::collections::BTreeMap<String, usize> = c_table().into_iter().collect();
+            let rust = rust_table();
+            assert_eq!(rust.len(), c.len(), "both tables list the same items");
+            let mut wrong = Vec::new();
+            for (name, value) in &rust {
+                match c.get(name) {
+                    Some(v) if v == value => {}
+                    Some(v) => wrong.push(format!("{name}: C {v}, Rust {value}")),
+                    None => wrong.push(format!("{name}: not in the C table")),
+                }
+            }
+            assert!(
+                wrong.is_empty(),
+                "layout differences:\n{}",
+                wrong.join("\n")
+            );
+        }
+    }
+}

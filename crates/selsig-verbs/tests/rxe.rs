@@ -1,0 +1,386 @@
+//! The verbs provider on a real RDMA device: the first one rdma-core sees (in CI, the
+//! kernel's Soft-RoCE `rxe0` in the VM of `scripts/verbs-tests.sh`).
+//!
+//! Every test needs a device, so every test is `#[ignore]`d with the reason: on a host
+//! without one they are reported as ignored, never as passed. `scripts/verbs-tests.sh`
+//! runs them with `--ignored` where there is a device.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use selsig::{
+    Access, Buffer, CompletionQueue, ConnectOptions, Device, Local, MemoryRegion, Opcode, Outcome,
+    Policy, PostFailure, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, RemoteAddr,
+    SendWr, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion, connect_pair,
+};
+use selsig_verbs::{VerbsCq, VerbsDevice, VerbsOptions, VerbsPd, VerbsQp};
+
+const NEEDS_DEVICE: &str = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)";
+
+fn device() -> VerbsDevice {
+    let options = VerbsOptions {
+        gid_index: std::env::var("SELSIG_GID_INDEX")
+            .ok()
+            .and_then(|g| g.parse().ok()),
+        ..VerbsOptions::default()
+    };
+    VerbsDevice::open(&options).unwrap_or_else(|e| panic!("{NEEDS_DEVICE}: {e}"))
+}
+
+struct Pair {
+    dev: VerbsDevice,
+    pd: VerbsPd,
+    a: VerbsQp,
+    b: VerbsQp,
+    cq_a: Arc<VerbsCq>,
+    cq_b: Arc<VerbsCq>,
+}
+
+fn pair(depth: u32) -> Pair {
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    let cq_a = Arc::new(dev.create_cq(64).unwrap());
+    let cq_b = Arc::new(dev.create_cq(64).unwrap());
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: depth,
+            max_recv_wr: 16,
+            max_inline_data: 64,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
+    let options = ConnectOptions {
+        gid_index: dev.gid_index(),
+        ..ConnectOptions::default()
+    };
+    connect_pair(&a, &b, &options).unwrap();
+    Pair {
+        dev,
+        pd,
+        a,
+        b,
+        cq_a,
+        cq_b,
+    }
+}
+
+fn poll_n(cq: &VerbsCq, n: usize) -> Vec<WorkCompletion> {
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 16];
+    let start = Instant::now();
+    while got.len() < n {
+        let k = cq.poll(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..k]);
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "only {} of {n}: {got:?}",
+            got.len()
+        );
+    }
+    got
+}
+
+fn quiet(cq: &VerbsCq) {
+    std::thread::sleep(Duration::from_millis(50));
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 4];
+    assert_eq!(cq.poll(&mut buf).unwrap(), 0, "unexpected {:?}", buf[0]);
+}
+
+fn write(
+    wr_id: u64,
+    local: &impl MemoryRegion,
+    off: usize,
+    len: u32,
+    remote: RemoteAddr,
+    signaled: bool,
+) -> SendWr<'static> {
+    SendWr {
+        wr_id,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Sge(local.sge(off, len)),
+        remote,
+        imm_data: 0,
+        signaled,
+    }
+}
+
+const RW: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn seed_example_only_cqe4_and_cqe8() {
+    let p = pair(16);
+    let local = p.dev.reg_mr(&p.pd, 8 * 64, Access::LOCAL_WRITE).unwrap();
+    let remote = p.dev.reg_mr(&p.pd, 8 * 64, RW).unwrap();
+    let wrs: Vec<_> = (1..=8u64)
+        .map(|wr| {
+            let off = (wr as usize - 1) * 64;
+            local.write(off, &[wr as u8; 64]).unwrap();
+            write(wr, &local, off, 64, remote.remote(off), wr % 4 == 0)
+        })
+        .collect();
+    p.a.post_send(&wrs).unwrap();
+    let wcs = poll_n(&p.cq_a, 2);
+    assert_eq!(
+        wcs.iter()
+            .map(|w| (w.wr_id, w.status, w.opcode))
+            .collect::<Vec<_>>(),
+        [
+            (4, WcStatus::Success, Some(WcOpcode::RdmaWrite)),
+            (8, WcStatus::Success, Some(WcOpcode::RdmaWrite))
+        ]
+    );
+    quiet(&p.cq_a);
+    quiet(&p.cq_b);
+    for wr in 1..=8u8 {
+        let mut got = [0u8; 64];
+        remote.read((wr as usize - 1) * 64, &mut got).unwrap();
+        assert_eq!(got, [wr; 64]);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn seed_example_through_the_signaled_queue() {
+    let p = pair(16);
+    let remote = p.dev.reg_mr(&p.pd, 8 * 64, RW).unwrap();
+    let (bufs, _) = Buffer::new(p.dev.reg_mr(&p.pd, 8 * 64, Access::LOCAL_WRITE).unwrap())
+        .split_into(8, 64)
+        .unwrap();
+    let mut q: SignaledQueue<VerbsDevice, u32> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
+    for (i, mut buf) in bufs.into_iter().enumerate() {
+        buf.fill(i as u8 + 1).unwrap();
+        q.post(Work::write(buf, remote.remote(i * 64), i as u32 + 1))
+            .unwrap();
+    }
+    let mut done = Vec::new();
+    q.drain(Duration::from_secs(20), &mut done).unwrap();
+    assert_eq!(
+        done.iter().map(|c| c.user).collect::<Vec<_>>(),
+        (1..=8).collect::<Vec<_>>()
+    );
+    assert!(
+        done.iter()
+            .all(|c| c.outcome == Outcome::Completed && c.buffer.is_some())
+    );
+    assert_eq!(q.stats().cqes, 2);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn bad_rkey_fails_one_and_flushes_every_later_wr() {
+    let p = pair(16);
+    let local = p.dev.reg_mr(&p.pd, 8 * 64, Access::LOCAL_WRITE).unwrap();
+    let remote = p.dev.reg_mr(&p.pd, 8 * 64, RW).unwrap();
+    let wrs: Vec<_> = (1..=8u64)
+        .map(|wr| {
+            let off = (wr as usize - 1) * 64;
+            let mut target = remote.remote(off);
+            if wr == 4 {
+                target.rkey ^= 0x5a5a;
+            }
+            write(wr, &local, off, 64, target, false)
+        })
+        .collect();
+    p.a.post_send(&wrs).unwrap();
+    let wcs = poll_n(&p.cq_a, 5);
+    let mut expected = vec![(4, WcStatus::RemAccessErr)];
+    expected.extend((5..=8).map(|w| (w, WcStatus::WrFlushErr)));
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        expected
+    );
+    assert_eq!(p.a.state(), QpState::Err);
+    // Posting to a QP in the error state succeeds and flushes at once.
+    p.a.post_send(&[write(9, &local, 0, 8, remote.remote(0), false)])
+        .unwrap();
+    assert_eq!(poll_n(&p.cq_a, 1)[0].status, WcStatus::WrFlushErr);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_long_list_on_a_short_queue_fails_partly_with_full() {
+    let p = pair(8);
+    assert!(
+        p.a.caps().max_send_wr >= 8,
+        "real capacity read back: {:?}",
+        p.a.caps()
+    );
+    let local = p.dev.reg_mr(&p.pd, 64, Access::LOCAL_WRITE).unwrap();
+    let remote = p.dev.reg_mr(&p.pd, 64, RW).unwrap();
+    let wrs: Vec<_> = (0..300)
+        .map(|i| write(i, &local, 0, 8, remote.remote(0), false))
+        .collect();
+    let err = p.a.post_send(&wrs).unwrap_err();
+    assert_eq!(err.failure, PostFailure::Full, "{err}");
+    assert!(
+        err.index >= 8 && err.index < 300,
+        "the list was taken up to {}",
+        err.index
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_zero_length_write_needs_no_valid_key() {
+    let p = pair(8);
+    p.a.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Empty,
+        remote: RemoteAddr { addr: 0, rkey: 0 },
+        imm_data: 0,
+        signaled: true,
+    }])
+    .unwrap();
+    assert_eq!(poll_n(&p.cq_a, 1)[0].status, WcStatus::Success);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn read_send_recv_and_immediate_data() {
+    let p = pair(16);
+    let local = p.dev.reg_mr(&p.pd, 256, Access::LOCAL_WRITE).unwrap();
+    let remote = p.dev.reg_mr(&p.pd, 256, RW).unwrap();
+    let inbox = p.dev.reg_mr(&p.pd, 256, RW).unwrap();
+    remote.write(0, b"bytes to read back").unwrap();
+    local.write(100, b"a SEND").unwrap();
+    p.b.post_recv(&[
+        RecvWr {
+            wr_id: 10,
+            sge: Some(inbox.sge(0, 64)),
+        },
+        RecvWr {
+            wr_id: 11,
+            sge: None,
+        },
+    ])
+    .unwrap();
+    p.a.post_send(&[
+        SendWr {
+            wr_id: 1,
+            opcode: Opcode::RdmaRead,
+            local: Local::Sge(local.sge(0, 18)),
+            remote: remote.remote(0),
+            imm_data: 0,
+            signaled: true,
+        },
+        SendWr {
+            wr_id: 2,
+            opcode: Opcode::Send,
+            local: Local::Sge(local.sge(100, 6)),
+            remote: RemoteAddr::default(),
+            imm_data: 0,
+            signaled: true,
+        },
+        SendWr {
+            wr_id: 3,
+            opcode: Opcode::RdmaWriteWithImm,
+            local: Local::Inline(b"imm"),
+            remote: inbox.remote(128),
+            imm_data: 0xfeed,
+            signaled: true,
+        },
+    ])
+    .unwrap();
+    let sends = poll_n(&p.cq_a, 3);
+    assert!(
+        sends.iter().all(|w| w.status == WcStatus::Success),
+        "{sends:?}"
+    );
+    assert_eq!(
+        (sends[0].opcode, sends[0].byte_len),
+        (Some(WcOpcode::RdmaRead), 18)
+    );
+    let mut got = [0u8; 18];
+    local.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"bytes to read back");
+    let recvs = poll_n(&p.cq_b, 2);
+    assert_eq!(
+        (recvs[0].wr_id, recvs[0].opcode, recvs[0].byte_len),
+        (10, Some(WcOpcode::Recv), 6)
+    );
+    assert_eq!(
+        (recvs[1].wr_id, recvs[1].opcode, recvs[1].imm_data),
+        (11, Some(WcOpcode::RecvRdmaWithImm), Some(0xfeed))
+    );
+    let mut got = [0u8; 3];
+    inbox.read(128, &mut got).unwrap();
+    assert_eq!(&got, b"imm");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn open_errors_say_what_is_wrong() {
+    let e = VerbsDevice::open(&VerbsOptions {
+        device: Some("no-such-device".into()),
+        ..VerbsOptions::default()
+    })
+    .unwrap_err();
+    assert!(
+        matches!(e, ProviderError::NoDevice(_)) && e.to_string().contains("found:"),
+        "{e}"
+    );
+    let e = VerbsDevice::open(&VerbsOptions {
+        gid_index: Some(200),
+        ..VerbsOptions::default()
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("GID"), "{e}");
+    let e = VerbsDevice::open(&VerbsOptions {
+        port: Some(9),
+        ..VerbsOptions::default()
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("port 9"), "{e}");
+    // A transition to an address nobody has fails and names the attributes.
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(8).unwrap();
+    let qp = dev
+        .create_qp(
+            &pd,
+            &cq,
+            &cq,
+            &QpInit {
+                caps: QpCaps::default(),
+                sq_sig_all: false,
+            },
+        )
+        .unwrap();
+    assert_eq!(qp.state(), QpState::Reset);
+    let mut remote = qp
+        .endpoint(&ConnectOptions {
+            gid_index: dev.gid_index(),
+            ..ConnectOptions::default()
+        })
+        .unwrap();
+    remote.qp_num = 0;
+    let options = ConnectOptions {
+        mtu: 1024,
+        gid_index: dev.gid_index(),
+        ..ConnectOptions::default()
+    };
+    if let Err(e) = qp.connect(&remote, &options) {
+        let text = e.to_string();
+        assert!(text.contains("attributes set"), "{text}");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn registering_remote_write_without_local_write_fails_as_documented() {
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    assert!(
+        dev.reg_mr(&pd, 64, Access::REMOTE_WRITE).is_err(),
+        "ibv_reg_mr(3): EINVAL"
+    );
+    assert!(dev.reg_mr(&pd, 64, Access::REMOTE_READ).is_ok());
+}
