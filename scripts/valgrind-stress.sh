@@ -10,5 +10,5 @@ bin=$(cargo test -q -p selsig-soft --test stress --no-run --message-format=json 
 [ -x "$bin" ] || { echo "valgrind-stress: could not build the stress test" >&2; exit 1; }
 export SELSIG_STRESS_WRS=${SELSIG_STRESS_WRS:-10000}
 echo "valgrind-stress: $bin, $SELSIG_STRESS_WRS work requests per thread" >&2
-exec valgrind --quiet --fair-sched=yes --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+exec valgrind --quiet --fair-sched=yes --error-exitcode=99 --leak-check=full --show-possibly-lost=no --errors-for-leak-kinds=definite \
   "$bin" --test-threads=1

@@ -8,7 +8,8 @@
 #
 # Knobs (environment):
 #   SELSIG_VM_TIMEOUT=600      hard wall-clock limit in seconds for the whole VM (exit 124 when hit)
-#   SELSIG_VM_RW=dir1:dir2     host dirs mounted read-write at the same path (created if missing)
+#   SELSIG_VM_RW=dir1:dir2     host dirs mounted read-write at the same path (created if missing);
+#                              a cwd under /tmp, /run, /var/tmp or /dev/shm is added by itself
 #   SELSIG_VM_MEM=2048 SELSIG_VM_SMP=<nproc>   guest RAM (MiB) and vCPUs
 #   SELSIG_VM_ACCEL=tcg|kvm    default: kvm if /dev/kvm is writable and the CPU has vmx/svm, else tcg
 #   SELSIG_VM_VERBOSE=1        also print the guest console log and timings to stderr
@@ -47,6 +48,9 @@ VIRTFS=(-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on
         -virtfs "local,path=$RUN,mount_tag=selsigrun,security_model=none,multidevs=remap")
 i=0
 IFS=: read -ra rwdirs <<< "${SELSIG_VM_RW:-}"
+# /tmp, /run, /var/tmp and /dev/shm are empty in the VM: a cwd under one of them (a clone in
+# /tmp, say) is shared read-write at its path, so that the command starts where it was called.
+case "$PWD/" in /tmp/*|/run/*|/var/tmp/*|/dev/shm/*) rwdirs+=("$PWD");; esac
 for d in "${rwdirs[@]}"; do
   [ -n "$d" ] || continue
   mkdir -p "$d" && d=$(cd "$d" && pwd) || { echo "run.sh: cannot use SELSIG_VM_RW dir $d" >&2; exit 2; }

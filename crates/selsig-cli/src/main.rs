@@ -4,6 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
+mod chart;
 mod common;
 mod demo;
 mod remote;
@@ -33,6 +35,9 @@ enum Command {
     /// Hold a target region and queue pair for `selsig demo --connect` from another
     /// process or host.
     Serve(remote::ServeArgs),
+    /// Measure throughput, completions, CPU time and confirmation lag against the signal
+    /// interval and message size; with --cq-mod, what perftest's ib_write_bw measures.
+    Bench(bench::BenchArgs),
 }
 
 /// Run a scenario file (see docs/scenarios.md) and print its canonical trace.
@@ -64,6 +69,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => run_demo(&args),
         Command::Run(args) => run_scenario(&args),
+        Command::Bench(args) => run_bench(&args),
         Command::Serve(args) => common::with_device(&args.provider, &args)
             .map_err(Failure::Run)
             .map(|ok| {
@@ -101,6 +107,37 @@ fn run_demo(args: &demo::DemoArgs) -> Result<ExitCode, Failure> {
     } else {
         ExitCode::from(1)
     })
+}
+
+fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
+    let plan = bench::plan(args).map_err(Failure::Input)?;
+    let report = bench::bench(args, &plan).map_err(Failure::Run)?;
+    let write = |path: &std::path::Path, text: &str| {
+        std::fs::write(path, text).map_err(|e| {
+            Failure::Run(anyhow::Error::new(e).context(format!("cannot write {}", path.display())))
+        })
+    };
+    let json_to_stdout = args.json.as_deref() == Some("-");
+    if let Some(to) = &args.json {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| Failure::Run(e.into()))?;
+        if json_to_stdout {
+            println!("{json}");
+        } else {
+            write(std::path::Path::new(to), &(json + "\n"))?;
+        }
+    }
+    if let Some(path) = &args.svg {
+        let svg = chart::render(&report).map_err(Failure::Run)?;
+        write(path, &svg)?;
+    }
+    if !json_to_stdout {
+        print!("{}", bench::render(&report));
+        if plan.perftest {
+            println!();
+            print!("{}", bench::render_perftest(&report));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {

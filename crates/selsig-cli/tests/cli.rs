@@ -322,3 +322,159 @@ fn bad_scenarios_name_file_line_and_problem() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+fn bench_json(args: &[&str]) -> Value {
+    let mut all = vec!["bench", "--json", "-"];
+    all.extend_from_slice(args);
+    let o = selsig(&all);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("one JSON object")
+}
+
+#[test]
+fn bench_counts_exactly_the_completions_each_interval_implies() {
+    let v = bench_json(&["-n", "2000", "-s", "64,4K", "-e", "1,3,64,adaptive"]);
+    assert_eq!(v["provider"], "soft");
+    assert_eq!(v["settings"]["iters"], 2000);
+    assert_eq!(v["settings"]["tx_depth"], 128);
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 8, "2 sizes x 4 policies");
+    for p in points {
+        let policy = p["policy"].as_str().unwrap();
+        assert_eq!(p["wrs"], 2000, "{policy}");
+        assert_eq!(p["forced"], 0, "{policy}");
+        let cqes = p["cqes"].as_u64().unwrap();
+        match p["interval"].as_u64() {
+            // Every N-th, and the last of the run (perftest's accounting).
+            Some(n) => assert_eq!(cqes, 2000 / n + u64::from(2000 % n != 0), "{policy}"),
+            None => assert!((2000 / 64..=2000).contains(&cqes), "{policy}: {cqes}"),
+        }
+        let per_1000 = p["cqes_per_1000"].as_f64().unwrap();
+        assert!((per_1000 - cqes as f64 / 2.0).abs() < 1e-9, "{policy}");
+        // Every WRITE's lag is measured, and the NIC's time for every WRITE is known.
+        assert_eq!(p["lag"]["count"], 2000, "{policy}");
+        assert_eq!(p["nic_to_app"]["count"], 2000, "{policy}");
+        assert_eq!(p["post_to_nic"]["count"], 2000, "{policy}");
+        // Learning of a WRITE later than the NIC finished it, but never before it was posted.
+        let lag = &p["lag"];
+        let gap = &p["nic_to_app"];
+        for q in ["p50_ns", "p99_ns", "max_ns"] {
+            assert!(
+                gap[q].as_u64() <= lag[q].as_u64(),
+                "{policy} {q}: {gap} vs {lag}"
+            );
+        }
+        let wr_per_sec = p["wr_per_sec"].as_f64().unwrap();
+        let gbit = p["gbit_per_sec"].as_f64().unwrap();
+        let size = p["size"].as_f64().unwrap();
+        assert!(wr_per_sec > 0.0);
+        assert!((gbit - wr_per_sec * size * 8.0 / 1e9).abs() < 1e-6 * gbit.max(1.0));
+        let mib = p["mib_per_sec"].as_f64().unwrap();
+        assert!((mib - wr_per_sec * size / 1_048_576.0).abs() < 1e-6 * mib.max(1.0));
+    }
+}
+
+#[test]
+fn bench_perftest_mode_prints_perftest_figures() {
+    let o = selsig(&[
+        "bench", "--cq-mod", "100", "-s", "64", "-n", "1000", "-t", "128",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("#bytes") && out.contains("BW average[MB/sec]"),
+        "{out}"
+    );
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq(["64", "1000"]))
+        .unwrap_or_else(|| panic!("a perftest row for 64 B x 1000: {out}"));
+    let mib: f64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(mib > 0.0, "{row}");
+    let v = bench_json(&["--cq-mod", "100", "-s", "64", "-n", "1000"]);
+    let p = &v["points"][0];
+    assert_eq!(
+        (p["cqes"].as_u64(), p["wrs"].as_u64()),
+        (Some(10), Some(1000))
+    );
+    assert_eq!(v["settings"]["post_list"], 1);
+    assert_eq!(v["settings"]["perftest_mode"], true);
+}
+
+#[test]
+fn bench_draws_an_svg_and_writes_json_to_a_file() {
+    let dir = std::env::temp_dir().join(format!("selsig-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("bench.svg");
+    let json = dir.join("bench.json");
+    let o = selsig(&[
+        "bench",
+        "-n",
+        "500",
+        "-s",
+        "64,4K",
+        "-e",
+        "1,8,adaptive",
+        "--svg",
+        svg.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    assert!(
+        table.contains("every:8") && table.contains("lag p50"),
+        "{table}"
+    );
+    assert_eq!(
+        table.lines().filter(|l| l.contains("KiB")).count(),
+        3,
+        "{table}"
+    );
+    let drawing = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawing.starts_with("<svg") && drawing.contains("Throughput"),
+        "{drawing:.200}"
+    );
+    assert!(drawing.contains("Confirmation lag") && drawing.contains("Learned later"));
+    assert!(drawing.contains("64 B") && drawing.contains("4096 B"));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["points"].as_array().unwrap().len(), 6);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bench_refuses_bad_settings_with_exit_code_2() {
+    for (args, says) in [
+        (
+            &["bench", "-e", "256"][..],
+            "--every 256 is more than the send queue holds",
+        ),
+        (&["bench", "--cq-mod", "200", "-t", "64"], "--cq-mod 200"),
+        (&["bench", "-n", "0"], "zero iterations"),
+        (
+            &["bench", "-s", "1G", "--region", "64M"],
+            "larger than the registered region",
+        ),
+        (&["bench", "-D", "0s"], "-D 0"),
+    ] {
+        let o = selsig(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+    let o = selsig(&["bench", "--inline", "-s", "64K", "-n", "10"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("inline"), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_inline_writes_need_no_buffers() {
+    let v = bench_json(&["--inline", "-s", "64", "-e", "16", "-n", "1000"]);
+    let p = &v["points"][0];
+    assert_eq!(
+        (p["wrs"].as_u64(), p["cqes"].as_u64()),
+        (Some(1000), Some(63))
+    );
+    assert_eq!(v["settings"]["inline"], true);
+}

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
+use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use std::thread::{JoinHandle, Thread};
@@ -20,6 +21,7 @@ use crate::mem;
 use crate::mr::{MrInner, MrTable, random_u32};
 use crate::ring::{self, CompletionRing, Cqe, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe};
 use crate::sync::Padded;
+use crate::times::ExecTimes;
 
 /// How the software NIC frees send-queue slots, and sizes its queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -431,6 +433,8 @@ pub(crate) struct QpInner {
     pub(crate) caps: QpCaps,
     pub(crate) sq_sig_all: bool,
     pub(crate) sq: Arc<SendRing>,
+    /// When each send work request finished, while recording.
+    pub(crate) times: ExecTimes,
     pub(crate) rq: RecvRing,
     pub(crate) send_cq: Arc<CqInner>,
     pub(crate) recv_cq: Arc<CqInner>,
@@ -513,6 +517,15 @@ impl SoftQp {
 impl QueuePair for SoftQp {
     fn qp_num(&self) -> u32 {
         self.qp.qpn
+    }
+
+    fn record_execution_times(&self, on: bool) -> bool {
+        self.qp.times.set(on);
+        true
+    }
+
+    fn executed_at(&self, index: u64) -> Option<Instant> {
+        self.qp.times.get(index)
     }
 
     fn caps(&self) -> QpCaps {
@@ -878,6 +891,7 @@ impl Device for SoftDevice {
             pd: pd.id,
             caps,
             sq_sig_all: init.sq_sig_all,
+            times: ExecTimes::new(sq.slots()),
             sq: Arc::clone(&sq),
             rq: RecvRing::new(recv_limit),
             send_cq: Arc::clone(&send_cq.cq),

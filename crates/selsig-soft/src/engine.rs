@@ -138,6 +138,8 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
         }
         // Start bringing in the next group while this one executes.
         qp.sq.touch(exec + n as u64, (exec + 2 * n as u64).min(end));
+        let recording = qp.times.on();
+        let mut stamped = exec;
         for wqe in &group[..n] {
             let counter = exec as u16;
             let cqe = if state == QpState::Err {
@@ -159,6 +161,9 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                         })
                     }
                     Exec::Stall => {
+                        if recording {
+                            qp.times.stamp(stamped, exec);
+                        }
                         s.rnr_wait = peer.map(|p| p.rq.published());
                         break 'fetch;
                     }
@@ -188,11 +193,20 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
             exec += 1;
             progress = true;
             if let Some(cqe) = cqe {
+                // Recorded before the completion can be seen: the application never
+                // learns of a work request before the time recorded for it.
+                if recording {
+                    qp.times.stamp(stamped, exec);
+                    stamped = exec;
+                }
                 if !qp.send_cq.push(&cqe) {
                     overrun(dev, qp, qp.send_cq.id);
                     state = QpState::Err;
                 }
             }
+        }
+        if recording && stamped < exec {
+            qp.times.stamp(stamped, exec);
         }
         // The application may have moved the QP to the error state meanwhile.
         state = qp.state();

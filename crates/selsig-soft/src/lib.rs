@@ -33,6 +33,8 @@ mod engine;
 mod mem;
 #[cfg(not(loom))]
 mod mr;
+#[cfg(not(loom))]
+mod times;
 
 #[cfg(not(loom))]
 pub use device::{Personality, SoftConfig, SoftCq, SoftDevice, SoftMr, SoftPd, SoftQp};

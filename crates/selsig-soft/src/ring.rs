@@ -124,6 +124,11 @@ impl SendRing {
         self.limit
     }
 
+    /// The number of slots (a power of two).
+    pub(crate) fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
     fn slot(&self, index: u64) -> &[AtomicU64; 8] {
         &self.slots[(index & self.mask) as usize].0
     }

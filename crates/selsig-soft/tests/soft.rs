@@ -932,3 +932,91 @@ fn wqe_counter_wraps_past_2_16_on_mlx5() {
     }
     assert_eq!(q.stats().completed, total);
 }
+
+#[test]
+fn execution_times_are_recorded_for_unsignaled_work_requests_too() {
+    let p = pair();
+    let local = p.mr(16 * 64, Access::LOCAL_WRITE);
+    let remote = p.mr(16 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let wrs = |from: u64| -> Vec<SendWr<'static>> {
+        (from..from + 8)
+            .map(|wr| {
+                let off = (wr as usize - 1) * 64;
+                write(wr, &local, off, 64, remote.remote(off), wr % 4 == 0)
+            })
+            .collect()
+    };
+    // Not recording: nothing to tell.
+    p.a.post_send(&wrs(1)).unwrap();
+    poll_n(&p.cq_a, 2);
+    assert!((0..8).all(|i| p.a.executed_at(i).is_none()));
+
+    assert!(p.a.record_execution_times(true), "the soft NIC records");
+    let posted = Instant::now();
+    p.a.post_send(&wrs(9)).unwrap();
+    let wcs = poll_n(&p.cq_a, 2);
+    let learned = Instant::now();
+    assert_eq!(
+        statuses(&wcs),
+        [(12, WcStatus::Success), (16, WcStatus::Success)]
+    );
+    let times: Vec<Instant> = (8..16)
+        .map(|i| {
+            p.a.executed_at(i)
+                .unwrap_or_else(|| panic!("WR{} recorded", i + 1))
+        })
+        .collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "in order: {times:?}"
+    );
+    assert!(times.iter().all(|&t| posted <= t && t <= learned));
+    assert_eq!(p.a.executed_at(16), None, "not posted");
+    assert_eq!(p.a.executed_at(0), None, "executed while not recording");
+    p.a.record_execution_times(false);
+    assert!(
+        p.a.executed_at(8).is_some(),
+        "records stay until the slot is reused"
+    );
+}
+
+#[test]
+fn adaptive_tick_on_a_full_queue_waits_for_room_instead_of_failing() {
+    let p = pair_with(Personality::Mlx5, 8, 64, false);
+    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (bufs, _) = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE))
+        .split_into(8, 64)
+        .unwrap();
+    let policy = Policy::Adaptive {
+        max_unsignaled: 5,
+        max_lag: Duration::from_millis(5),
+    };
+    let mut q: SignaledQueue<SoftDevice, u64> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), policy).unwrap();
+    let mut works = bufs
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| Work::write(b, remote.remote(i * 64), i as u64 + 1));
+    assert_eq!(q.post_batch(&mut works).unwrap(), 8);
+    // WR5 is signaled; WR6-WR8 are the unsignaled run, and the queue is full.
+    assert_eq!((q.outstanding(), q.available()), (8, 0));
+    std::thread::sleep(Duration::from_millis(10));
+    assert!(q.next_deadline().is_some_and(|d| d <= Instant::now()));
+    assert!(!q.tick().expect("no room for the marker yet: not an error"));
+    let mut done = Vec::new();
+    let start = Instant::now();
+    while done.len() < 5 {
+        q.poll(&mut done).unwrap();
+        assert!(start.elapsed() < WAIT);
+    }
+    assert!(q.tick().unwrap(), "room now: the marker confirms WR6-WR8");
+    while done.len() < 8 {
+        q.poll(&mut done).unwrap();
+        assert!(start.elapsed() < WAIT);
+    }
+    assert_eq!(
+        done.iter().map(|c| c.user).collect::<Vec<_>>(),
+        (1..=8).collect::<Vec<_>>()
+    );
+    assert_eq!(q.stats().markers, 1);
+}

@@ -80,7 +80,7 @@ pub use queue::{
 
 pub use credits::{CqBudget, CqCredits};
 pub use policy::{Policy, PolicyError};
-pub use stats::Stats;
+pub use stats::{MAX_LAG_NS, Stats};
 pub use tracker::{
     CompletionError, ConfigError, Handled, Outcome, PostError, Posted, QueueState, Retired,
     RollbackError, SendTracker, Seq, Signal, SignalReason, TrackerConfig,

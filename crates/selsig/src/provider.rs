@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::io;
+use std::time::Instant;
 
 use crate::wc::WorkCompletion;
 
@@ -568,6 +569,24 @@ pub trait QueuePair: Send + Sync + 'static {
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError>;
     /// Posts receive work requests; on failure, reports the first one not posted.
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError>;
+
+    /// Starts (`true`) or stops recording when the NIC finishes each send work request,
+    /// signaled or not, for [`executed_at`](Self::executed_at). Returns whether the
+    /// provider can: the default cannot, as a real NIC reports nothing for an unsignaled
+    /// work request (the soft NIC can).
+    fn record_execution_times(&self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
+
+    /// When the NIC finished send work request `index` (counting every work request
+    /// posted to this QP, from 0), while recording; `None` when not recorded, not
+    /// executed yet, or no longer held (the record of a slot is kept until the slot is
+    /// reused).
+    fn executed_at(&self, index: u64) -> Option<Instant> {
+        let _ = index;
+        None
+    }
 }
 
 /// An opened RDMA device (`ibv_context`) and what it creates.

@@ -646,9 +646,17 @@ impl<D: Device, U> SignaledQueue<D, U> {
 
     /// For a caller with nothing more to post: confirms the unsignaled tail if its
     /// deadline has passed. Returns `true` when a marker was posted.
+    ///
+    /// A full queue (or CQ) is no error: a full queue always holds a signaled work request
+    /// before the tail (the tracker never lets an unsignaled run fill it), so room comes
+    /// with the next completions; the deadline stays, and a later `tick` posts the marker.
     pub fn tick(&mut self) -> Result<bool, QueuePostError<()>> {
         match self.tracker.next_deadline() {
-            Some(deadline) if Instant::now() >= deadline => self.confirm_all().map(|m| m.is_some()),
+            Some(deadline) if Instant::now() >= deadline => match self.confirm_all() {
+                Ok(marker) => Ok(marker.is_some()),
+                Err(QueuePostError::Refused(e)) if e.is_full() => Ok(false),
+                Err(e) => Err(e),
+            },
             _ => Ok(false),
         }
     }

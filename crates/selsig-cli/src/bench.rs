@@ -1,0 +1,937 @@
+//! `selsig bench`: both sides of the trade-off selective signaling makes. Signaling less
+//! often saves completions (the NIC's writes, the CPU's polling); the application learns
+//! of completions later. For each signal interval and message size this streams RDMA
+//! WRITEs on one RC queue pair through `SignaledQueue` and measures throughput,
+//! completions per 1000 WRITEs, CPU time per WRITE, and the confirmation lag; on the soft
+//! provider also how long after the NIC finished a WRITE the application learned of it.
+//!
+//! With `--cq-mod` it measures what perftest's `ib_write_bw --cq-mod N -s SIZE -n ITERS
+//! -t DEPTH` measures: one WRITE per post, every N-th signaled and the last, at most DEPTH
+//! outstanding, completions polled 16 at a time, bandwidth over the time from the first
+//! post to the last completion, in perftest's units.
+
+use std::io::IsTerminal as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Args;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use selsig::{
+    Access, Buffer, ConnectOptions, Device, MemoryRegion, Outcome, Policy, QpCaps, QpInit,
+    QueueConfig, QueuePair, SignaledQueue, Work, connect_pair,
+};
+use serde::Serialize;
+
+use crate::common::{DeviceInfo, OnDevice, ProviderArgs, parse_size, pattern, with_device};
+
+/// WRITEs per post in a sweep (one doorbell each), unless `--post-list` says otherwise.
+pub const SWEEP_POST_LIST: u32 = 16;
+/// perftest's default iterations (`-n`).
+pub const PERFTEST_ITERS: u64 = 5000;
+/// perftest's default send queue depth (`-t`).
+pub const DEFAULT_TX_DEPTH: u32 = 128;
+/// Completions polled at once in perftest mode (perftest's `CTX_POLL_BATCH`).
+const PERFTEST_POLL_BATCH: usize = 16;
+/// Time per point of a sweep when neither `-n` nor `-D` is given.
+const DEFAULT_DURATION: Duration = Duration::from_millis(500);
+/// The unmeasured run before the first point.
+const WARM_UP: Duration = Duration::from_millis(100);
+/// A point that makes no progress for this long has failed.
+const STALL: Duration = Duration::from_secs(30);
+/// perftest's MB: 2^20 bytes.
+const MIB: f64 = 1_048_576.0;
+
+/// Measure throughput, completions, CPU time and confirmation lag against the signal
+/// interval and message size (RDMA WRITE streams on one RC queue pair).
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Signal intervals to sweep, comma-separated, and `adaptive` for the adaptive policy
+    /// (default: 1, 2, 4, ... up to the send queue depth, and adaptive).
+    #[arg(long, short = 'e', value_delimiter = ',', value_name = "LIST")]
+    pub every: Vec<IntervalArg>,
+    /// perftest-compatible mode: one interval (perftest's --cq-mod), one size, one WRITE
+    /// per post, `-n` iterations (default 5000) with the last one signaled.
+    #[arg(long, short = 'Q', conflicts_with = "every", value_name = "N")]
+    pub cq_mod: Option<u32>,
+    /// Message sizes, comma-separated (default 64,4K,64K).
+    #[arg(long = "size", short = 's', value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
+    pub sizes: Vec<u64>,
+    /// WRITEs per point (perftest's -n).
+    #[arg(long, short = 'n', value_name = "N", conflicts_with = "duration")]
+    pub iters: Option<u64>,
+    /// Time per point: 500ms, 2s, or seconds as a number (perftest's -D); default 500ms.
+    #[arg(long, short = 'D', value_parser = parse_duration, value_name = "TIME")]
+    pub duration: Option<Duration>,
+    /// Send queue depth: at most this many WRITEs outstanding (perftest's -t).
+    #[arg(long = "tx-depth", short = 't', default_value_t = DEFAULT_TX_DEPTH, value_name = "N")]
+    pub tx_depth: u32,
+    /// WRITEs posted per doorbell (perftest's -l; default 16 in a sweep, 1 with --cq-mod).
+    #[arg(long = "post-list", short = 'l', value_name = "N")]
+    pub post_list: Option<u32>,
+    /// Send the data inline in the work request (no local buffer; sizes up to the
+    /// device's inline limit).
+    #[arg(long)]
+    pub inline: bool,
+    /// The adaptive policy of the `adaptive` point (default adaptive:DEPTH/2,20us).
+    #[arg(long, value_name = "POLICY")]
+    pub adaptive: Option<Policy>,
+    /// The most memory registered on each side; a WRITE larger is refused, and fewer
+    /// buffers than the queue depth are used when they do not all fit.
+    #[arg(long, default_value = "256M", value_parser = parse_size, value_name = "BYTES")]
+    pub region: u64,
+    /// Do not record when the soft NIC finished each WRITE (it costs the NIC a clock
+    /// reading per completion).
+    #[arg(long)]
+    pub no_nic_times: bool,
+    /// Write every figure and the settings as JSON to FILE, or to stdout with `-`
+    /// (the table is then not printed).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<String>,
+    /// Draw throughput and confirmation lag against the signal interval into an SVG file.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub provider: ProviderArgs,
+}
+
+/// One entry of `--every`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntervalArg {
+    Every(u32),
+    Adaptive,
+}
+
+impl std::str::FromStr for IntervalArg {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let s = s.trim();
+        if s == "adaptive" {
+            return Ok(IntervalArg::Adaptive);
+        }
+        match s.parse::<u32>() {
+            Ok(n) => Ok(IntervalArg::Every(n)),
+            Err(e) => Err(format!(
+                "invalid signal interval {s:?}: {e} (expected a number or `adaptive`)"
+            )),
+        }
+    }
+}
+
+fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|e| format!("invalid duration {text:?}: {e}"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 500ms, 2s, 1.5)"))
+}
+
+/// When a point ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// After this many WRITEs; the last is signaled.
+    Iters(u64),
+    /// Posting stops after this long; the tail is confirmed with a marker.
+    Duration(Duration),
+}
+
+/// The checked settings.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub policies: Vec<Policy>,
+    pub sizes: Vec<u64>,
+    pub stop: Stop,
+    pub tx_depth: u32,
+    pub post_list: u32,
+    pub inline: bool,
+    pub region: u64,
+    pub nic_times: bool,
+    /// perftest-compatible mode.
+    pub perftest: bool,
+}
+
+/// Checks the options (errors here are the user's input) and plans the sweep.
+pub fn plan(args: &BenchArgs) -> Result<Plan> {
+    let depth = args.tx_depth;
+    ensure!(depth >= 1, "--tx-depth must be at least 1");
+    let perftest = args.cq_mod.is_some();
+    let adaptive = match args.adaptive {
+        Some(p @ Policy::Adaptive { .. }) => p,
+        Some(other) => bail!("--adaptive {other} is not an adaptive policy (adaptive:N,LAG)"),
+        None => Policy::Adaptive {
+            max_unsignaled: (depth / 2).max(1),
+            max_lag: Duration::from_micros(20),
+        },
+    };
+    if let Policy::Adaptive { max_unsignaled, .. } = adaptive {
+        ensure!(
+            max_unsignaled <= depth,
+            "--adaptive {adaptive}: {max_unsignaled} unsignaled WRITEs in a row is more than the send queue holds (--tx-depth {depth})"
+        );
+    }
+    adaptive
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--adaptive {adaptive}: {e}"))?;
+    let policies = if let Some(n) = args.cq_mod {
+        vec![Policy::Every(check_interval("--cq-mod", n, depth)?)]
+    } else if args.every.is_empty() {
+        let mut v: Vec<Policy> = std::iter::successors(Some(1u32), |n| n.checked_mul(2))
+            .take_while(|&n| n <= depth)
+            .map(Policy::Every)
+            .collect();
+        if !depth.is_power_of_two() {
+            v.push(Policy::Every(depth));
+        }
+        v.push(adaptive);
+        v
+    } else {
+        let mut v = Vec::new();
+        for e in &args.every {
+            let p = match *e {
+                IntervalArg::Every(n) => Policy::Every(check_interval("--every", n, depth)?),
+                IntervalArg::Adaptive => adaptive,
+            };
+            if !v.contains(&p) {
+                v.push(p);
+            }
+        }
+        v
+    };
+    let sizes = if args.sizes.is_empty() {
+        if perftest {
+            vec![65536]
+        } else {
+            vec![64, 4096, 65536]
+        }
+    } else {
+        args.sizes.clone()
+    };
+    if perftest {
+        ensure!(
+            sizes.len() == 1,
+            "--cq-mod measures one size as perftest does; -s names {}",
+            sizes.len()
+        );
+    }
+    for &size in &sizes {
+        ensure!(
+            size >= 1,
+            "--size 0: a WRITE of no bytes moves nothing to measure"
+        );
+        ensure!(
+            size <= u64::from(u32::MAX),
+            "--size {size} is more than one WRITE carries (4 GiB - 1)"
+        );
+        ensure!(
+            size <= args.region,
+            "--size {size} is larger than the registered region (--region {})",
+            args.region
+        );
+    }
+    let stop = match (args.iters, args.duration) {
+        (Some(0), _) => bail!("-n 0: zero iterations measure nothing"),
+        (Some(n), _) => Stop::Iters(n),
+        (None, Some(d)) if d.is_zero() => bail!("-D 0: a duration of zero measures nothing"),
+        (None, Some(d)) => Stop::Duration(d),
+        (None, None) if perftest => Stop::Iters(PERFTEST_ITERS),
+        (None, None) => Stop::Duration(DEFAULT_DURATION),
+    };
+    let post_list = args
+        .post_list
+        .unwrap_or(if perftest { 1 } else { SWEEP_POST_LIST });
+    ensure!(post_list >= 1, "--post-list must be at least 1");
+    ensure!(
+        post_list <= depth,
+        "--post-list {post_list} is more than the send queue holds (--tx-depth {depth})"
+    );
+    Ok(Plan {
+        policies,
+        sizes,
+        stop,
+        tx_depth: depth,
+        post_list,
+        inline: args.inline,
+        region: args.region,
+        nic_times: !args.no_nic_times,
+        perftest,
+    })
+}
+
+fn check_interval(option: &str, n: u32, depth: u32) -> Result<u32> {
+    ensure!(n >= 1, "{option} 0: the signal interval must be at least 1");
+    ensure!(
+        n <= depth,
+        "{option} {n} is more than the send queue holds (--tx-depth {depth}): that many unsignaled WRITEs in a row cannot be outstanding"
+    );
+    Ok(n)
+}
+
+/// Percentiles of a histogram of nanoseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: f64,
+}
+
+impl Percentiles {
+    fn of(h: &Histogram<u64>) -> Option<Self> {
+        (!h.is_empty()).then(|| Percentiles {
+            count: h.len(),
+            p50_ns: h.value_at_quantile(0.5),
+            p99_ns: h.value_at_quantile(0.99),
+            max_ns: h.max(),
+            mean_ns: h.mean(),
+        })
+    }
+}
+
+/// One measured point.
+#[derive(Debug, Clone, Serialize)]
+pub struct Point {
+    pub size: u64,
+    /// The policy, e.g. `every:64` or `adaptive:64,20us`.
+    pub policy: String,
+    /// The interval of an `every:N` policy; null for adaptive.
+    pub interval: Option<u32>,
+    pub wrs: u64,
+    pub seconds: f64,
+    pub wr_per_sec: f64,
+    /// Gigabits (10^9) per second of payload.
+    pub gbit_per_sec: f64,
+    /// perftest's "BW average[MB/sec]" (MB = 2^20 bytes).
+    pub mib_per_sec: f64,
+    /// perftest's "MsgRate[Mpps]".
+    pub mpps: f64,
+    /// Completions polled (signaled WRITEs, and the marker that confirms the tail of a
+    /// timed run).
+    pub cqes: u64,
+    pub cqes_per_1000: f64,
+    /// WRITEs signaled against the policy (to keep the queue from deadlocking).
+    pub forced: u64,
+    /// Mean WRITEs retired per completion.
+    pub wrs_per_cqe: f64,
+    /// CPU time of the posting thread (posting and polling) per WRITE.
+    pub cpu_ns_per_wr: f64,
+    /// Time from a WRITE's post to the application learning of its completion: from just
+    /// before the post call to just after the poll that retired it (what the queue's
+    /// `Stats::lag_ns` measures, taken from the caller's side).
+    pub lag: Percentiles,
+    /// Time from the NIC finishing a WRITE to the application learning of it (soft
+    /// provider); null where the provider cannot tell.
+    pub nic_to_app: Option<Percentiles>,
+    /// Time from a WRITE's post to the NIC finishing it (soft provider).
+    pub post_to_nic: Option<Percentiles>,
+}
+
+/// Everything `--json` writes.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub provider: &'static str,
+    pub device: String,
+    pub personality: Option<String>,
+    pub settings: Settings,
+    pub points: Vec<Point>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Settings {
+    pub opcode: &'static str,
+    pub tx_depth: u32,
+    /// The send queue capacity the device gave.
+    pub sq_capacity: u32,
+    pub post_list: u32,
+    pub inline: bool,
+    /// WRITEs per point, or null for a timed run.
+    pub iters: Option<u64>,
+    /// Seconds of posting per point, or null for a counted run.
+    pub duration_s: Option<f64>,
+    pub perftest_mode: bool,
+    pub nic_times: bool,
+    /// The number of buffers (each WRITE owns one until it is confirmed).
+    pub buffers_per_size: Vec<(u64, u32)>,
+}
+
+/// Runs the sweep (call [`plan`] first); `progress` is drawn on stderr.
+pub fn bench(args: &BenchArgs, plan: &Plan) -> Result<Report> {
+    with_device(&args.provider, plan)
+}
+
+impl OnDevice for &Plan {
+    type Output = Report;
+    fn run<D: Device>(self, dev: &D, info: &DeviceInfo) -> Result<Report> {
+        run_sweep(self, dev, info)
+    }
+}
+
+fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Report> {
+    let total = (plan.policies.len() * plan.sizes.len()) as u64;
+    let bar = if std::io::stderr().is_terminal() {
+        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    let pd = dev
+        .alloc_pd()
+        .context("cannot allocate a protection domain")?;
+    let mut points = Vec::new();
+    let mut sq_capacity = 0;
+    let mut buffers_per_size = Vec::new();
+    // Warm up the device (and, on the soft provider, the NIC thread) unmeasured.
+    if !plan.perftest {
+        bar.set_message("warming up");
+        let warm = Stop::Duration(WARM_UP);
+        run_point(plan, dev, info, &pd, plan.sizes[0], plan.policies[0], warm)
+            .context("warm-up run")?;
+    }
+    for &size in &plan.sizes {
+        for &policy in &plan.policies {
+            bar.set_message(format!("{size} B, {policy}"));
+            let (point, cap, buffers) = run_point(plan, dev, info, &pd, size, policy, plan.stop)
+                .with_context(|| format!("{size}-byte WRITEs, {policy}"))?;
+            sq_capacity = cap;
+            if !buffers_per_size.iter().any(|&(s, _)| s == size) {
+                buffers_per_size.push((size, buffers));
+            }
+            points.push(point);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(Report {
+        provider: info.provider.as_str(),
+        device: info.device.clone(),
+        personality: info.personality.map(|p| p.to_string()),
+        settings: Settings {
+            opcode: "RDMA_WRITE",
+            tx_depth: plan.tx_depth,
+            sq_capacity,
+            post_list: plan.post_list,
+            inline: plan.inline,
+            iters: match plan.stop {
+                Stop::Iters(n) => Some(n),
+                Stop::Duration(_) => None,
+            },
+            duration_s: match plan.stop {
+                Stop::Duration(d) => Some(d.as_secs_f64()),
+                Stop::Iters(_) => None,
+            },
+            perftest_mode: plan.perftest,
+            nic_times: plan.nic_times,
+            buffers_per_size,
+        },
+        points,
+    })
+}
+
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, selsig::MAX_LAG_NS, 3).expect("valid bounds")
+}
+
+/// CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// One point: a fresh queue pair and completion queue, `stop`'s worth of WRITEs of `size`
+/// bytes under `policy`. Returns the point, the send queue's capacity and the number of
+/// buffers.
+fn run_point<D: Device>(
+    plan: &Plan,
+    dev: &D,
+    info: &DeviceInfo,
+    pd: &D::Pd,
+    size: u64,
+    policy: Policy,
+    stop: Stop,
+) -> Result<(Point, u32, u32)> {
+    let depth = plan.tx_depth;
+    let len = size as usize;
+    let cq = Arc::new(
+        dev.create_cq(2 * depth + 2)
+            .context("cannot create the completion queue")?,
+    );
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: depth,
+            max_recv_wr: 1,
+            max_inline_data: if plan.inline { size as u32 } else { 0 },
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let qp = dev.create_qp(pd, &cq, &cq, &init).with_context(|| {
+        if plan.inline {
+            format!("cannot create a queue pair for {size}-byte inline WRITEs (--inline)")
+        } else {
+            "cannot create the queue pair".to_string()
+        }
+    })?;
+    if plan.inline && qp.caps().max_inline_data < size as u32 {
+        bail!(
+            "--inline: {size}-byte WRITEs exceed the device's inline limit of {} bytes",
+            qp.caps().max_inline_data
+        );
+    }
+    let peer_cq = dev
+        .create_cq(2)
+        .context("cannot create the peer's completion queue")?;
+    let peer_init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let peer = dev
+        .create_qp(pd, &peer_cq, &peer_cq, &peer_init)
+        .context("cannot create the peer queue pair")?;
+    let options = ConnectOptions {
+        gid_index: info.gid_index,
+        ..ConnectOptions::default()
+    };
+    connect_pair(&qp, &peer, &options).context("cannot connect the queue pairs")?;
+    // One buffer per slot, as many as fit in the region: a WRITE owns its buffer until a
+    // completion confirms it.
+    let buffers = (plan.region / size).min(u64::from(depth)) as u32;
+    let bytes = buffers as usize * len;
+    let remote = dev
+        .reg_mr(pd, bytes, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .with_context(|| format!("cannot register the {bytes}-byte remote region"))?;
+    let mut free: Vec<Buffer<D::Mr>> = Vec::new();
+    let inline_data = pattern(1, if plan.inline { len } else { 0 });
+    if !plan.inline {
+        let local = dev
+            .reg_mr(pd, bytes, Access::LOCAL_WRITE)
+            .with_context(|| format!("cannot register the {bytes}-byte local region"))?;
+        for i in 0..buffers as usize {
+            local.write(i * len, &pattern(i as u64 + 1, len))?;
+        }
+        free = Buffer::new(local)
+            .split_into(buffers as usize, len)
+            .map_err(|_| anyhow::anyhow!("the local region holds the buffers"))?
+            .0;
+    }
+    let target = remote.remote(0);
+    let sq_capacity = qp.caps().max_send_wr;
+    let nic_times = plan.nic_times && qp.record_execution_times(true);
+    let config = QueueConfig {
+        policy,
+        marker_target: target,
+        poll_batch: if plan.perftest {
+            PERFTEST_POLL_BATCH
+        } else {
+            QueueConfig::default().poll_batch
+        },
+        ..QueueConfig::default()
+    };
+    let first_seq = config.first_seq;
+    let mut queue: SignaledQueue<D, Instant> =
+        SignaledQueue::with_config(qp, Arc::clone(&cq), config)?;
+    let adaptive = matches!(policy, Policy::Adaptive { .. });
+    let cap = depth.min(if plan.inline { depth } else { buffers });
+    let mut done = Vec::with_capacity(depth as usize);
+    let mut gap = new_histogram();
+    let mut lag = new_histogram();
+    let (mut run_posted, mut run_len) = (Instant::now(), 0u64);
+    let mut to_nic = new_histogram();
+    let (mut posted, mut retired) = (0u64, 0u64);
+    let mut posting = true;
+    let mut confirm = false;
+    let mut next_slot = 0u64;
+    let mut loops = 0u32;
+    let mut last_progress = Instant::now();
+
+    let cpu0 = thread_cpu();
+    let start = Instant::now();
+    while posting || confirm || retired < posted {
+        loops = loops.wrapping_add(1);
+        if posting {
+            let room = cap.saturating_sub(queue.outstanding()).min(plan.post_list);
+            let room = match stop {
+                Stop::Iters(n) => u64::from(room).min(n - posted),
+                Stop::Duration(_) => u64::from(room),
+            };
+            if room > 0 {
+                let now = Instant::now();
+                let last = match stop {
+                    Stop::Iters(n) => n,
+                    Stop::Duration(_) => u64::MAX,
+                };
+                let mut k = 0u64;
+                let count = {
+                    let free = &mut free;
+                    let data = inline_data.as_slice();
+                    let mut works = std::iter::from_fn(|| {
+                        if k == room {
+                            return None;
+                        }
+                        k += 1;
+                        let work = if plan.inline {
+                            let at = (next_slot % u64::from(buffers)) * size;
+                            next_slot += 1;
+                            Work::write_inline(data, target.offset(at), now)
+                        } else {
+                            let buf = free.pop()?;
+                            let at = buf.offset() as u64;
+                            Work::write(buf, target.offset(at), now)
+                        };
+                        // perftest signals the last WRITE of a counted run.
+                        Some(if posted + k == last {
+                            work.signal(selsig::Signal::Force)
+                        } else {
+                            work
+                        })
+                    });
+                    match queue.post_batch(&mut works) {
+                        Ok(n) => n as u64,
+                        Err(e) => {
+                            return Err(anyhow::Error::new(e)
+                                .context(format!("cannot post (after {posted} WRITEs)")));
+                        }
+                    }
+                };
+                // Work requests the queue had no room for stay in `works`; with room
+                // computed from `outstanding` that cannot happen.
+                ensure!(count == room, "posted {count} of {room} WRITEs");
+                posted += count;
+            }
+            posting = match stop {
+                Stop::Iters(n) => posted < n,
+                Stop::Duration(d) => loops % 64 != 0 || start.elapsed() < d,
+            };
+            confirm = !posting && matches!(stop, Stop::Duration(_));
+        }
+        if confirm {
+            // The tail of a timed run is confirmed with a marker, once there is room.
+            match queue.confirm_all() {
+                Ok(_) => confirm = false,
+                Err(selsig::QueuePostError::Refused(e)) if e.is_full() => {}
+                Err(e) => {
+                    return Err(e).context("cannot post the marker that confirms the tail");
+                }
+            }
+        }
+        if adaptive {
+            queue.tick().context("cannot confirm the adaptive tail")?;
+        }
+        let n = queue.poll(&mut done).context("cannot poll")?;
+        if done.is_empty() {
+            if n == 0 && loops % 1024 == 0 && last_progress.elapsed() > STALL {
+                bail!(
+                    "no completion for {} s ({} of {posted} WRITEs retired)",
+                    STALL.as_secs(),
+                    retired
+                );
+            }
+            continue;
+        }
+        let now = Instant::now();
+        last_progress = now;
+        for c in done.drain(..) {
+            if c.outcome != Outcome::Completed {
+                bail!("WRITE {} ended {:?}", c.seq.0, c.outcome);
+            }
+            // A batch shares one post time: record its lags as one run.
+            if c.user == run_posted {
+                run_len += 1;
+            } else {
+                if run_len > 0 {
+                    let ns = now.saturating_duration_since(run_posted).as_nanos() as u64;
+                    lag.saturating_record_n(ns, run_len);
+                }
+                (run_posted, run_len) = (c.user, 1);
+            }
+            if nic_times {
+                if let Some(at) = queue.qp().executed_at(c.seq.0 - first_seq) {
+                    gap.saturating_record(now.saturating_duration_since(at).as_nanos() as u64);
+                    to_nic
+                        .saturating_record(at.saturating_duration_since(c.user).as_nanos() as u64);
+                }
+            }
+            if let Some(buf) = c.buffer {
+                free.push(buf);
+            }
+            retired += 1;
+        }
+        if run_len > 0 {
+            let ns = now.saturating_duration_since(run_posted).as_nanos() as u64;
+            lag.saturating_record_n(ns, run_len);
+            run_len = 0;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu = thread_cpu().saturating_sub(cpu0);
+    queue.qp().record_execution_times(false);
+
+    let stats = queue.stats();
+    ensure!(
+        stats.completed == posted && retired == posted,
+        "{posted} WRITEs posted, {} completed",
+        stats.completed
+    );
+    let bytes = posted as f64 * size as f64;
+    let point = Point {
+        size,
+        policy: policy.to_string(),
+        interval: match policy {
+            Policy::Every(n) => Some(n),
+            _ => None,
+        },
+        wrs: posted,
+        seconds,
+        wr_per_sec: posted as f64 / seconds,
+        gbit_per_sec: bytes * 8.0 / seconds / 1e9,
+        mib_per_sec: bytes / seconds / MIB,
+        mpps: posted as f64 / seconds / 1e6,
+        cqes: stats.cqes,
+        cqes_per_1000: stats.cqes as f64 * 1000.0 / posted as f64,
+        forced: stats.forced,
+        wrs_per_cqe: stats.mean_wrs_per_cqe(),
+        cpu_ns_per_wr: cpu.as_nanos() as f64 / posted as f64,
+        lag: Percentiles::of(&lag).context("no lag recorded")?,
+        nic_to_app: Percentiles::of(&gap),
+        post_to_nic: Percentiles::of(&to_nic),
+    };
+    drop(queue);
+    drop(peer);
+    Ok((point, sq_capacity, buffers))
+}
+
+/// Nanoseconds as a short human figure: 850ns, 12.3us, 4.56ms.
+fn human_ns(ns: f64) -> String {
+    if ns < 1e3 {
+        format!("{ns:.0}ns")
+    } else if ns < 1e6 {
+        format!("{:.1}us", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.2}ms", ns / 1e6)
+    } else {
+        format!("{:.2}s", ns / 1e9)
+    }
+}
+
+fn human_size(size: u64) -> String {
+    if size >= 1 << 20 && size % (1 << 20) == 0 {
+        format!("{}MiB", size >> 20)
+    } else if size >= 1 << 10 && size % (1 << 10) == 0 {
+        format!("{}KiB", size >> 10)
+    } else {
+        format!("{size}B")
+    }
+}
+
+/// The table.
+pub fn render(report: &Report) -> String {
+    use std::fmt::Write as _;
+    let s = &report.settings;
+    let mut out = String::new();
+    let device = match &report.personality {
+        Some(p) => format!("{} ({p})", report.device),
+        None => report.device.clone(),
+    };
+    let run = match (s.iters, s.duration_s) {
+        (Some(n), _) => format!("{n} WRITEs per point"),
+        (None, Some(d)) => format!("{d} s per point"),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "selsig bench: {} provider, {device}; RDMA WRITE, one RC QP, send queue depth {} (capacity {}), {} per post{}, {run}",
+        report.provider,
+        s.tx_depth,
+        s.sq_capacity,
+        s.post_list,
+        if s.inline { ", inline" } else { "" },
+    );
+    let nic = report.points.iter().any(|p| p.nic_to_app.is_some());
+    let _ = write!(
+        out,
+        "\n{:>6} {:>18} {:>8} {:>7} {:>8} {:>6} {:>25}",
+        "size", "signal", "MWR/s", "Gb/s", "CQE/1000", "CPU/WR", "lag p50 / p99 / max"
+    );
+    if nic {
+        let _ = write!(out, " {:>25}", "NIC->app p50 / p99 / max");
+    }
+    out.push('\n');
+    for p in &report.points {
+        let trio = |q: &Percentiles| {
+            format!(
+                "{} / {} / {}",
+                human_ns(q.p50_ns as f64),
+                human_ns(q.p99_ns as f64),
+                human_ns(q.max_ns as f64)
+            )
+        };
+        let _ = write!(
+            out,
+            "{:>6} {:>18} {:>8.2} {:>7.2} {:>8.1} {:>6} {:>25}",
+            human_size(p.size),
+            p.policy,
+            p.wr_per_sec / 1e6,
+            p.gbit_per_sec,
+            p.cqes_per_1000,
+            human_ns(p.cpu_ns_per_wr),
+            trio(&p.lag),
+        );
+        if nic {
+            let _ = write!(
+                out,
+                " {:>25}",
+                p.nic_to_app.as_ref().map_or("-".to_string(), trio)
+            );
+        }
+        out.push('\n');
+    }
+    out.push_str(
+        "\nMWR/s: million WRITEs per second; CQE/1000: completions per 1000 WRITEs; CPU/WR: CPU time \
+         of the posting thread (posting and polling) per WRITE; lag: post to the application \
+         learning of the completion",
+    );
+    if nic {
+        out.push_str("; NIC->app: the NIC finishing a WRITE to the application learning of it");
+    }
+    out.push('\n');
+    out
+}
+
+/// perftest's report lines, for comparing with `ib_write_bw`.
+pub fn render_perftest(report: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        " {:<10} {:<14} {:<20} {:<14}",
+        "#bytes", "#iterations", "BW average[MB/sec]", "MsgRate[Mpps]"
+    );
+    for p in &report.points {
+        let _ = writeln!(
+            out,
+            " {:<10} {:<14} {:<20.2} {:<14.6}",
+            p.size, p.wrs, p.mib_per_sec, p.mpps
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn plan_of(args: &[&str]) -> Result<Plan> {
+        let mut argv = vec!["bench"];
+        argv.extend_from_slice(args);
+        plan(&Cli::try_parse_from(argv).expect("parses").bench)
+    }
+
+    #[test]
+    fn the_default_sweep_doubles_up_to_the_depth_and_adds_adaptive() {
+        let p = plan_of(&[]).unwrap();
+        let names: Vec<String> = p.policies.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "every:1",
+                "every:2",
+                "every:4",
+                "every:8",
+                "every:16",
+                "every:32",
+                "every:64",
+                "every:128",
+                "adaptive:64,20us"
+            ]
+        );
+        assert_eq!(p.sizes, [64, 4096, 65536]);
+        assert_eq!(p.stop, Stop::Duration(DEFAULT_DURATION));
+        assert_eq!(p.post_list, SWEEP_POST_LIST);
+        assert!(!p.perftest);
+
+        let p = plan_of(&["-t", "100", "-D", "1.5"]).unwrap();
+        assert_eq!(p.policies.len(), 9, "1..64, 100, adaptive");
+        assert_eq!(p.policies[7], Policy::Every(100));
+        assert_eq!(p.stop, Stop::Duration(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn perftest_mode_takes_perftest_defaults() {
+        let p = plan_of(&["--cq-mod", "100", "-s", "64"]).unwrap();
+        assert_eq!(p.policies, [Policy::Every(100)]);
+        assert_eq!(p.sizes, [64]);
+        assert_eq!(p.stop, Stop::Iters(PERFTEST_ITERS));
+        assert_eq!(p.post_list, 1);
+        assert!(p.perftest);
+    }
+
+    #[test]
+    fn every_list_takes_numbers_and_adaptive() {
+        let p = plan_of(&["-e", "1,64,adaptive", "--adaptive", "adaptive:32,5us"]).unwrap();
+        let names: Vec<String> = p.policies.iter().map(|p| p.to_string()).collect();
+        assert_eq!(names, ["every:1", "every:64", "adaptive:32,5us"]);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_the_option_named() {
+        let err = |args: &[&str]| format!("{:#}", plan_of(args).unwrap_err());
+        let e = err(&["-e", "256"]);
+        assert!(
+            e.contains("--every 256") && e.contains("--tx-depth 128"),
+            "{e}"
+        );
+        let e = err(&["--cq-mod", "129"]);
+        assert!(e.contains("--cq-mod 129"), "{e}");
+        let e = err(&["-e", "0"]);
+        assert!(e.contains("at least 1"), "{e}");
+        let e = err(&["-s", "1G", "--region", "64M"]);
+        assert!(
+            e.contains("--size 1073741824") && e.contains("--region"),
+            "{e}"
+        );
+        let e = err(&["-n", "0"]);
+        assert!(e.contains("-n 0"), "{e}");
+        let e = err(&["-D", "0"]);
+        assert!(e.contains("-D 0"), "{e}");
+        let e = err(&["-s", "0"]);
+        assert!(e.contains("--size 0"), "{e}");
+        let e = err(&["--cq-mod", "4", "-s", "64,128"]);
+        assert!(e.contains("one size"), "{e}");
+        let e = err(&["--adaptive", "every:4"]);
+        assert!(e.contains("not an adaptive policy"), "{e}");
+        let e = err(&["--adaptive", "adaptive:200,1us"]);
+        assert!(e.contains("more than the send queue holds"), "{e}");
+        let e = err(&["-t", "8", "-l", "16"]);
+        assert!(e.contains("--post-list 16"), "{e}");
+        assert!(Cli::try_parse_from(["bench", "-e", "often"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "-D", "soon"]).is_err());
+    }
+
+    #[test]
+    fn figures_are_printed_in_human_units() {
+        assert_eq!(human_ns(850.0), "850ns");
+        assert_eq!(human_ns(12_345.0), "12.3us");
+        assert_eq!(human_ns(4_560_000.0), "4.56ms");
+        assert_eq!(human_size(64), "64B");
+        assert_eq!(human_size(4096), "4KiB");
+        assert_eq!(human_size(1 << 20), "1MiB");
+        assert_eq!(human_size(1000), "1000B");
+    }
+}

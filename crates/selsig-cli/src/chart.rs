@@ -1,0 +1,262 @@
+//! `selsig bench --svg`: throughput and confirmation lag against the signal interval, one
+//! line per message size; the adaptive policy's points are drawn as triangles at its
+//! largest run.
+
+use anyhow::{Result, anyhow};
+use plotters::prelude::*;
+
+use crate::bench::{Point, Report};
+
+const WIDTH: u32 = 900;
+/// Height of one panel.
+const PANEL: u32 = 370;
+/// One color per message size (colorblind-safe: Okabe and Ito's).
+const COLORS: [RGBColor; 6] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(86, 180, 233),
+    RGBColor(230, 159, 0),
+];
+
+fn color(i: usize) -> RGBAColor {
+    COLORS[i % COLORS.len()].to_rgba()
+}
+
+/// The x position of a point: log2 of its interval (of the adaptive policy's largest run).
+fn x_of(p: &Point) -> Option<f64> {
+    let n = match (p.interval, p.policy.strip_prefix("adaptive:")) {
+        (Some(n), _) => n,
+        (None, Some(rest)) => rest.split(',').next()?.parse().ok()?,
+        _ => return None,
+    };
+    Some(f64::from(n).log2())
+}
+
+/// Renders the chart as an SVG document.
+pub fn render(report: &Report) -> Result<String> {
+    let mut svg = String::new();
+    draw(report, &mut svg).map_err(|e| anyhow!("cannot draw the chart: {e}"))?;
+    Ok(svg)
+}
+
+type DrawResult<'a> = Result<(), Box<dyn std::error::Error + 'a>>;
+
+const AXIS: &str = "signal interval (WRITEs per completion)";
+
+/// The x range: log2 of the largest interval, with a margin.
+fn x_range(report: &Report) -> std::ops::Range<f64> {
+    let x_max = report
+        .points
+        .iter()
+        .filter_map(x_of)
+        .fold(0.0, f64::max)
+        .max(1.0);
+    -0.2..x_max + 0.2
+}
+
+fn interval_label(v: &f64) -> String {
+    format!("{}", 2f64.powf(*v).round())
+}
+
+/// A log range that holds every value (with a margin), or a default for none.
+fn log_bounds(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
+    let (lo, hi) = values
+        .filter(|v| *v > 0.0 && v.is_finite())
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+    if lo.is_finite() {
+        lo / 1.5..(hi * 1.5).max(lo * 2.0)
+    } else {
+        0.001..1.0
+    }
+}
+
+fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
+    let nic = report.points.iter().any(|p| p.nic_to_app.is_some());
+    let panels = if nic { 3 } else { 2 };
+    let root = SVGBackend::with_string(svg, (WIDTH, PANEL * panels + 40)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let title = format!(
+        "selsig bench: RDMA WRITE on one RC QP, {} provider ({}), send queue depth {}",
+        report.provider, report.device, report.settings.tx_depth
+    );
+    let root = root.titled(&title, ("sans-serif", 18))?;
+    let areas = root.split_evenly((panels as usize, 1));
+    let sizes = sizes(report);
+    let xr = x_range(report);
+
+    // Throughput, log scale: the same ratio is the same slope for every size.
+    let mut chart = ChartBuilder::on(&areas[0])
+        .caption("Throughput (log scale)", ("sans-serif", 15))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(60)
+        .build_cartesian_2d(
+            xr.clone(),
+            log_bounds(report.points.iter().map(|p| p.gbit_per_sec)).log_scale(),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc(AXIS)
+        .y_desc("Gb/s")
+        .x_labels(xr.end as usize + 1)
+        .x_label_formatter(&interval_label)
+        .y_labels(6)
+        .light_line_style(RGBColor(238, 238, 238))
+        .draw()?;
+    for (i, &size) in sizes.iter().enumerate() {
+        let c = color(i);
+        let line = series(report, size, |p| p.gbit_per_sec);
+        chart
+            .draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))?
+            .label(size_label(size))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        chart.draw_series(
+            line.iter()
+                .map(|&(x, y)| Circle::new((x, y), 3, c.filled())),
+        )?;
+        chart.draw_series(
+            adaptive(report, size, |p| p.gbit_per_sec)
+                .map(|(x, y)| TriangleMarker::new((x, y), 6, c.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::MiddleRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+
+    let us = |ns: u64| ns as f64 / 1e3;
+    percentile_panel(
+        &areas[1],
+        report,
+        "Confirmation lag: post to the application learning of it",
+        |p| Some((us(p.lag.p50_ns), us(p.lag.p99_ns))),
+    )?;
+    if nic {
+        percentile_panel(
+            &areas[2],
+            report,
+            "Learned later: the NIC finishing a WRITE to the application learning of it",
+            |p| p.nic_to_app.as_ref().map(|q| (us(q.p50_ns), us(q.p99_ns))),
+        )?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// A panel of p50 (solid) and p99 (dashed) microseconds, log scale.
+fn percentile_panel<'a, DB: DrawingBackend + 'a>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    report: &Report,
+    caption: &str,
+    of: impl Fn(&Point) -> Option<(f64, f64)>,
+) -> DrawResult<'a> {
+    let xr = x_range(report);
+    let bounds = log_bounds(
+        report
+            .points
+            .iter()
+            .filter_map(&of)
+            .flat_map(|(a, b)| [a, b]),
+    );
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("{caption} (p50 solid, p99 dashed, adaptive: triangles)"),
+            ("sans-serif", 15),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(60)
+        .build_cartesian_2d(xr.clone(), bounds.log_scale())
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(AXIS)
+        .y_desc("microseconds (log scale)")
+        .x_labels(xr.end as usize + 1)
+        .x_label_formatter(&interval_label)
+        .y_labels(6)
+        .light_line_style(RGBColor(238, 238, 238))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, &size) in sizes(report).iter().enumerate() {
+        let c = color(i);
+        let p50 = series_opt(report, size, |p| of(p).map(|v| v.0));
+        let p99 = series_opt(report, size, |p| of(p).map(|v| v.1));
+        chart
+            .draw_series(LineSeries::new(p50.clone(), c.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(size_label(size))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        chart
+            .draw_series(p50.iter().map(|&(x, y)| Circle::new((x, y), 3, c.filled())))
+            .map_err(|e| e.to_string())?;
+        chart
+            .draw_series(DashedLineSeries::new(p99, 6, 4, c.stroke_width(1)))
+            .map_err(|e| e.to_string())?;
+        chart
+            .draw_series(
+                report
+                    .points
+                    .iter()
+                    .filter(|p| p.size == size && p.interval.is_none())
+                    .filter_map(|p| Some((x_of(p)?, of(p)?.0)))
+                    .map(|(x, y)| TriangleMarker::new((x, y), 6, c.filled())),
+            )
+            .map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn sizes(report: &Report) -> Vec<u64> {
+    let mut sizes: Vec<u64> = Vec::new();
+    for p in &report.points {
+        if !sizes.contains(&p.size) {
+            sizes.push(p.size);
+        }
+    }
+    sizes
+}
+
+fn size_label(size: u64) -> String {
+    format!("{size} B")
+}
+
+/// The `every:N` points of one size.
+fn series(report: &Report, size: u64, y: impl Fn(&Point) -> f64) -> Vec<(f64, f64)> {
+    series_opt(report, size, |p| Some(y(p)))
+}
+
+fn series_opt(report: &Report, size: u64, y: impl Fn(&Point) -> Option<f64>) -> Vec<(f64, f64)> {
+    report
+        .points
+        .iter()
+        .filter(|p| p.size == size && p.interval.is_some())
+        .filter_map(|p| Some((x_of(p)?, y(p)?)))
+        .collect()
+}
+
+/// The adaptive points of one size.
+fn adaptive<'r>(
+    report: &'r Report,
+    size: u64,
+    y: impl Fn(&Point) -> f64 + 'r,
+) -> impl Iterator<Item = (f64, f64)> + 'r {
+    report
+        .points
+        .iter()
+        .filter(move |p| p.size == size && p.interval.is_none())
+        .filter_map(move |p| Some((x_of(p)?, y(p))))
+}
