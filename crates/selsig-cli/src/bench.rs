@@ -19,7 +19,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use selsig::{
-    Access, Buffer, ConnectOptions, Device, MemoryRegion, Outcome, Policy, QpCaps, QpInit,
+    Access, Buffer, ConnectOptions, Device, MemoryRegion, Opcode, Outcome, Policy, QpCaps, QpInit,
     QueueConfig, QueuePair, SignaledQueue, Work, connect_pair,
 };
 use serde::Serialize;
@@ -40,6 +40,10 @@ const DEFAULT_DURATION: Duration = Duration::from_millis(500);
 const WARM_UP: Duration = Duration::from_millis(100);
 /// A point that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(30);
+/// perftest's cycle buffer: the page size.
+const PAGE: usize = 4096;
+/// perftest's cache line: its smallest address step.
+const CACHE_LINE: u64 = 64;
 /// perftest's MB: 2^20 bytes.
 const MIB: f64 = 1_048_576.0;
 
@@ -320,8 +324,9 @@ pub struct Point {
     pub cpu_ns_per_wr: f64,
     /// Time from a WRITE's post to the application learning of its completion: from just
     /// before the post call to just after the poll that retired it (what the queue's
-    /// `Stats::lag_ns` measures, taken from the caller's side).
-    pub lag: Percentiles,
+    /// `Stats::lag_ns` measures, taken from the caller's side). Null in perftest mode,
+    /// which reads no clock while it runs.
+    pub lag: Option<Percentiles>,
     /// Time from the NIC finishing a WRITE to the application learning of it (soft
     /// provider); null where the provider cannot tell.
     pub nic_to_app: Option<Percentiles>,
@@ -503,26 +508,41 @@ fn run_point<D: Device>(
         ..ConnectOptions::default()
     };
     connect_pair(&qp, &peer, &options).context("cannot connect the queue pairs")?;
-    // One buffer per slot, as many as fit in the region: a WRITE owns its buffer until a
-    // completion confirms it.
-    let buffers = (plan.region / size).min(u64::from(depth)) as u32;
-    let bytes = buffers as usize * len;
+    // Sweep: one buffer per slot, as many as fit in the region; a WRITE owns its buffer
+    // until a completion confirms it. perftest mode: perftest's memory, one region of
+    // max(size, page) bytes on each side, the same bytes written again and again.
+    let buffers = if plan.perftest {
+        1
+    } else {
+        (plan.region / size).min(u64::from(depth)) as u32
+    };
+    let bytes = if plan.perftest {
+        len.max(PAGE)
+    } else {
+        buffers as usize * len
+    };
     let remote = dev
         .reg_mr(pd, bytes, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .with_context(|| format!("cannot register the {bytes}-byte remote region"))?;
     let mut free: Vec<Buffer<D::Mr>> = Vec::new();
+    let mut fixed: Option<D::Mr> = None;
     let inline_data = pattern(1, if plan.inline { len } else { 0 });
     if !plan.inline {
         let local = dev
             .reg_mr(pd, bytes, Access::LOCAL_WRITE)
             .with_context(|| format!("cannot register the {bytes}-byte local region"))?;
-        for i in 0..buffers as usize {
-            local.write(i * len, &pattern(i as u64 + 1, len))?;
+        if plan.perftest {
+            local.write(0, &pattern(1, bytes))?;
+            fixed = Some(local);
+        } else {
+            for i in 0..buffers as usize {
+                local.write(i * len, &pattern(i as u64 + 1, len))?;
+            }
+            free = Buffer::new(local)
+                .split_into(buffers as usize, len)
+                .map_err(|_| anyhow::anyhow!("the local region holds the buffers"))?
+                .0;
         }
-        free = Buffer::new(local)
-            .split_into(buffers as usize, len)
-            .map_err(|_| anyhow::anyhow!("the local region holds the buffers"))?
-            .0;
     }
     let target = remote.remote(0);
     let sq_capacity = qp.caps().max_send_wr;
@@ -535,13 +555,23 @@ fn run_point<D: Device>(
         } else {
             QueueConfig::default().poll_batch
         },
+        // The queue reads the clock only for the adaptive policy: the bench measures lag
+        // itself (one clock reading per post, one per poll that finds completions), and
+        // perftest mode reads no clock inside the loop at all, as perftest (whose cycle
+        // counter costs nothing where clock readings are slow, as in an emulated VM).
+        measure_lag: matches!(policy, Policy::Adaptive { .. }),
         ..QueueConfig::default()
     };
+    let timed = !plan.perftest;
     let first_seq = config.first_seq;
     let mut queue: SignaledQueue<D, Instant> =
         SignaledQueue::with_config(qp, Arc::clone(&cq), config)?;
     let adaptive = matches!(policy, Policy::Adaptive { .. });
-    let cap = depth.min(if plan.inline { depth } else { buffers });
+    let cap = if plan.inline || plan.perftest {
+        depth
+    } else {
+        depth.min(buffers)
+    };
     let mut done = Vec::with_capacity(depth as usize);
     let mut gap = new_histogram();
     let mut lag = new_histogram();
@@ -550,9 +580,9 @@ fn run_point<D: Device>(
     let (mut posted, mut retired) = (0u64, 0u64);
     let mut posting = true;
     let mut confirm = false;
-    let mut next_slot = 0u64;
     let mut loops = 0u32;
     let mut last_progress = Instant::now();
+    let mut retired_at_check = 0u64;
 
     let cpu0 = thread_cpu();
     let start = Instant::now();
@@ -565,7 +595,7 @@ fn run_point<D: Device>(
                 Stop::Duration(_) => u64::from(room),
             };
             if room > 0 {
-                let now = Instant::now();
+                let now = if timed { Instant::now() } else { start };
                 let last = match stop {
                     Stop::Iters(n) => n,
                     Stop::Duration(_) => u64::MAX,
@@ -579,9 +609,20 @@ fn run_point<D: Device>(
                             return None;
                         }
                         k += 1;
-                        let work = if plan.inline {
-                            let at = (next_slot % u64::from(buffers)) * size;
-                            next_slot += 1;
+                        let index = posted + k - 1;
+                        let work = if plan.perftest {
+                            let at = perftest_offset(index, size);
+                            match &fixed {
+                                Some(mr) => Work::raw(
+                                    Opcode::RdmaWrite,
+                                    Some(mr.sge(at as usize, size as u32)),
+                                    target.offset(at),
+                                    now,
+                                ),
+                                None => Work::write_inline(data, target.offset(at), now),
+                            }
+                        } else if plan.inline {
+                            let at = (index % u64::from(buffers)) * size;
                             Work::write_inline(data, target.offset(at), now)
                         } else {
                             let buf = free.pop()?;
@@ -627,19 +668,22 @@ fn run_point<D: Device>(
         if adaptive {
             queue.tick().context("cannot confirm the adaptive tail")?;
         }
-        let n = queue.poll(&mut done).context("cannot poll")?;
-        if done.is_empty() {
-            if n == 0 && loops % 1024 == 0 && last_progress.elapsed() > STALL {
+        queue.poll(&mut done).context("cannot poll")?;
+        if loops % 4096 == 0 {
+            // A stall check that reads the clock rarely.
+            if retired != retired_at_check {
+                (retired_at_check, last_progress) = (retired, Instant::now());
+            } else if last_progress.elapsed() > STALL {
                 bail!(
-                    "no completion for {} s ({} of {posted} WRITEs retired)",
-                    STALL.as_secs(),
-                    retired
+                    "no completion for {} s ({retired} of {posted} WRITEs retired)",
+                    STALL.as_secs()
                 );
             }
+        }
+        if done.is_empty() {
             continue;
         }
-        let now = Instant::now();
-        last_progress = now;
+        let now = if timed { Instant::now() } else { start };
         for c in done.drain(..) {
             if c.outcome != Outcome::Completed {
                 bail!("WRITE {} ended {:?}", c.seq.0, c.outcome);
@@ -648,7 +692,7 @@ fn run_point<D: Device>(
             if c.user == run_posted {
                 run_len += 1;
             } else {
-                if run_len > 0 {
+                if run_len > 0 && timed {
                     let ns = now.saturating_duration_since(run_posted).as_nanos() as u64;
                     lag.saturating_record_n(ns, run_len);
                 }
@@ -666,7 +710,7 @@ fn run_point<D: Device>(
             }
             retired += 1;
         }
-        if run_len > 0 {
+        if run_len > 0 && timed {
             let ns = now.saturating_duration_since(run_posted).as_nanos() as u64;
             lag.saturating_record_n(ns, run_len);
             run_len = 0;
@@ -701,13 +745,23 @@ fn run_point<D: Device>(
         forced: stats.forced,
         wrs_per_cqe: stats.mean_wrs_per_cqe(),
         cpu_ns_per_wr: cpu.as_nanos() as f64 / posted as f64,
-        lag: Percentiles::of(&lag).context("no lag recorded")?,
+        lag: Percentiles::of(&lag),
         nic_to_app: Percentiles::of(&gap),
         post_to_nic: Percentiles::of(&to_nic),
     };
     drop(queue);
     drop(peer);
     Ok((point, sq_capacity, buffers))
+}
+
+/// Where perftest's WRITE `index` (from 0) reads and writes: messages up to half a page
+/// step through one page in cache-line multiples; larger ones all use offset 0.
+fn perftest_offset(index: u64, size: u64) -> u64 {
+    if size > PAGE as u64 / 2 {
+        return 0;
+    }
+    let step = size.div_ceil(CACHE_LINE).max(1) * CACHE_LINE;
+    (index % (PAGE as u64 / step)) * step
 }
 
 /// Nanoseconds as a short human figure: 850ns, 12.3us, 4.56ms.
@@ -784,7 +838,7 @@ pub fn render(report: &Report) -> String {
             p.gbit_per_sec,
             p.cqes_per_1000,
             human_ns(p.cpu_ns_per_wr),
-            trio(&p.lag),
+            p.lag.as_ref().map_or("-".to_string(), trio),
         );
         if nic {
             let _ = write!(
@@ -922,6 +976,19 @@ mod tests {
         assert!(e.contains("--post-list 16"), "{e}");
         assert!(Cli::try_parse_from(["bench", "-e", "often"]).is_err());
         assert!(Cli::try_parse_from(["bench", "-D", "soon"]).is_err());
+    }
+
+    #[test]
+    fn perftest_addresses_step_through_one_page() {
+        let at = |i, size| perftest_offset(i, size);
+        assert_eq!(
+            (at(0, 64), at(1, 64), at(63, 64), at(64, 64)),
+            (0, 64, 4032, 0)
+        );
+        assert_eq!((at(1, 100), at(31, 100), at(32, 100)), (128, 3968, 0));
+        assert_eq!((at(1, 2048), at(2, 2048)), (2048, 0));
+        assert_eq!((at(1, 2049), at(7, 65536)), (0, 0));
+        assert_eq!((at(1, 1), at(64, 1)), (64, 0));
     }
 
     #[test]

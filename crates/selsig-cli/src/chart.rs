@@ -135,7 +135,7 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
         &areas[1],
         report,
         "Confirmation lag: post to the application learning of it",
-        |p| Some((us(p.lag.p50_ns), us(p.lag.p99_ns))),
+        |p| p.lag.as_ref().map(|q| (us(q.p50_ns), us(q.p99_ns))),
     )?;
     if nic {
         percentile_panel(

@@ -399,6 +399,10 @@ fn bench_perftest_mode_prints_perftest_figures() {
     );
     assert_eq!(v["settings"]["post_list"], 1);
     assert_eq!(v["settings"]["perftest_mode"], true);
+    assert!(
+        p["lag"].is_null(),
+        "perftest mode reads no clock while it runs: {p}"
+    );
 }
 
 #[test]

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use selsig::{
-    Access, AsyncEvent, Buffer, CompletionQueue, ConnectOptions, CqError, Device, Local,
-    MemoryRegion, Opcode, Outcome, Policy, PostFailure, QpCaps, QpInit, QpState, QueuePair, RecvWr,
-    RemoteAddr, SendWr, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion, connect_pair,
+    Access, AsyncEvent, Buffer, CompletionQueue, ConfigError, ConnectOptions, CqError, Device,
+    Local, MemoryRegion, Opcode, Outcome, Policy, PostFailure, QpCaps, QpInit, QpState,
+    QueueConfig, QueuePair, RecvWr, RemoteAddr, SendWr, SignaledQueue, WcOpcode, WcStatus, Work,
+    WorkCompletion, connect_pair,
 };
 use selsig_soft::{Personality, SoftConfig, SoftCq, SoftDevice, SoftMr, SoftQp};
 
@@ -1019,4 +1020,47 @@ fn adaptive_tick_on_a_full_queue_waits_for_room_instead_of_failing() {
         (1..=8).collect::<Vec<_>>()
     );
     assert_eq!(q.stats().markers, 1);
+}
+
+#[test]
+fn a_queue_without_the_clock_measures_no_lag_and_refuses_the_adaptive_policy() {
+    let p = pair();
+    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (bufs, _) = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE))
+        .split_into(8, 64)
+        .unwrap();
+    let adaptive = QueueConfig {
+        policy: "adaptive:4,10us".parse().unwrap(),
+        measure_lag: false,
+        ..QueueConfig::default()
+    };
+    let init = QpInit {
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    let qp = p.dev.create_qp(&p.pd, &p.cq_a, &p.cq_a, &init).unwrap();
+    let refused = SignaledQueue::<SoftDevice, u64>::with_config(qp, Arc::clone(&p.cq_a), adaptive);
+    assert!(matches!(refused, Err(ConfigError::AdaptiveNeedsClock)));
+
+    let config = QueueConfig {
+        policy: Policy::Every(4),
+        measure_lag: false,
+        ..QueueConfig::default()
+    };
+    let mut q: SignaledQueue<SoftDevice, u64> =
+        SignaledQueue::with_config(p.a, Arc::clone(&p.cq_a), config).unwrap();
+    let mut works = bufs
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| Work::write(b, remote.remote(i * 64), i as u64 + 1));
+    assert_eq!(q.post_batch(&mut works).unwrap(), 8);
+    let mut done = Vec::new();
+    let start = Instant::now();
+    while done.len() < 8 {
+        q.poll(&mut done).unwrap();
+        assert!(start.elapsed() < WAIT);
+    }
+    let s = q.stats();
+    assert_eq!((s.completed, s.cqes, s.signaled), (8, 2, 2));
+    assert!(s.lag_ns.is_empty());
 }

@@ -168,7 +168,9 @@ pub struct ConnectOptions {
     pub gid_index: Option<u8>,
     /// What the peer may do to this QP's memory (`qp_access_flags`).
     pub access: Access,
-    /// The path MTU in bytes (256 … 4096).
+    /// The path MTU in bytes (256 … 4096); providers use the smaller of this and the
+    /// port's active MTU. Default 4096: the active MTU, as perftest uses it (a smaller
+    /// MTU splits each message into more packets).
     pub mtu: u32,
     /// Transport retries before `IBV_WC_RETRY_EXC_ERR` (0–7).
     pub retry_cnt: u8,
@@ -182,7 +184,7 @@ impl Default for ConnectOptions {
             port: 1,
             gid_index: None,
             access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-            mtu: 1024,
+            mtu: 4096,
             retry_cnt: 7,
             rnr_retry: 7,
         }

@@ -189,6 +189,12 @@ pub struct QueueConfig {
     pub marker_target: RemoteAddr,
     /// Completions polled per call to the provider.
     pub poll_batch: usize,
+    /// Read the clock on every post and on every poll that finds completions (default
+    /// `true`): it measures confirmation lag ([`Stats::lag_ns`]) and drives the `Adaptive`
+    /// policy. Off saves those readings (a clock reading costs about as much as posting
+    /// a work request on a fast path); `lag_ns` stays empty and the `Adaptive` policy is
+    /// refused.
+    pub measure_lag: bool,
 }
 
 impl Default for QueueConfig {
@@ -199,6 +205,7 @@ impl Default for QueueConfig {
             first_seq: 1,
             marker_target: RemoteAddr::default(),
             poll_batch: 32,
+            measure_lag: true,
         }
     }
 }
@@ -329,6 +336,9 @@ pub struct SignaledQueue<D: Device, U> {
     wcs: Vec<WorkCompletion>,
     unclaimed: Vec<WorkCompletion>,
     marker_target: RemoteAddr,
+    /// Whether to read the clock ([`QueueConfig::measure_lag`]).
+    clock: bool,
+    epoch: Instant,
 }
 
 impl<D: Device, U> SignaledQueue<D, U> {
@@ -348,13 +358,18 @@ impl<D: Device, U> SignaledQueue<D, U> {
         let budget = config
             .cq
             .unwrap_or_else(|| CqBudget::Exclusive(cq.capacity()));
+        if !config.measure_lag && matches!(config.policy, Policy::Adaptive { .. }) {
+            return Err(ConfigError::AdaptiveNeedsClock);
+        }
         let tracker_config = TrackerConfig::new(qp.caps().max_send_wr, 0)
             .cq(budget)
             .policy(config.policy)
             .sq_sig_all(qp.sq_sig_all())
             .first_seq(config.first_seq)
-            .qp_num(qp.qp_num());
-        let tracker = SendTracker::new(tracker_config, Instant::now())?;
+            .qp_num(qp.qp_num())
+            .measure_lag(config.measure_lag);
+        let epoch = Instant::now();
+        let tracker = SendTracker::new(tracker_config, epoch)?;
         let slots = qp.caps().max_send_wr as usize;
         Ok(SignaledQueue {
             qp,
@@ -365,7 +380,19 @@ impl<D: Device, U> SignaledQueue<D, U> {
             wcs: vec![WorkCompletion::new(0, WcStatus::Success, 0); config.poll_batch.max(1)],
             unclaimed: Vec::new(),
             marker_target: config.marker_target,
+            clock: config.measure_lag,
+            epoch,
         })
+    }
+
+    /// Now, or the creation time when the queue does without the clock.
+    #[inline(always)]
+    fn now(&self) -> Instant {
+        if self.clock {
+            Instant::now()
+        } else {
+            self.epoch
+        }
     }
 
     /// The queue pair.
@@ -435,7 +462,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
     where
         I: Iterator<Item = Work<'a, D::Mr, U>>,
     {
-        let now = Instant::now();
+        let now = self.now();
         self.staged.clear();
         // (index in `staged`, bytes) of inline work requests; empty in the common case.
         let mut inline: Vec<(usize, &'a [u8])> = Vec::new();
@@ -560,7 +587,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             self.collect(out);
             return Ok(0);
         }
-        let now = Instant::now();
+        let now = self.now();
         let mut first_error = None;
         for i in 0..n {
             let wc = self.wcs[i];
@@ -579,7 +606,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// that wants to see every completion): it must belong to this queue's QP. Returns what
     /// it retired; collect those work requests with [`collect`](Self::collect).
     pub fn handle_completion(&mut self, wc: &WorkCompletion) -> Result<Handled, CompletionError> {
-        self.tracker.handle_completion(wc, Instant::now())
+        let now = self.now();
+        self.tracker.handle_completion(wc, now)
     }
 
     fn handle(&mut self, wc: &WorkCompletion, now: Instant) -> Result<(), CompletionError> {
@@ -608,7 +636,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// sequence number, or `None` when no marker was needed. Keep polling to learn the
     /// outcomes.
     pub fn confirm_all(&mut self) -> Result<Option<Seq>, QueuePostError<()>> {
-        let now = Instant::now();
+        let now = self.now();
         let seq = match self.tracker.confirm_all(now) {
             Ok(Some(seq)) => seq,
             Ok(None) => return Ok(None),
@@ -711,7 +739,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
             return Ok(DrainMarker::NotNeeded);
         }
         if matches!(self.tracker.state(), QueueState::Error { .. }) {
-            match self.tracker.post_marker(Instant::now()) {
+            let now = self.now();
+            match self.tracker.post_marker(now) {
                 Ok(seq) => self.post_marker(seq).map(|()| DrainMarker::Posted(seq)),
                 Err(e) if e.is_full() => Ok(DrainMarker::NoRoom),
                 Err(e) => Err(QueuePostError::Refused(e)),

@@ -165,6 +165,7 @@ pub struct TrackerConfig {
     sq_sig_all: bool,
     first_seq: u64,
     qp_num: Option<u32>,
+    measure_lag: bool,
 }
 
 impl TrackerConfig {
@@ -179,6 +180,7 @@ impl TrackerConfig {
             sq_sig_all: false,
             first_seq: 1,
             qp_num: None,
+            measure_lag: true,
         }
     }
 
@@ -211,6 +213,14 @@ impl TrackerConfig {
         self.qp_num = Some(qp_num);
         self
     }
+
+    /// Whether to record confirmation lag in [`Stats::lag_ns`] (default `true`). Turn it
+    /// off when the `now` given to the tracker is not read from a clock (a caller saving
+    /// the clock readings); the `Adaptive` policy still needs a real `now`.
+    pub fn measure_lag(mut self, yes: bool) -> Self {
+        self.measure_lag = yes;
+        self
+    }
 }
 
 /// Why a [`TrackerConfig`] is unusable.
@@ -229,6 +239,10 @@ pub enum ConfigError {
     /// The policy is invalid.
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// The `Adaptive` policy decides by the clock, and the queue was told not to read it
+    /// (`QueueConfig::measure_lag`).
+    #[error("the adaptive policy needs the clock: keep measure_lag on")]
+    AdaptiveNeedsClock,
 }
 
 /// Why a post was refused. The payload is handed back untouched.
@@ -481,6 +495,7 @@ pub struct SendTracker<T> {
     qp_num: Option<u32>,
     draining: bool,
     error: Option<(Seq, WcStatus)>,
+    measure_lag: bool,
     epoch: Instant,
     /// The last `now` seen and its offset from `epoch` in nanoseconds.
     last_now: Instant,
@@ -523,6 +538,7 @@ impl<T> SendTracker<T> {
             qp_num: config.qp_num,
             draining: false,
             error: None,
+            measure_lag: config.measure_lag,
             epoch: now,
             last_now: now,
             last_ns: 0,
@@ -808,10 +824,14 @@ impl<T> SendTracker<T> {
         // recorded run-length encoded: a batch posted at one instant shares one lag.
         let mut user = 0u64;
         let (mut lag_value, mut lag_count) = (0u64, 0u64);
+        let measure_lag = self.measure_lag;
         for entry in self.ring.range_mut(self.retired..=idx) {
             entry.outcome = before;
             if entry.payload.is_some() {
                 user += 1;
+                if !measure_lag {
+                    continue;
+                }
                 let lag = now_ns.saturating_sub(entry.posted_ns).min(MAX_LAG_NS);
                 if lag != lag_value {
                     if lag_count > 0 {
@@ -1136,6 +1156,24 @@ mod tests {
         assert_eq!(s.wrs_per_cqe.len(), 2);
         assert_eq!(s.wrs_per_cqe.max(), 4);
         assert_eq!(s.lag_ns.len(), 8);
+    }
+
+    #[test]
+    fn lag_is_not_recorded_when_turned_off() {
+        let now = Instant::now();
+        let config = TrackerConfig::new(16, 16)
+            .policy(Policy::Every(4))
+            .measure_lag(false);
+        let mut t: SendTracker<u64> = SendTracker::new(config, now).unwrap();
+        post_n(&mut t, now, 8);
+        for seq in [4, 8] {
+            t.handle_completion(&wc(seq, WcStatus::Success), now + Duration::from_micros(5))
+                .unwrap();
+        }
+        let s = t.stats();
+        assert_eq!((s.completed, s.cqes), (8, 2));
+        assert!(s.lag_ns.is_empty(), "no lag recorded");
+        assert_eq!(s.wrs_per_cqe.len(), 2, "the rest is still counted");
     }
 
     #[test]

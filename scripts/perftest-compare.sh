@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Compares `selsig bench` in its perftest-compatible mode with perftest's ib_write_bw on the
+# same device: the kernel's Soft-RoCE (rxe0) inside the project's VM (scripts/rxe-vm).
+#
+#   scripts/perftest-compare.sh [-Q CQ_MOD] [-t TX_DEPTH] [-n ITERS] [-r REPEATS] [SIZE...]
+#
+# For each size both run the same WRITE stream (one WRITE per post, every CQ_MOD-th signaled
+# and the last, at most TX_DEPTH outstanding, ITERS WRITEs) and report perftest's
+# "BW average[MB/sec]" (MB = 2^20 bytes, first post to last completion). They run
+# alternately, REPEATS times each (order flipped every round), and the medians are compared:
+# ratio = selsig / perftest. Defaults: perftest's (-Q 100 -t 128 -n 5000), sizes 64 4096
+# 65536, 3 repeats.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+cq_mod=100 depth=128 iters=5000 reps=3
+while getopts "Q:t:n:r:h" opt; do
+  case $opt in
+    Q) cq_mod=$OPTARG ;;
+    t) depth=$OPTARG ;;
+    n) iters=$OPTARG ;;
+    r) reps=$OPTARG ;;
+    *) sed -n '2,12p' "$0"; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+sizes=${*:-64 4096 65536}
+for v in "$cq_mod" "$depth" "$iters" "$reps" $sizes; do
+  [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "perftest-compare: not a positive number: $v" >&2; exit 2; }
+done
+
+scripts/rxe-vm/build.sh >&2
+cargo build -q --release -p selsig-cli
+bin=$PWD/target/release/selsig
+
+# Inside the VM: GID index 1 is rxe0's stable RoCE v2 address, 10.77.0.1 (scripts/rxe-vm).
+read -r -d '' inside <<'EOF' || true
+set -u
+common="-d rxe0 -x 1 -F --cq-mod $CQ_MOD -t $DEPTH -n $ITERS"
+port=18600
+median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+perftest() {   # size -> MB/s
+  port=$((port + 1))
+  ib_write_bw $common -s "$1" -p $port >/tmp/server.log 2>&1 &
+  local server=$!
+  sleep 2
+  local out
+  out=$(ib_write_bw $common -s "$1" -p $port 10.77.0.1 2>&1) || { echo "$out" >&2; kill $server 2>/dev/null; return 1; }
+  wait $server || true
+  echo "$out" | awk -v s="$1" -v n="$ITERS" '$1 == s && $2 == n {print $4}'
+}
+selsig() {
+  local out
+  out=$("$BIN" bench --provider verbs -d rxe0 -x 1 --cq-mod "$CQ_MOD" -t "$DEPTH" -n "$ITERS" -s "$1" 2>/tmp/selsig.err) \
+    || { cat /tmp/selsig.err >&2; return 1; }
+  echo "$out" | awk -v s="$1" -v n="$ITERS" '$1 == s && $2 == n {print $3}'
+}
+printf '%-8s %-8s %-8s %-8s %18s %18s %8s\n' size cq-mod depth iters "perftest MB/s" "selsig MB/s" ratio
+for size in $SIZES; do
+  : > /tmp/p; : > /tmp/s
+  for r in $(seq "$REPS"); do
+    if [ $((r % 2)) = 1 ]; then perftest "$size" >> /tmp/p; selsig "$size" >> /tmp/s
+    else selsig "$size" >> /tmp/s; perftest "$size" >> /tmp/p; fi
+  done
+  p=$(median < /tmp/p); s=$(median < /tmp/s)
+  [ -n "$p" ] && [ -n "$s" ] || { echo "perftest-compare: no figure for $size B (perftest: $p, selsig: $s)" >&2; exit 1; }
+  echo "  $size B: perftest $(tr '\n' ' ' < /tmp/p)| selsig $(tr '\n' ' ' < /tmp/s)" >&2
+  printf '%-8s %-8s %-8s %-8s %18.2f %18.2f %8.2f\n' "$size" "$CQ_MOD" "$DEPTH" "$ITERS" "$p" "$s" "$(awk -v a="$s" -v b="$p" 'BEGIN {print a / b}')"
+done
+EOF
+
+CQ_MOD=$cq_mod DEPTH=$depth ITERS=$iters REPS=$reps SIZES=$sizes BIN=$bin \
+  SELSIG_VM_TIMEOUT=${SELSIG_VM_TIMEOUT:-1800} scripts/rxe-vm/run.sh "$inside"
