@@ -36,6 +36,8 @@ pub const DEFAULT_TX_DEPTH: u32 = 128;
 const PERFTEST_POLL_BATCH: usize = 16;
 /// Time per point of a sweep when neither `-n` nor `-D` is given.
 const DEFAULT_DURATION: Duration = Duration::from_millis(500);
+/// Time the memcpy reference copies, per size.
+const MEMCPY_TIME: Duration = Duration::from_millis(200);
 /// The unmeasured run before the first point.
 const WARM_UP: Duration = Duration::from_millis(100);
 /// A point that makes no progress for this long has failed.
@@ -308,9 +310,9 @@ pub struct Point {
     pub wr_per_sec: f64,
     /// Gigabits (10^9) per second of payload.
     pub gbit_per_sec: f64,
-    /// perftest's "BW average[MB/sec]" (MB = 2^20 bytes).
+    /// perftest's `BW average[MB/sec]` (MB = 2^20 bytes).
     pub mib_per_sec: f64,
-    /// perftest's "MsgRate[Mpps]".
+    /// perftest's `MsgRate[Mpps]`.
     pub mpps: f64,
     /// Completions polled (signaled WRITEs, and the marker that confirms the tail of a
     /// timed run).
@@ -342,6 +344,16 @@ pub struct Report {
     pub personality: Option<String>,
     pub settings: Settings,
     pub points: Vec<Point>,
+    /// The soft provider's yardstick: one core copying the same buffers with `memcpy`
+    /// (the soft NIC moves every byte on a CPU core).
+    pub memcpy: Vec<MemcpyRef>,
+}
+
+/// `memcpy` throughput for one message size.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemcpyRef {
+    pub size: u64,
+    pub gbit_per_sec: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -412,8 +424,19 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
             bar.inc(1);
         }
     }
+    let mut memcpy = Vec::new();
+    if info.personality.is_some() && !plan.perftest {
+        bar.set_message("memcpy reference");
+        for &(size, buffers) in &buffers_per_size {
+            memcpy.push(MemcpyRef {
+                size,
+                gbit_per_sec: memcpy_gbit(size as usize, buffers as usize),
+            });
+        }
+    }
     bar.finish_and_clear();
     Ok(Report {
+        memcpy,
         provider: info.provider.as_str(),
         device: info.device.clone(),
         personality: info.personality.map(|p| p.to_string()),
@@ -437,6 +460,25 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
         },
         points,
     })
+}
+
+/// Gigabits per second one core copies `size`-byte messages between two arrays of
+/// `buffers` slots, slot after slot (the soft NIC's work, without the NIC).
+fn memcpy_gbit(size: usize, buffers: usize) -> f64 {
+    let buffers = buffers.max(1);
+    let src = pattern(1, size * buffers);
+    let mut dst = vec![0u8; size * buffers];
+    let mut copied = 0u64;
+    let start = Instant::now();
+    while start.elapsed() < MEMCPY_TIME {
+        for i in 0..buffers {
+            let at = i * size;
+            dst[at..at + size].copy_from_slice(std::hint::black_box(&src[at..at + size]));
+        }
+        std::hint::black_box(&mut dst);
+        copied += (size * buffers) as u64;
+    }
+    copied as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -581,6 +623,7 @@ fn run_point<D: Device>(
     let mut posting = true;
     let mut confirm = false;
     let mut loops = 0u32;
+    let mut posts = 0u32;
     let mut last_progress = Instant::now();
     let mut retired_at_check = 0u64;
 
@@ -588,70 +631,73 @@ fn run_point<D: Device>(
     let start = Instant::now();
     while posting || confirm || retired < posted {
         loops = loops.wrapping_add(1);
-        if posting {
+        // Post while there is room, then poll (perftest's loop).
+        while posting {
             let room = cap.saturating_sub(queue.outstanding()).min(plan.post_list);
             let room = match stop {
                 Stop::Iters(n) => u64::from(room).min(n - posted),
                 Stop::Duration(_) => u64::from(room),
             };
-            if room > 0 {
-                let now = if timed { Instant::now() } else { start };
-                let last = match stop {
-                    Stop::Iters(n) => n,
-                    Stop::Duration(_) => u64::MAX,
-                };
-                let mut k = 0u64;
-                let count = {
-                    let free = &mut free;
-                    let data = inline_data.as_slice();
-                    let mut works = std::iter::from_fn(|| {
-                        if k == room {
-                            return None;
-                        }
-                        k += 1;
-                        let index = posted + k - 1;
-                        let work = if plan.perftest {
-                            let at = perftest_offset(index, size);
-                            match &fixed {
-                                Some(mr) => Work::raw(
-                                    Opcode::RdmaWrite,
-                                    Some(mr.sge(at as usize, size as u32)),
-                                    target.offset(at),
-                                    now,
-                                ),
-                                None => Work::write_inline(data, target.offset(at), now),
-                            }
-                        } else if plan.inline {
-                            let at = (index % u64::from(buffers)) * size;
-                            Work::write_inline(data, target.offset(at), now)
-                        } else {
-                            let buf = free.pop()?;
-                            let at = buf.offset() as u64;
-                            Work::write(buf, target.offset(at), now)
-                        };
-                        // perftest signals the last WRITE of a counted run.
-                        Some(if posted + k == last {
-                            work.signal(selsig::Signal::Force)
-                        } else {
-                            work
-                        })
-                    });
-                    match queue.post_batch(&mut works) {
-                        Ok(n) => n as u64,
-                        Err(e) => {
-                            return Err(anyhow::Error::new(e)
-                                .context(format!("cannot post (after {posted} WRITEs)")));
-                        }
-                    }
-                };
-                // Work requests the queue had no room for stay in `works`; with room
-                // computed from `outstanding` that cannot happen.
-                ensure!(count == room, "posted {count} of {room} WRITEs");
-                posted += count;
+            if room == 0 {
+                break;
             }
+            let now = if timed { Instant::now() } else { start };
+            let last = match stop {
+                Stop::Iters(n) => n,
+                Stop::Duration(_) => u64::MAX,
+            };
+            let mut k = 0u64;
+            let count = {
+                let free = &mut free;
+                let data = inline_data.as_slice();
+                let mut works = std::iter::from_fn(|| {
+                    if k == room {
+                        return None;
+                    }
+                    k += 1;
+                    let index = posted + k - 1;
+                    let work = if plan.perftest {
+                        let at = perftest_offset(index, size);
+                        match &fixed {
+                            Some(mr) => Work::raw(
+                                Opcode::RdmaWrite,
+                                Some(mr.sge(at as usize, size as u32)),
+                                target.offset(at),
+                                now,
+                            ),
+                            None => Work::write_inline(data, target.offset(at), now),
+                        }
+                    } else if plan.inline {
+                        let at = (index % u64::from(buffers)) * size;
+                        Work::write_inline(data, target.offset(at), now)
+                    } else {
+                        let buf = free.pop()?;
+                        let at = buf.offset() as u64;
+                        Work::write(buf, target.offset(at), now)
+                    };
+                    // perftest signals the last WRITE of a counted run.
+                    Some(if posted + k == last {
+                        work.signal(selsig::Signal::Force)
+                    } else {
+                        work
+                    })
+                });
+                match queue.post_batch(&mut works) {
+                    Ok(n) => n as u64,
+                    Err(e) => {
+                        return Err(anyhow::Error::new(e)
+                            .context(format!("cannot post (after {posted} WRITEs)")));
+                    }
+                }
+            };
+            // Work requests the queue had no room for stay in `works`; with room
+            // computed from `outstanding` that cannot happen.
+            ensure!(count == room, "posted {count} of {room} WRITEs");
+            posted += count;
+            posts = posts.wrapping_add(1);
             posting = match stop {
                 Stop::Iters(n) => posted < n,
-                Stop::Duration(d) => loops % 64 != 0 || start.elapsed() < d,
+                Stop::Duration(d) => posts % 64 != 0 || start.elapsed() < d,
             };
             confirm = !posting && matches!(stop, Stop::Duration(_));
         }
@@ -848,6 +894,18 @@ pub fn render(report: &Report) -> String {
             );
         }
         out.push('\n');
+    }
+    if !report.memcpy.is_empty() {
+        let refs: Vec<String> = report
+            .memcpy
+            .iter()
+            .map(|m| format!("{} {:.1} Gb/s", human_size(m.size), m.gbit_per_sec))
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nmemcpy of the same buffers on one core (the soft NIC's yardstick): {}",
+            refs.join(", ")
+        );
     }
     out.push_str(
         "\nMWR/s: million WRITEs per second; CQE/1000: completions per 1000 WRITEs; CPU/WR: CPU time \

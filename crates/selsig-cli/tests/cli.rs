@@ -339,6 +339,17 @@ fn bench_counts_exactly_the_completions_each_interval_implies() {
     assert_eq!(v["settings"]["tx_depth"], 128);
     let points = v["points"].as_array().unwrap();
     assert_eq!(points.len(), 8, "2 sizes x 4 policies");
+    let memcpy = v["memcpy"].as_array().unwrap();
+    assert_eq!(
+        memcpy.len(),
+        2,
+        "the soft NIC's yardstick for each size: {memcpy:?}"
+    );
+    assert!(
+        memcpy
+            .iter()
+            .all(|m| m["gbit_per_sec"].as_f64() > Some(0.0))
+    );
     for p in points {
         let policy = p["policy"].as_str().unwrap();
         assert_eq!(p["wrs"], 2000, "{policy}");
@@ -430,11 +441,14 @@ fn bench_draws_an_svg_and_writes_json_to_a_file() {
         table.contains("every:8") && table.contains("lag p50"),
         "{table}"
     );
-    assert_eq!(
-        table.lines().filter(|l| l.contains("KiB")).count(),
-        3,
-        "{table}"
-    );
+    let rows = |size: &str| {
+        table
+            .lines()
+            .filter(|l| l.trim_start().starts_with(size))
+            .count()
+    };
+    assert_eq!((rows("64B "), rows("4KiB ")), (3, 3), "{table}");
+    assert!(table.contains("memcpy of the same buffers"), "{table}");
     let drawing = std::fs::read_to_string(&svg).unwrap();
     assert!(
         drawing.starts_with("<svg") && drawing.contains("Throughput"),

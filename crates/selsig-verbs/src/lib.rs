@@ -29,7 +29,11 @@ use selsig::{
     QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use smallvec::SmallVec;
 use sys::Verbs;
+
+/// Work requests of one post kept on the stack (more spill to the heap).
+const POST_INLINE: usize = 16;
 
 /// libibverbs, loaded once per process.
 fn verbs() -> Result<&'static Verbs, ProviderError> {
@@ -778,8 +782,9 @@ impl QueuePair for VerbsQp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut sges: Vec<sys::ibv_sge> = Vec::with_capacity(wrs.len());
-        let mut raw: Vec<sys::ibv_send_wr> = Vec::with_capacity(wrs.len());
+        // On the stack for the usual batch sizes: no allocation per post.
+        let mut sges: SmallVec<[sys::ibv_sge; POST_INLINE]> = SmallVec::with_capacity(wrs.len());
+        let mut raw: SmallVec<[sys::ibv_send_wr; POST_INLINE]> = SmallVec::with_capacity(wrs.len());
         for wr in wrs {
             let (sge, inline) = match wr.local {
                 Local::Empty => (None, false),
