@@ -1,7 +1,7 @@
 //! The `selsig` command on a real RDMA device (in CI: the kernel's Soft-RoCE `rxe0` in the
 //! VM of `scripts/verbs-tests.sh`): the demo, two processes through `serve`/`--connect`,
-//! and every shipped scenario, whose canonical trace must be the same as on the software
-//! NIC's rxe personality.
+//! every shipped scenario, whose canonical trace must be the same as on the software
+//! NIC's rxe personality, and `bench` (its accounting, and its perftest mode).
 //!
 //! Every test needs a device, so every test is `#[ignore]`d with the reason; the script
 //! runs them with `--ignored`.
@@ -128,4 +128,51 @@ fn every_scenario_gives_the_soft_rxe_trace_on_the_device() {
             "{path}: the trace on the device differs from the soft NIC's rxe personality"
         );
     }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn bench_on_the_device_counts_completions_and_prints_perftest_figures() {
+    let o = verbs(&[
+        "bench",
+        "-n",
+        "1000",
+        "-s",
+        "64,4K",
+        "-e",
+        "1,64,adaptive",
+        "--json",
+        "-",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["provider"], "verbs");
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 6);
+    for p in points {
+        assert_eq!(p["wrs"], 1000, "{p}");
+        if let Some(n) = p["interval"].as_u64() {
+            assert_eq!(
+                p["cqes"].as_u64(),
+                Some(1000 / n + u64::from(1000 % n != 0)),
+                "{p}"
+            );
+        }
+        assert_eq!(p["lag"]["count"], 1000, "{p}");
+        assert!(
+            p["nic_to_app"].is_null(),
+            "a real NIC tells nothing of unsignaled WRs: {p}"
+        );
+    }
+    assert!(v["memcpy"].as_array().unwrap().is_empty());
+
+    let o = verbs(&["bench", "--cq-mod", "100", "-s", "4096", "-n", "2000"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq(["4096", "2000"]))
+        .unwrap_or_else(|| panic!("a perftest row: {out}"));
+    let mib: f64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(mib > 0.0, "{row}");
 }
