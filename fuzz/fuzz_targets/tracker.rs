@@ -24,17 +24,27 @@ struct Input {
 
 #[derive(Debug, Arbitrary)]
 enum Op {
-    Post { force: bool },
-    Rollback { back: u8 },
+    Post {
+        force: bool,
+    },
+    Rollback {
+        back: u8,
+    },
     Tick(u16),
     /// The NIC executes the next work request; `fail` makes it fail with that status.
-    Execute { fail: Option<u8> },
+    Execute {
+        fail: Option<u8>,
+    },
     /// The NIC enters the error state (the QP was moved to ERR).
     NicError,
     /// Deliver the next completion the NIC produced.
     Deliver,
     /// Deliver an arbitrary completion.
-    Arbitrary { wr_id_offset: i16, status: u8, qp: bool },
+    Arbitrary {
+        wr_id_offset: i16,
+        status: u8,
+        qp: bool,
+    },
     Collect,
     Confirm,
     Drain,
@@ -56,10 +66,13 @@ fuzz_target!(|input: Input| {
     };
     let sq = u32::from(input.sq).max(1);
     let cq = u32::from(input.cq).max(1);
+    // A spare bit of the policy byte turns lag measurement off.
+    let measure_lag = input.policy & 4 == 0;
     let config = TrackerConfig::new(sq, cq)
         .policy(policy)
         .first_seq(input.first_seq)
-        .qp_num(QP);
+        .qp_num(QP)
+        .measure_lag(measure_lag);
     let Ok(mut t) = SendTracker::<u64>::new(config, epoch) else {
         return;
     };
@@ -85,7 +98,10 @@ fuzz_target!(|input: Input| {
                 let from = Seq(t.next_seq().0.saturating_sub(back));
                 if let Ok(items) = t.rollback(from) {
                     let items: Vec<u64> = items.collect();
-                    assert!(items.windows(2).all(|w| w[0] < w[1]), "handed back in order");
+                    assert!(
+                        items.windows(2).all(|w| w[0] < w[1]),
+                        "handed back in order"
+                    );
                     assert!(items.iter().all(|id| *id >= from.0));
                     nic.retain(|(s, _)| *s < from.0);
                 }
@@ -96,7 +112,8 @@ fuzz_target!(|input: Input| {
                     let status = if nic_error {
                         Some(WcStatus::WrFlushErr)
                     } else if let Some(code) = fail {
-                        let status = WcStatus::try_from(u32::from(code % 24)).unwrap_or(WcStatus::GeneralErr);
+                        let status = WcStatus::try_from(u32::from(code % 24))
+                            .unwrap_or(WcStatus::GeneralErr);
                         if status.is_success() {
                             signaled.then_some(status)
                         } else {
@@ -117,13 +134,25 @@ fuzz_target!(|input: Input| {
                     let _ = t.handle_completion(&wc, now);
                 }
             }
-            Op::Arbitrary { wr_id_offset, status, qp } => {
-                let wr_id = t.first_outstanding().0.wrapping_add_signed(i64::from(wr_id_offset));
-                let status = WcStatus::try_from(u32::from(status % 24)).unwrap_or(WcStatus::GeneralErr);
+            Op::Arbitrary {
+                wr_id_offset,
+                status,
+                qp,
+            } => {
+                let wr_id = t
+                    .first_outstanding()
+                    .0
+                    .wrapping_add_signed(i64::from(wr_id_offset));
+                let status =
+                    WcStatus::try_from(u32::from(status % 24)).unwrap_or(WcStatus::GeneralErr);
                 let wc = WorkCompletion::new(wr_id, status, if qp { QP } else { QP + 1 });
                 let before = t.outstanding();
                 if t.handle_completion(&wc, now).is_err() {
-                    assert_eq!(t.outstanding(), before, "a refused completion changes nothing");
+                    assert_eq!(
+                        t.outstanding(),
+                        before,
+                        "a refused completion changes nothing"
+                    );
                 }
             }
             Op::Collect => {
@@ -158,5 +187,9 @@ fuzz_target!(|input: Input| {
         // The caller's outstanding work requests (markers are outstanding too, not posted).
         assert!(s.posted - s.retired() <= u64::from(t.outstanding()));
         assert!(retired <= s.retired(), "handed back more than retired");
+        assert!(
+            measure_lag || s.lag_ns.is_empty(),
+            "lag recorded while turned off"
+        );
     }
 });

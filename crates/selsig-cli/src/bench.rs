@@ -88,14 +88,16 @@ pub struct BenchArgs {
     #[arg(long, default_value = "256M", value_parser = parse_size, value_name = "BYTES")]
     pub region: u64,
     /// Do not record when the soft NIC finished each WRITE (it costs the NIC a clock
-    /// reading per completion).
+    /// reading per completion and the application a lookup and two histogram records per
+    /// WRITE).
     #[arg(long)]
     pub no_nic_times: bool,
     /// Write every figure and the settings as JSON to FILE, or to stdout with `-`
     /// (the table is then not printed).
     #[arg(long, value_name = "FILE")]
     pub json: Option<String>,
-    /// Draw throughput and confirmation lag against the signal interval into an SVG file.
+    /// Draw throughput and confirmation lag (and, on the soft provider, the NIC-to-
+    /// application gap) against the signal interval into an SVG file.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<std::path::PathBuf>,
     #[command(flatten)]
