@@ -66,6 +66,10 @@ impl std::str::FromStr for Personality {
     }
 }
 
+/// The largest [`SoftConfig::max_qp_wr`]: the slots a completion's 16-bit WQE counter
+/// can name (mlx5 devices report 32768).
+pub const MAX_QP_WR: u32 = 1 << 16;
+
 /// Settings of a software device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SoftConfig {
@@ -73,7 +77,7 @@ pub struct SoftConfig {
     pub name: String,
     /// Queue semantics.
     pub personality: Personality,
-    /// Largest `max_send_wr` / `max_recv_wr`.
+    /// Largest `max_send_wr` / `max_recv_wr`: at most [`MAX_QP_WR`].
     pub max_qp_wr: u32,
     /// Largest CQ.
     pub max_cqe: u32,
@@ -185,6 +189,16 @@ pub struct SoftDevice {
 impl SoftDevice {
     /// Opens a new device with `config` and starts its NIC thread.
     pub fn open(config: SoftConfig) -> Result<SoftDevice, ProviderError> {
+        if config.max_qp_wr > MAX_QP_WR {
+            return Err(ProviderError::Invalid {
+                what: "max_qp_wr",
+                why: format!(
+                    "{}: a completion's 16-bit WQE counter names at most {MAX_QP_WR} send \
+                     queue slots",
+                    config.max_qp_wr
+                ),
+            });
+        }
         let guid = u64::from(random_u32()) << 32 | u64::from(random_u32());
         let mut gid = [0u8; 16];
         gid[0] = 0xfe;
@@ -667,7 +681,6 @@ impl QueuePair for SoftQp {
                 }
             }
             let wqe = Wqe {
-                wr_id: wr.wr_id,
                 opcode: match wr.opcode {
                     Opcode::RdmaWrite => ring::op::WRITE,
                     Opcode::RdmaWriteWithImm => ring::op::WRITE_IMM,
@@ -682,9 +695,8 @@ impl QueuePair for SoftQp {
                 lkey,
                 rkey: wr.remote.rkey,
                 remote_addr: wr.remote.addr,
-                imm: wr.imm_data,
             };
-            qp.sq.write(p.head, &wqe, inline);
+            qp.sq.write(p.head, &wqe, wr.wr_id, wr.imm_data, inline);
             p.head += 1;
         }
         // The doorbell: publish what was written, even if a later WR failed (as mlx5).

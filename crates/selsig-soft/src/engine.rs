@@ -23,7 +23,6 @@ pub(crate) const BUDGET: u64 = 256;
 /// WQEs fetched at once.
 const FETCH: usize = 16;
 const EMPTY_WQE: Wqe = Wqe {
-    wr_id: 0,
     opcode: 0,
     signaled: false,
     inline: false,
@@ -32,7 +31,6 @@ const EMPTY_WQE: Wqe = Wqe {
     lkey: 0,
     rkey: 0,
     remote_addr: 0,
-    imm: 0,
 };
 const SPIN: u32 = 2_000;
 const YIELD: u32 = 50;
@@ -143,12 +141,12 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
         for wqe in &group[..n] {
             let counter = exec as u16;
             let cqe = if state == QpState::Err {
-                Some(error_cqe(qp, wqe, counter, WcStatus::WrFlushErr))
+                Some(error_cqe(qp, exec, WcStatus::WrFlushErr))
             } else {
                 match execute(dev, qp, peer, wqe, exec, mrs) {
                     Exec::Done { opcode, byte_len } => {
-                        (wqe.signaled || qp.sq_sig_all).then_some(Cqe {
-                            wr_id: wqe.wr_id,
+                        (wqe.signaled || qp.sq_sig_all).then(|| Cqe {
+                            wr_id: qp.sq.wr_id(exec),
                             status: WcStatus::Success as u8,
                             opcode: opcode as u8,
                             send_queue: true,
@@ -186,7 +184,7 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                         } else {
                             status
                         };
-                        Some(error_cqe(qp, wqe, counter, status))
+                        Some(error_cqe(qp, exec, status))
                     }
                 }
             };
@@ -217,16 +215,17 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
     flush_rq_if_error(qp) || progress
 }
 
-fn error_cqe(qp: &QpInner, wqe: &Wqe, counter: u16, status: WcStatus) -> Cqe {
+/// The completion in error of WQE `index`.
+fn error_cqe(qp: &QpInner, index: u64, status: WcStatus) -> Cqe {
     // Only wr_id, status, qp_num and vendor_err are valid in an error completion; the
     // opcode is left 0, as rxe leaves it.
     Cqe {
-        wr_id: wqe.wr_id,
+        wr_id: qp.sq.wr_id(index),
         status: status as u8,
         opcode: 0,
         send_queue: true,
         has_imm: false,
-        wqe_counter: counter,
+        wqe_counter: index as u16,
         byte_len: 0,
         qp_num: qp.qpn,
         imm: 0,
@@ -476,7 +475,7 @@ fn execute(
                     WcStatus::Success,
                     WcOpcode::RecvRdmaWithImm,
                     len,
-                    Some(wqe.imm),
+                    Some(qp.sq.imm(index)),
                 );
                 push_recv(dev, peer, &cqe);
             }
@@ -532,7 +531,7 @@ fn execute(
                 return no_receive(qp);
             };
             consume_recv(peer);
-            let imm = (wqe.opcode == op::SEND_IMM).then_some(wqe.imm);
+            let imm = (wqe.opcode == op::SEND_IMM).then(|| qp.sq.imm(index));
             if len > rqe.len {
                 // The receive is too small: the responder's receive fails and it goes to
                 // the error state; the requester learns of an invalid request.

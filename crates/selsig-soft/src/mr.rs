@@ -16,7 +16,12 @@ const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
 pub(crate) const MAX_REGIONS: usize = 1 << (32 - TAG_BITS);
 
 /// A registered region: its memory, keys, access and protection domain.
+///
+/// On lines of its own: the application reads the key and address for every work request
+/// it builds and the NIC thread for every one it executes, so no neighbouring allocation
+/// that either side writes may share its lines.
 #[derive(Debug)]
+#[repr(align(128))]
 pub(crate) struct MrInner {
     pub(crate) words: Box<[AtomicU64]>,
     pub(crate) len: usize,

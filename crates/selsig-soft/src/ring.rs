@@ -17,18 +17,18 @@
 //! - receive queue: like the send queue, freed by the NIC's `consumer`.
 //!
 //! Indices are `u64` counters that never wrap; the WQE counter in a CQE is 16 bits, as in
-//! mlx5, and the poller maps it back through `wqe_head`.
+//! mlx5, and the poller maps it back to an index from the tail ([`SendRing::free_through`]).
 
 use crate::sync::{AtomicU64, Ordering, Padded};
 
 /// Inline data a WQE holds (a separate line per slot, touched by inline WQEs only).
 pub(crate) const MAX_INLINE: usize = 64;
 
-/// One cache line of words: a WQE (6 words used), or a WQE's inline data.
+/// One cache line of words: a WQE's inline data.
 #[repr(align(64))]
 struct Line([AtomicU64; 8]);
 
-/// Half a cache line: an RQE.
+/// Half a cache line: a WQE or an RQE.
 #[repr(align(32))]
 struct Half([AtomicU64; 4]);
 
@@ -70,10 +70,12 @@ pub(crate) mod op {
 const FLAG_SIGNALED: u64 = 1;
 const FLAG_INLINE: u64 = 2;
 
-/// A decoded work queue entry.
+/// A decoded work queue entry: what the NIC reads for every work request. Its `wr_id`
+/// and immediate data live in arrays of their own ([`SendRing::wr_id`],
+/// [`SendRing::imm`]), read only when needed (a completion, a `*_WITH_IMM` operation), as
+/// mlx5 keeps `wr_id`s in the host's `wrid` array rather than in the WQE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Wqe {
-    pub(crate) wr_id: u64,
     pub(crate) opcode: u8,
     pub(crate) signaled: bool,
     pub(crate) inline: bool,
@@ -82,16 +84,19 @@ pub(crate) struct Wqe {
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
     pub(crate) remote_addr: u64,
-    pub(crate) imm: u32,
 }
 
-/// The send queue: slots, `wqe_head` (mlx5's map from slot to the index after it) and the
-/// three indices.
+/// The send queue: slots, the `wr_id` and immediate data of each, and the three indices.
+///
+/// A WQE takes half a cache line (4 words), so that the lines the application writes and
+/// the NIC thread reads, which move between their cores, are half as many as with a line
+/// per WQE; `wr_id`s and immediate data are kept apart.
 #[derive(Debug)]
 pub(crate) struct SendRing {
-    slots: Box<[Line]>,
+    slots: Box<[Half]>,
     inline: Box<[Line]>,
-    wqe_head: Box<[AtomicU64]>,
+    wr_ids: Box<[AtomicU64]>,
+    imms: Box<[AtomicU64]>,
     mask: u64,
     /// Slots the producer may use at once.
     limit: u64,
@@ -109,9 +114,10 @@ impl SendRing {
     pub(crate) fn new(limit: u32) -> Self {
         let size = (limit as usize).next_power_of_two().max(1);
         SendRing {
-            slots: lines(size),
+            slots: halves(size),
             inline: lines(size),
-            wqe_head: (0..size).map(|_| AtomicU64::new(0)).collect(),
+            wr_ids: (0..size).map(|_| AtomicU64::new(0)).collect(),
+            imms: (0..size).map(|_| AtomicU64::new(0)).collect(),
             mask: size as u64 - 1,
             limit: u64::from(limit),
             producer: Padded(AtomicU64::new(0)),
@@ -129,32 +135,35 @@ impl SendRing {
         self.slots.len()
     }
 
-    fn slot(&self, index: u64) -> &[AtomicU64; 8] {
+    fn slot(&self, index: u64) -> &[AtomicU64; 4] {
         &self.slots[(index & self.mask) as usize].0
     }
 
-    /// Producer: writes WQE `index` (the caller owns the slot: `index - freed < limit`).
+    /// Producer: writes WQE `index` with its `wr_id`, and `imm` for the operations that
+    /// carry immediate data (the caller owns the slot: `index - freed < limit`).
     #[inline(always)]
-    pub(crate) fn write(&self, index: u64, wqe: &Wqe, inline: &[u8]) {
+    pub(crate) fn write(&self, index: u64, wqe: &Wqe, wr_id: u64, imm: u32, inline: &[u8]) {
         let s = self.slot(index);
+        let at = (index & self.mask) as usize;
         let flags =
             (u64::from(wqe.signaled) * FLAG_SIGNALED) | (u64::from(wqe.inline) * FLAG_INLINE);
-        s[0].store(wqe.wr_id, Ordering::Relaxed);
-        s[1].store(
+        s[0].store(
             u64::from(wqe.opcode) | flags << 8 | u64::from(wqe.len) << 32,
             Ordering::Relaxed,
         );
-        s[2].store(wqe.local_addr, Ordering::Relaxed);
-        s[3].store(
+        s[1].store(wqe.local_addr, Ordering::Relaxed);
+        s[2].store(
             u64::from(wqe.lkey) | u64::from(wqe.rkey) << 32,
             Ordering::Relaxed,
         );
-        s[4].store(wqe.remote_addr, Ordering::Relaxed);
-        s[5].store(u64::from(wqe.imm), Ordering::Relaxed);
+        s[3].store(wqe.remote_addr, Ordering::Relaxed);
+        self.wr_ids[at].store(wr_id, Ordering::Relaxed);
+        if matches!(wqe.opcode, op::WRITE_IMM | op::SEND_IMM) {
+            self.imms[at].store(u64::from(imm), Ordering::Relaxed);
+        }
         if !inline.is_empty() {
             write_words(self.inline_words(index), inline);
         }
-        self.wqe_head[(index & self.mask) as usize].store(index + 1, Ordering::Relaxed);
     }
 
     /// Producer: publishes the WQEs before `head` (the doorbell).
@@ -178,10 +187,17 @@ impl SendRing {
     }
 
     /// Poller (mlx5): a completion for the WQE with this counter was polled: its slot and
-    /// every earlier one are free (`wq->tail = wq->wqe_head[idx] + 1`).
+    /// every earlier one are free (mlx5's `wq->tail = wq->wqe_head[idx] + 1`).
+    ///
+    /// Every WQE here takes one slot, so the index is found from the counter without
+    /// mlx5's `wqe_head` array (a store per WQE saved on the posting path): the WQE lies
+    /// in `[tail, tail + slots)`, and slots are at most 2^16, so its index is the first
+    /// one from `tail` on whose low 16 bits are the counter. Only the poller writes
+    /// `tail` (the pollers of a CQ take turns under its lock).
     pub(crate) fn free_through(&self, wqe_counter: u16) {
+        let tail = self.tail.load(Ordering::Relaxed);
         self.tail
-            .store(self.head_after(wqe_counter), Ordering::Release);
+            .store(head_after(tail, wqe_counter), Ordering::Release);
     }
 
     /// Producer: the index before which slots are free again: freed by polling (mlx5) or
@@ -206,32 +222,43 @@ impl SendRing {
     #[inline(always)]
     pub(crate) fn read(&self, index: u64) -> Wqe {
         let s = self.slot(index);
-        let w1 = s[1].load(Ordering::Relaxed);
-        let keys = s[3].load(Ordering::Relaxed);
-        let flags = (w1 >> 8) & 0xff;
+        let w0 = s[0].load(Ordering::Relaxed);
+        let keys = s[2].load(Ordering::Relaxed);
+        let flags = (w0 >> 8) & 0xff;
         Wqe {
-            wr_id: s[0].load(Ordering::Relaxed),
-            opcode: (w1 & 0xff) as u8,
+            opcode: (w0 & 0xff) as u8,
             signaled: flags & FLAG_SIGNALED != 0,
             inline: flags & FLAG_INLINE != 0,
-            len: (w1 >> 32) as u32,
-            local_addr: s[2].load(Ordering::Relaxed),
+            len: (w0 >> 32) as u32,
+            local_addr: s[1].load(Ordering::Relaxed),
             lkey: keys as u32,
             rkey: (keys >> 32) as u32,
-            remote_addr: s[4].load(Ordering::Relaxed),
-            imm: s[5].load(Ordering::Relaxed) as u32,
+            remote_addr: s[3].load(Ordering::Relaxed),
         }
+    }
+
+    /// Consumer (NIC): the `wr_id` of WQE `index` (published by `producer`), for its
+    /// completion.
+    #[inline(always)]
+    pub(crate) fn wr_id(&self, index: u64) -> u64 {
+        self.wr_ids[(index & self.mask) as usize].load(Ordering::Relaxed)
+    }
+
+    /// Consumer (NIC): the immediate data of WQE `index`, a `*_WITH_IMM` operation.
+    pub(crate) fn imm(&self, index: u64) -> u32 {
+        self.imms[(index & self.mask) as usize].load(Ordering::Relaxed) as u32
     }
 
     /// The inline data words of slot `index`.
     pub(crate) fn inline_words(&self, index: u64) -> &[AtomicU64] {
         &self.inline[(index & self.mask) as usize].0
     }
+}
 
-    /// Poller (mlx5): the index after the WQE a completion's 16-bit counter names.
-    pub(crate) fn head_after(&self, wqe_counter: u16) -> u64 {
-        self.wqe_head[(u64::from(wqe_counter) & self.mask) as usize].load(Ordering::Relaxed)
-    }
+/// The index after the WQE that a completion's 16-bit counter names, the first WQE from
+/// `tail` on with those low bits.
+fn head_after(tail: u64, wqe_counter: u16) -> u64 {
+    tail + u64::from(wqe_counter.wrapping_sub(tail as u16)) + 1
 }
 
 #[cfg(not(loom))]
@@ -471,7 +498,6 @@ mod tests {
     fn wqe_round_trips_through_a_slot() {
         let ring = SendRing::new(4);
         let wqe = Wqe {
-            wr_id: u64::MAX - 3,
             opcode: op::WRITE_IMM,
             signaled: true,
             inline: true,
@@ -480,11 +506,11 @@ mod tests {
             lkey: 0x1234_5678,
             rkey: 0x9abc_def0,
             remote_addr: 0x7fff_0000_1000,
-            imm: 0xfeed_f00d,
         };
-        ring.write(5, &wqe, b"hello, world!");
+        ring.write(5, &wqe, u64::MAX - 3, 0xfeed_f00d, b"hello, world!");
         assert_eq!(ring.read(5), wqe);
-        assert_eq!(ring.head_after(5), 6);
+        assert_eq!(ring.wr_id(5), u64::MAX - 3);
+        assert_eq!(ring.imm(5), 0xfeed_f00d);
         let mut out = [0u8; 13];
         crate::mem::read(ring.inline_words(5), 0, &mut out);
         assert_eq!(&out, b"hello, world!");
@@ -514,7 +540,6 @@ mod tests {
     fn the_16_bit_wqe_counter_maps_back_past_the_wrap() {
         let ring = SendRing::new(8);
         let wqe = Wqe {
-            wr_id: 0,
             opcode: op::WRITE,
             signaled: false,
             inline: false,
@@ -523,12 +548,19 @@ mod tests {
             lkey: 0,
             rkey: 0,
             remote_addr: 0,
-            imm: 0,
         };
-        for index in (1u64 << 16) - 4..(1u64 << 16) + 4 {
-            ring.write(index, &wqe, &[]);
-            assert_eq!(ring.head_after(index as u16), index + 1);
+        for index in 0..(1u64 << 16) + 16 {
+            ring.write(index, &wqe, index, 0, &[]);
+            // A completion for every third WQE.
+            if index % 3 == 2 {
+                ring.free_through(index as u16);
+                assert_eq!(ring.freed(true), index + 1);
+            }
         }
+        // The WQE a counter names lies within 2^16 of the tail, on either side of a wrap.
+        assert_eq!(head_after(0xfff0, 0x0005), 0x1_0006);
+        assert_eq!(head_after(0x1_0000, 0xffff), 0x2_0000);
+        assert_eq!(head_after(7, 7), 8);
     }
 }
 
@@ -544,7 +576,6 @@ mod loom_tests {
 
     fn wqe(i: u64) -> Wqe {
         Wqe {
-            wr_id: 100 + i,
             opcode: op::WRITE,
             signaled: true,
             inline: false,
@@ -553,7 +584,6 @@ mod loom_tests {
             lkey: i as u32,
             rkey: 7 * i as u32,
             remote_addr: 2000 + i,
-            imm: 0,
         }
     }
 
@@ -594,9 +624,10 @@ mod loom_tests {
                         }
                         let w = sq.read(exec);
                         assert_eq!(w, wqe(exec), "the NIC reads what was written");
+                        let wr_id = sq.wr_id(exec);
                         exec += 1;
                         sq.set_executed(exec);
-                        while !cq.push(&cqe(w.wr_id, (exec - 1) as u16), &seen) {
+                        while !cq.push(&cqe(wr_id, (exec - 1) as u16), &seen) {
                             thread::yield_now();
                         }
                     }
@@ -605,7 +636,7 @@ mod loom_tests {
             let (mut head, mut consumer) = (0u64, 0u64);
             while consumer < N {
                 if head < N && head - sq.freed(free_on_poll) < sq.limit() {
-                    sq.write(head, &wqe(head), &[]);
+                    sq.write(head, &wqe(head), 100 + head, 0, &[]);
                     head += 1;
                     sq.publish(head);
                 } else if cq.available(consumer) > 0 {

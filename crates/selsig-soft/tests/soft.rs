@@ -1064,3 +1064,78 @@ fn a_queue_without_the_clock_measures_no_lag_and_refuses_the_adaptive_policy() {
     assert_eq!((s.completed, s.cqes, s.signaled), (8, 2, 2));
     assert!(s.lag_ns.is_empty());
 }
+
+#[test]
+fn a_device_refuses_a_depth_its_16_bit_wqe_counter_cannot_name() {
+    let config = SoftConfig {
+        max_qp_wr: (1 << 16) + 1,
+        ..SoftConfig::default()
+    };
+    let err = SoftDevice::open(config).unwrap_err().to_string();
+    assert!(err.contains("max_qp_wr"), "{err}");
+    assert!(err.contains("65537"), "{err}");
+}
+
+/// A send queue of 2^16 slots (the most a 16-bit WQE counter names) on mlx5: completions
+/// free slots correctly for several laps past the counter's wrap, with up to the whole
+/// depth outstanding.
+#[test]
+fn the_deepest_send_queue_frees_slots_through_the_counter_wrap() {
+    let depth: u32 = 1 << 16;
+    let dev = SoftDevice::open(SoftConfig {
+        max_qp_wr: depth,
+        ..SoftConfig::default()
+    })
+    .unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(1024).unwrap();
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: depth,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    assert_eq!(a.caps().max_send_wr, depth);
+    let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+    let remote = dev
+        .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    // Fill the whole queue, the last WRITE signaled: one more is refused until its
+    // completion is polled; then the whole depth fits again, three laps over.
+    let mut wr_id = 0u64;
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 4];
+    for lap in 0..3 {
+        let wrs: Vec<_> = (0..u64::from(depth))
+            .map(|i| {
+                wr_id += 1;
+                write(
+                    wr_id,
+                    &local,
+                    0,
+                    8,
+                    remote.remote(0),
+                    i + 1 == u64::from(depth),
+                )
+            })
+            .collect();
+        a.post_send(&wrs)
+            .unwrap_or_else(|e| panic!("lap {lap}: {e}"));
+        let more = write(0, &local, 0, 8, remote.remote(0), true);
+        assert!(a.post_send(&[more]).unwrap_err().is_full(), "lap {lap}");
+        let start = Instant::now();
+        let n = loop {
+            let n = cq.poll(&mut buf).unwrap();
+            if n > 0 {
+                break n;
+            }
+            assert!(start.elapsed() < WAIT, "lap {lap}: no completion");
+        };
+        assert_eq!(n, 1);
+        assert_eq!((buf[0].wr_id, buf[0].status), (wr_id, WcStatus::Success));
+    }
+}
