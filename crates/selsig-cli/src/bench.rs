@@ -496,6 +496,70 @@ fn thread_cpu() -> Duration {
 /// One point: a fresh queue pair and completion queue, `stop`'s worth of WRITEs of `size`
 /// bytes under `policy`. Returns the point, the send queue's capacity and the number of
 /// buffers.
+/// What the bench keeps of the WRITEs it gets back: their buffers for reuse, the
+/// confirmation lag, and the first that did not complete.
+struct Tally<M> {
+    free: Vec<Buffer<M>>,
+    lag: Histogram<u64>,
+    /// Whether lag is measured (not in perftest mode).
+    timed: bool,
+    /// The post time shared by the current run of retired WRITEs (a batch shares one),
+    /// how many, and when the poll that retired them saw them.
+    run_posted: Instant,
+    run_len: u64,
+    seen: Instant,
+    retired: u64,
+    failed: Option<(u64, Outcome)>,
+}
+
+impl<M> Tally<M> {
+    fn new(timed: bool, free: Vec<Buffer<M>>) -> Self {
+        let now = Instant::now();
+        Tally {
+            free,
+            lag: new_histogram(),
+            timed,
+            run_posted: now,
+            run_len: 0,
+            seen: now,
+            retired: 0,
+            failed: None,
+        }
+    }
+
+    /// A WRITE retired by a poll that saw it at `now` (its context is its post time).
+    #[inline]
+    fn take(&mut self, c: selsig::Completion<M, Instant>, now: Instant) {
+        if c.outcome != Outcome::Completed && self.failed.is_none() {
+            self.failed = Some((c.seq.0, c.outcome));
+        }
+        // A batch shares one post time: record its lags as one run.
+        if c.user == self.run_posted {
+            self.run_len += 1;
+        } else {
+            self.end_poll();
+            (self.run_posted, self.run_len) = (c.user, 1);
+        }
+        self.seen = now;
+        if let Some(buf) = c.buffer {
+            self.free.push(buf);
+        }
+        self.retired += 1;
+    }
+
+    /// Records the lag of the last run.
+    fn end_poll(&mut self) {
+        if self.run_len > 0 && self.timed {
+            let ns = self
+                .seen
+                .saturating_duration_since(self.run_posted)
+                .as_nanos() as u64;
+            self.lag.saturating_record_n(ns, self.run_len);
+        }
+        self.run_len = 0;
+    }
+}
+
 fn run_point<D: Device>(
     plan: &Plan,
     dev: &D,
@@ -618,10 +682,9 @@ fn run_point<D: Device>(
     };
     let mut done = Vec::with_capacity(depth as usize);
     let mut gap = new_histogram();
-    let mut lag = new_histogram();
-    let (mut run_posted, mut run_len) = (Instant::now(), 0u64);
+    let mut tally = Tally::new(timed, free);
     let mut to_nic = new_histogram();
-    let (mut posted, mut retired) = (0u64, 0u64);
+    let mut posted = 0u64;
     let mut posting = true;
     let mut confirm = false;
     let mut loops = 0u32;
@@ -631,7 +694,7 @@ fn run_point<D: Device>(
 
     let cpu0 = thread_cpu();
     let start = Instant::now();
-    while posting || confirm || retired < posted {
+    while posting || confirm || tally.retired < posted {
         loops = loops.wrapping_add(1);
         // Post while there is room, then poll (perftest's loop).
         while posting {
@@ -650,7 +713,7 @@ fn run_point<D: Device>(
             };
             let mut k = 0u64;
             let count = {
-                let free = &mut free;
+                let free = &mut tally.free;
                 let data = inline_data.as_slice();
                 let mut works = std::iter::from_fn(|| {
                     if k == room {
@@ -716,52 +779,47 @@ fn run_point<D: Device>(
         if adaptive {
             queue.tick().context("cannot confirm the adaptive tail")?;
         }
-        queue.poll(&mut done).context("cannot poll")?;
+        if nic_times {
+            // The NIC's time of each WRITE is looked up through the queue pair, which
+            // `poll_with` holds while it hands completions over: poll into a list.
+            queue.poll(&mut done).context("cannot poll")?;
+            if !done.is_empty() {
+                let now = Instant::now();
+                for c in done.drain(..) {
+                    if let Some(at) = queue.qp().executed_at(c.seq.0 - first_seq) {
+                        gap.saturating_record(now.saturating_duration_since(at).as_nanos() as u64);
+                        to_nic.saturating_record(
+                            at.saturating_duration_since(c.user).as_nanos() as u64
+                        );
+                    }
+                    tally.take(c, now);
+                }
+            }
+        } else {
+            // One clock reading per poll that retires anything.
+            let mut now = None;
+            queue
+                .poll_with(|c| {
+                    let at = *now.get_or_insert_with(|| if timed { Instant::now() } else { start });
+                    tally.take(c, at);
+                })
+                .context("cannot poll")?;
+        }
+        tally.end_poll();
+        if let Some((seq, outcome)) = tally.failed {
+            bail!("WRITE {seq} ended {outcome:?}");
+        }
         if loops % 4096 == 0 {
             // A stall check that reads the clock rarely.
-            if retired != retired_at_check {
-                (retired_at_check, last_progress) = (retired, Instant::now());
+            if tally.retired != retired_at_check {
+                (retired_at_check, last_progress) = (tally.retired, Instant::now());
             } else if last_progress.elapsed() > STALL {
                 bail!(
-                    "no completion for {} s ({retired} of {posted} WRITEs retired)",
-                    STALL.as_secs()
+                    "no completion for {} s ({} of {posted} WRITEs retired)",
+                    STALL.as_secs(),
+                    tally.retired
                 );
             }
-        }
-        if done.is_empty() {
-            continue;
-        }
-        let now = if timed { Instant::now() } else { start };
-        for c in done.drain(..) {
-            if c.outcome != Outcome::Completed {
-                bail!("WRITE {} ended {:?}", c.seq.0, c.outcome);
-            }
-            // A batch shares one post time: record its lags as one run.
-            if c.user == run_posted {
-                run_len += 1;
-            } else {
-                if run_len > 0 && timed {
-                    let ns = now.saturating_duration_since(run_posted).as_nanos() as u64;
-                    lag.saturating_record_n(ns, run_len);
-                }
-                (run_posted, run_len) = (c.user, 1);
-            }
-            if nic_times {
-                if let Some(at) = queue.qp().executed_at(c.seq.0 - first_seq) {
-                    gap.saturating_record(now.saturating_duration_since(at).as_nanos() as u64);
-                    to_nic
-                        .saturating_record(at.saturating_duration_since(c.user).as_nanos() as u64);
-                }
-            }
-            if let Some(buf) = c.buffer {
-                free.push(buf);
-            }
-            retired += 1;
-        }
-        if run_len > 0 && timed {
-            let ns = now.saturating_duration_since(run_posted).as_nanos() as u64;
-            lag.saturating_record_n(ns, run_len);
-            run_len = 0;
         }
     }
     let seconds = start.elapsed().as_secs_f64();
@@ -770,7 +828,7 @@ fn run_point<D: Device>(
 
     let stats = queue.stats();
     ensure!(
-        stats.completed == posted && retired == posted,
+        stats.completed == posted && tally.retired == posted,
         "{posted} WRITEs posted, {} completed",
         stats.completed
     );
@@ -793,7 +851,7 @@ fn run_point<D: Device>(
         forced: stats.forced,
         wrs_per_cqe: stats.mean_wrs_per_cqe(),
         cpu_ns_per_wr: cpu.as_nanos() as f64 / posted as f64,
-        lag: Percentiles::of(&lag),
+        lag: Percentiles::of(&tally.lag),
         nic_to_app: Percentiles::of(&gap),
         post_to_nic: Percentiles::of(&to_nic),
     };

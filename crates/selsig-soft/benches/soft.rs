@@ -106,7 +106,6 @@ fn raw(s: &Setup, size: usize, every: u64, count: u64) -> Duration {
 struct Driven {
     queue: SignaledQueue<SoftDevice, ()>,
     free: Vec<Buffer<SoftMr>>,
-    done: Vec<selsig::Completion<SoftMr, ()>>,
     remote: SoftMr,
     _b: SoftQp,
     _dev: SoftDevice,
@@ -119,7 +118,6 @@ fn driven(size: usize, every: u32) -> Driven {
     Driven {
         queue,
         free,
-        done: Vec::with_capacity(DEPTH),
         remote: s.remote,
         _b: s.b,
         _dev: s.dev,
@@ -144,10 +142,13 @@ impl Driven {
             if posted == count {
                 self.queue.confirm_all().expect("confirm");
             }
-            self.queue.poll(&mut self.done).expect("poll");
-            retired += self.done.len() as u64;
-            self.free
-                .extend(self.done.drain(..).filter_map(|c| c.buffer));
+            let free = &mut self.free;
+            self.queue
+                .poll_with(|c| {
+                    retired += 1;
+                    free.extend(c.buffer);
+                })
+                .expect("poll");
         }
         start.elapsed()
     }

@@ -354,6 +354,48 @@ fn bad_rkey_outcomes_through_the_driver() {
     );
 }
 
+/// `poll_with` hands back exactly what `poll` does: every WRITE once, in order, with its
+/// buffer and outcome (here the bad-rkey story: 2 completed, 1 failed, 5 flushed).
+#[test]
+fn poll_with_hands_back_every_outcome_in_order() {
+    let p = pair();
+    let local = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE));
+    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (bufs, _) = local.split_into(8, 64).unwrap();
+    let mut q: SignaledQueue<SoftDevice, u64> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
+    for (i, buf) in bufs.into_iter().enumerate() {
+        let mut target = remote.remote(i * 64);
+        if i == 2 {
+            target.rkey = target.rkey.wrapping_add(1);
+        }
+        q.post(Work::write(buf, target, i as u64 + 1)).unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut buffers = 0;
+    let start = Instant::now();
+    while seen.len() < 8 {
+        q.poll_with(|c| {
+            buffers += usize::from(c.buffer.is_some());
+            seen.push((c.user, c.outcome));
+        })
+        .unwrap();
+        assert!(start.elapsed() < WAIT, "only {seen:?}");
+    }
+    let mut expected = vec![
+        (1, Outcome::Completed),
+        (2, Outcome::Completed),
+        (3, Outcome::Failed(WcStatus::RemAccessErr)),
+    ];
+    expected.extend((4..=8).map(|wr| (wr, Outcome::Flushed)));
+    assert_eq!(seen, expected);
+    assert_eq!(buffers, 8, "every buffer comes back");
+    assert_eq!(q.outstanding(), 0);
+    let mut more = 0;
+    q.poll_with(|_| more += 1).unwrap();
+    assert_eq!(more, 0, "nothing is handed back twice");
+}
+
 #[test]
 fn rxe_personality_raises_no_access_event_and_reports_local_errors_as_qp_op_errors() {
     // As the kernel's Soft-RoCE (Linux 6.1) does, seen in scripts/rxe-vm.

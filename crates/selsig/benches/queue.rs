@@ -149,9 +149,15 @@ impl Device for NullDevice {
 
 fn driver(c: &mut Criterion) {
     let mut group = c.benchmark_group("driver");
-    for every in [1u32, 64] {
+    for (every, with) in [(1u32, false), (64, false), (1, true), (64, true)] {
         group.throughput(Throughput::Elements(1));
-        group.bench_with_input(BenchmarkId::new("every", every), &every, |b, &every| {
+        // `poll` into a vector drained by the caller, or `poll_with` and a closure.
+        let name = if with {
+            "poll_with/every"
+        } else {
+            "poll/every"
+        };
+        group.bench_with_input(BenchmarkId::new(name, every), &every, |b, &every| {
             let cq = Arc::new(NullCq::default());
             let qp = NullQp {
                 cq: Arc::clone(&cq),
@@ -185,9 +191,20 @@ fn driver(c: &mut Criterion) {
                     if posted == iters {
                         queue.confirm_all().expect("confirm");
                     }
-                    queue.poll(&mut done).expect("poll");
-                    retired += done.len() as u64;
-                    free.extend(done.drain(..).filter_map(|c| c.buffer));
+                    if with {
+                        queue
+                            .poll_with(|c| {
+                                retired += 1;
+                                if let Some(b) = c.buffer {
+                                    free.push(b);
+                                }
+                            })
+                            .expect("poll");
+                    } else {
+                        queue.poll(&mut done).expect("poll");
+                        retired += done.len() as u64;
+                        free.extend(done.drain(..).filter_map(|c| c.buffer));
+                    }
                 }
                 black_box(retired);
                 start.elapsed()
