@@ -4,8 +4,10 @@
 //! WRITEs signaled every 64 and every 1, and 4 KiB WRITEs next to a plain copy of the
 //! same bytes.
 //!
-//! Two threads: the application posts batches of 32 (one doorbell each) and polls; the
-//! device's NIC thread executes. Send queue depth 1024, one buffer per slot.
+//! Two threads: the application posts batches (one doorbell each) and polls; the device's
+//! NIC thread executes. One buffer per send queue slot. Two shapes: send queue depth
+//! 1024 with batches of 32, and depth 8192 with batches of 512 (a deep queue keeps the NIC
+//! thread busy far behind the poster: 64-byte WRITEs run faster).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -18,10 +20,23 @@ use selsig::{
 };
 use selsig_soft::{SoftConfig, SoftCq, SoftDevice, SoftMr, SoftQp};
 
-const DEPTH: usize = 1024;
-const BATCH: usize = 32;
+/// The send queue depth and the batch posted per doorbell.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    depth: usize,
+    batch: usize,
+}
 
-/// A connected pair, a local region of `DEPTH` buffers and a remote region as large.
+const SHALLOW: Shape = Shape {
+    depth: 1024,
+    batch: 32,
+};
+const DEEP: Shape = Shape {
+    depth: 8192,
+    batch: 512,
+};
+
+/// A connected pair, a local region of `depth` buffers and a remote region as large.
 struct Setup {
     dev: SoftDevice,
     a: SoftQp,
@@ -31,13 +46,13 @@ struct Setup {
     remote: SoftMr,
 }
 
-fn setup(size: usize) -> Setup {
+fn setup(size: usize, depth: usize) -> Setup {
     let dev = SoftDevice::open(SoftConfig::default()).expect("device");
     let pd = dev.alloc_pd().expect("pd");
-    let cq = Arc::new(dev.create_cq(2 * DEPTH as u32).expect("cq"));
+    let cq = Arc::new(dev.create_cq(2 * depth as u32).expect("cq"));
     let init = QpInit {
         caps: QpCaps {
-            max_send_wr: DEPTH as u32,
+            max_send_wr: depth as u32,
             ..QpCaps::default()
         },
         sq_sig_all: false,
@@ -46,12 +61,12 @@ fn setup(size: usize) -> Setup {
     let b = dev.create_qp(&pd, &cq, &cq, &init).expect("qp");
     connect_pair(&a, &b, &ConnectOptions::default()).expect("connect");
     let local = dev
-        .reg_mr(&pd, DEPTH * size, Access::LOCAL_WRITE)
+        .reg_mr(&pd, depth * size, Access::LOCAL_WRITE)
         .expect("mr");
     let remote = dev
         .reg_mr(
             &pd,
-            DEPTH * size,
+            depth * size,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )
         .expect("mr");
@@ -66,16 +81,16 @@ fn setup(size: usize) -> Setup {
 }
 
 /// The raw provider loop: `count` WRITEs, every `every`-th signaled (and the last).
-fn raw(s: &Setup, size: usize, every: u64, count: u64) -> Duration {
-    let mut wrs: Vec<SendWr<'static>> = Vec::with_capacity(BATCH);
+fn raw(s: &Setup, shape: Shape, size: usize, every: u64, count: u64) -> Duration {
+    let mut wrs: Vec<SendWr<'static>> = Vec::with_capacity(shape.batch);
     let mut wc = [WorkCompletion::new(0, WcStatus::Success, 0); 32];
-    let depth = DEPTH as u64;
+    let depth = shape.depth as u64;
     let (mut posted, mut completed) = (0u64, 0u64);
     let base = s.a.qp_num();
     let start = Instant::now();
     while completed < count {
         let room = (depth - (posted - completed))
-            .min(BATCH as u64)
+            .min(shape.batch as u64)
             .min(count - posted);
         if room > 0 {
             wrs.clear();
@@ -105,18 +120,22 @@ fn raw(s: &Setup, size: usize, every: u64, count: u64) -> Duration {
 /// The same stream through `SignaledQueue`: buffers move in and come back.
 struct Driven {
     queue: SignaledQueue<SoftDevice, ()>,
+    batch: usize,
     free: Vec<Buffer<SoftMr>>,
     remote: SoftMr,
     _b: SoftQp,
     _dev: SoftDevice,
 }
 
-fn driven(size: usize, every: u32) -> Driven {
-    let s = setup(size);
-    let (free, _) = Buffer::new(s.local).split_into(DEPTH, size).expect("split");
+fn driven(shape: Shape, size: usize, every: u32) -> Driven {
+    let s = setup(size, shape.depth);
+    let (free, _) = Buffer::new(s.local)
+        .split_into(shape.depth, size)
+        .expect("split");
     let queue = SignaledQueue::new(s.a, s.cq, Policy::Every(every)).expect("queue");
     Driven {
         queue,
+        batch: shape.batch,
         free,
         remote: s.remote,
         _b: s.b,
@@ -131,7 +150,7 @@ impl Driven {
         let start = Instant::now();
         while retired < count {
             if posted < count && !self.free.is_empty() {
-                let n = (self.free.len().min(BATCH) as u64).min(count - posted) as usize;
+                let n = (self.free.len().min(self.batch) as u64).min(count - posted) as usize;
                 let at = self.free.len() - n;
                 let mut works = self.free.drain(at..).map(|buf| {
                     let target = remote.offset(buf.offset() as u64);
@@ -158,23 +177,18 @@ fn write_64(c: &mut Criterion) {
     let mut group = c.benchmark_group("write_64B");
     group.throughput(Throughput::Elements(1));
     group.measurement_time(Duration::from_secs(4));
-    for every in [64u32, 1] {
-        group.bench_with_input(
-            BenchmarkId::new("raw", format!("every_{every}")),
-            &every,
-            |b, &every| {
-                let s = setup(64);
-                b.iter_custom(|iters| raw(&s, 64, u64::from(every), iters));
-            },
-        );
-        group.bench_with_input(
-            BenchmarkId::new("queue", format!("every_{every}")),
-            &every,
-            |b, &every| {
-                let mut d = driven(64, every);
+    for shape in [SHALLOW, DEEP] {
+        for every in [64u32, 1] {
+            let id = format!("every_{every}/depth_{}", shape.depth);
+            group.bench_with_input(BenchmarkId::new("raw", &id), &every, |b, &every| {
+                let s = setup(64, shape.depth);
+                b.iter_custom(|iters| raw(&s, shape, 64, u64::from(every), iters));
+            });
+            group.bench_with_input(BenchmarkId::new("queue", &id), &every, |b, &every| {
+                let mut d = driven(shape, 64, every);
                 b.iter_custom(|iters| d.run(iters));
-            },
-        );
+            });
+        }
     }
     group.finish();
 }
@@ -184,22 +198,24 @@ fn write_4k(c: &mut Criterion) {
     let mut group = c.benchmark_group("write_4KiB");
     group.throughput(Throughput::Bytes(size as u64));
     group.measurement_time(Duration::from_secs(4));
+    let shape = SHALLOW;
     group.bench_function("raw/every_64", |b| {
-        let s = setup(size);
-        b.iter_custom(|iters| raw(&s, size, 64, iters));
+        let s = setup(size, shape.depth);
+        b.iter_custom(|iters| raw(&s, shape, size, 64, iters));
     });
     group.bench_function("queue/every_64", |b| {
-        let mut d = driven(size, 64);
+        let mut d = driven(shape, size, 64);
         b.iter_custom(|iters| d.run(iters));
     });
-    // The bytes of the same working set, copied by one core: `DEPTH` 4 KiB sources to
-    // `DEPTH` 4 KiB targets, in turn.
-    let src = vec![7u8; DEPTH * size];
-    let mut dst = vec![0u8; DEPTH * size];
+    // The bytes of the same working set, copied by one core: `depth` 4 KiB sources to
+    // `depth` 4 KiB targets, in turn.
+    let depth = shape.depth;
+    let src = vec![7u8; depth * size];
+    let mut dst = vec![0u8; depth * size];
     let mut i = 0;
     group.bench_function("memcpy", |b| {
         b.iter(|| {
-            let k = (i % DEPTH) * size;
+            let k = (i % depth) * size;
             dst[k..k + size].copy_from_slice(&src[k..k + size]);
             i += 1;
             black_box(&dst);
