@@ -493,9 +493,6 @@ fn thread_cpu() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
-/// One point: a fresh queue pair and completion queue, `stop`'s worth of WRITEs of `size`
-/// bytes under `policy`. Returns the point, the send queue's capacity and the number of
-/// buffers.
 /// What the bench keeps of the WRITEs it gets back: their buffers for reuse, the
 /// confirmation lag, and the first that did not complete.
 struct Tally<M> {
@@ -560,6 +557,9 @@ impl<M> Tally<M> {
     }
 }
 
+/// One point: a fresh queue pair and completion queue, `stop`'s worth of WRITEs of `size`
+/// bytes under `policy`. Returns the point, the send queue's capacity and the number of
+/// buffers.
 fn run_point<D: Device>(
     plan: &Plan,
     dev: &D,
