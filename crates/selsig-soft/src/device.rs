@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use std::thread::{JoinHandle, Thread};
@@ -118,6 +118,9 @@ pub(crate) struct DeviceInner {
     pub(crate) qps: Mutex<Registry>,
     /// Bumped whenever the QP list or a QP's connection changes.
     pub(crate) qps_version: AtomicU64,
+    /// The `qps_version` the NIC thread last took its list of QPs from: once it reaches a
+    /// version, no turn of the NIC serves a QP removed before it.
+    pub(crate) served_version: AtomicU64,
     pub(crate) events: Mutex<VecDeque<AsyncEvent>>,
     pub(crate) stop: AtomicBool,
     /// Read by every doorbell: a line of its own.
@@ -149,8 +152,9 @@ impl DeviceInner {
         self.events.lock().push_back(event);
     }
 
-    fn bump(&self) {
-        self.qps_version.fetch_add(1, Ordering::AcqRel);
+    /// Bumps `qps_version`; returns the new version.
+    fn bump(&self) -> u64 {
+        self.qps_version.fetch_add(1, Ordering::AcqRel) + 1
     }
 }
 
@@ -211,6 +215,7 @@ impl SoftDevice {
             mrs: Padded(RwLock::new(MrTable::default())),
             qps: Mutex::new(Registry::default()),
             qps_version: AtomicU64::new(0),
+            served_version: AtomicU64::new(0),
             events: Mutex::new(VecDeque::new()),
             stop: AtomicBool::new(false),
             sleeping: Padded(AtomicBool::new(false)),
@@ -349,6 +354,31 @@ struct PollState {
 }
 
 impl CqInner {
+    /// Poller: removes the completions of QP `qpn` that were not polled yet, keeping the
+    /// others in order (mlx5's `__mlx5_cq_clean`: from the newest completion back to the
+    /// oldest, each kept one moves up by the number removed so far, then the consumer
+    /// index skips the freed slots). The NIC must no longer complete work of that QP;
+    /// it may go on appending others' completions meanwhile.
+    fn clean(&self, qpn: u32) {
+        let mut st = self.poll.lock();
+        let consumer = st.consumer;
+        let producer = consumer + self.ring.available(consumer);
+        let mut removed = 0;
+        for index in (consumer..producer).rev() {
+            let c = self.ring.read(index);
+            if c.qp_num == qpn {
+                removed += 1;
+            } else if removed > 0 {
+                self.ring.overwrite(index + removed, &c);
+            }
+        }
+        if st.last_sq.as_ref().is_some_and(|(n, _)| *n == qpn) {
+            st.last_sq = None;
+        }
+        st.consumer += removed;
+        self.ring.set_consumed(st.consumer);
+    }
+
     /// NIC: appends a completion; `false` when the CQ has no room (it is then in the error
     /// state) or was already in it.
     pub(crate) fn push(&self, cqe: &Cqe) -> bool {
@@ -482,6 +512,12 @@ impl QpInner {
             .is_ok()
     }
 
+    /// The QP was destroyed: it is back in the reset state, where it neither executes
+    /// nor responds.
+    fn destroy(&self) {
+        self.state.store(QpState::Reset as u8, Ordering::Release);
+    }
+
     /// Moves to the error state, whatever the state was.
     pub(crate) fn set_error(&self) {
         self.state.store(QpState::Err as u8, Ordering::Release);
@@ -502,12 +538,50 @@ pub struct SoftQp {
 
 impl Drop for SoftQp {
     fn drop(&mut self) {
+        // Gone for its peer too: from now on the NIC delivers nothing to it.
+        self.qp.destroy();
         let mut reg = self.dev.qps.lock();
         reg.list.retain(|q| !Arc::ptr_eq(q, &self.qp));
         reg.by_num.remove(&self.qp.qpn);
         drop(reg);
-        self.dev.bump();
+        let version = self.dev.bump();
+        // mlx5 removes the destroyed QP's completions that were not polled from its CQs
+        // (libmlx5 `mlx5_destroy_qp` → `__mlx5_cq_clean`), once the NIC no longer
+        // serves the QP; rxe leaves them.
+        if self.dev.config.personality == Personality::Mlx5 && self.wait_unserved(version) {
+            self.qp.send_cq.clean(self.qp.qpn);
+            if !Arc::ptr_eq(&self.qp.recv_cq, &self.qp.send_cq) {
+                self.qp.recv_cq.clean(self.qp.qpn);
+            }
+        }
         self.qp.send_cq.send_queues.write().remove(&self.qp.qpn);
+    }
+}
+
+impl SoftQp {
+    /// Waits until the NIC thread took a list of QPs of `version` or later (so it no
+    /// longer serves this QP). `false` if the thread is gone or does not get there within
+    /// a second (a turn busy with a huge copy): the completions are then left in place.
+    fn wait_unserved(&self, version: u64) -> bool {
+        let start = Instant::now();
+        loop {
+            if self.dev.served_version.load(Ordering::Acquire) >= version {
+                return true;
+            }
+            let running = self
+                ._engine
+                .thread
+                .lock()
+                .as_ref()
+                .is_some_and(|t| !t.is_finished());
+            if !running || start.elapsed() > Duration::from_secs(1) {
+                return false;
+            }
+            if let Some(t) = self.dev.engine_thread.get() {
+                t.unpark();
+            }
+            std::thread::yield_now();
+        }
     }
 }
 

@@ -67,6 +67,9 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
                     rnr_wait: None,
                 })
                 .collect();
+            // No QP removed before `version` is served from here on (`SoftQp`'s drop
+            // waits for this before it cleans the QP's completions away).
+            dev.served_version.store(version, Ordering::Release);
         }
         let mut progress = false;
         {

@@ -446,6 +446,13 @@ impl CompletionRing {
         self.consumer.store(consumer, Ordering::Release);
     }
 
+    /// Poller: rewrites CQE `index`, published and not consumed yet (a CQ clean moves the
+    /// completions it keeps; the NIC does not touch those slots until `consumer` passes
+    /// them).
+    pub(crate) fn overwrite(&self, index: u64, c: &Cqe) {
+        self.write(index, c);
+    }
+
     /// Producer: writes CQE `index` (the caller checked there is room).
     fn write(&self, index: u64, c: &Cqe) {
         let s = self.slot(index);

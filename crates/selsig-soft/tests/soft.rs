@@ -1181,3 +1181,83 @@ fn the_deepest_send_queue_frees_slots_through_the_counter_wrap() {
         assert_eq!((buf[0].wr_id, buf[0].status), (wr_id, WcStatus::Success));
     }
 }
+
+/// Destroying a QP: mlx5's `ibv_destroy_qp` removes the QP's completions that were not
+/// polled yet from its CQs (libmlx5 `mlx5_destroy_qp` → `__mlx5_cq_clean`); rxe's leaves
+/// them. Either way the QP is gone for its peer: a WRITE to it exhausts its retries.
+#[test]
+fn destroying_a_qp_removes_its_unpolled_completions_on_mlx5() {
+    for personality in [Personality::Mlx5, Personality::Rxe] {
+        let dev = SoftDevice::open(SoftConfig::with_personality(personality)).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let shared = dev.create_cq(64).unwrap();
+        let other = dev.create_cq(64).unwrap();
+        let init = QpInit {
+            caps: QpCaps {
+                max_send_wr: 16,
+                max_recv_wr: 4,
+                ..QpCaps::default()
+            },
+            sq_sig_all: false,
+        };
+        let a = dev.create_qp(&pd, &shared, &shared, &init).unwrap();
+        let c = dev.create_qp(&pd, &shared, &shared, &init).unwrap();
+        let b = dev.create_qp(&pd, &other, &other, &init).unwrap();
+        let d = dev.create_qp(&pd, &other, &other, &init).unwrap();
+        connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+        connect_pair(&c, &d, &ConnectOptions::default()).unwrap();
+        let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+        let remote = dev
+            .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        for (qp, wr_id) in [(&a, 1), (&c, 101), (&a, 2), (&c, 102), (&a, 3)] {
+            qp.post_send(&[write(wr_id, &local, 0, 8, remote.remote(0), true)])
+                .unwrap();
+        }
+        // All five completions are in the shared CQ, none polled.
+        std::thread::sleep(Duration::from_millis(50));
+        drop(a);
+        std::thread::sleep(Duration::from_millis(30));
+        let mut got = Vec::new();
+        let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 16];
+        loop {
+            let n = shared.poll(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend(buf[..n].iter().map(|w| (w.wr_id, w.status)));
+        }
+        let of_c: Vec<_> = got.iter().filter(|(id, _)| *id > 100).copied().collect();
+        let of_a: Vec<_> = got.iter().filter(|(id, _)| *id < 100).copied().collect();
+        assert_eq!(
+            of_c,
+            [(101, WcStatus::Success), (102, WcStatus::Success)],
+            "{personality:?}: the other QP's completions stay, in order"
+        );
+        match personality {
+            Personality::Mlx5 => assert_eq!(of_a, [], "mlx5 removes the destroyed QP's"),
+            Personality::Rxe => assert_eq!(
+                of_a,
+                [1, 2, 3].map(|id| (id, WcStatus::Success)),
+                "rxe leaves them"
+            ),
+        }
+        // The shared CQ goes on working, and so do the other QP's slots.
+        for wr_id in 103..103 + 20 {
+            c.post_send(&[write(wr_id, &local, 0, 8, remote.remote(0), true)])
+                .unwrap();
+            let wc = poll_n(&shared, 1);
+            assert_eq!(statuses(&wc), [(wr_id, WcStatus::Success)]);
+        }
+        // The destroyed QP's peer finds no one listening.
+        b.post_send(&[write(7, &local, 0, 8, remote.remote(0), true)])
+            .unwrap();
+        let wc = poll_n(&other, 1);
+        assert_eq!(
+            statuses(&wc),
+            [(7, WcStatus::RetryExcErr)],
+            "{personality:?}"
+        );
+        drop(d);
+    }
+}
