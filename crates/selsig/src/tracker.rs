@@ -480,6 +480,8 @@ pub struct SendTracker<T> {
     next_seq: u64,
     /// Retired entries at the front of the ring, awaiting `poll_retired`.
     retired: usize,
+    /// Markers among the entries not retired yet.
+    unretired_markers: u32,
     /// Outstanding signaled sequence numbers, oldest first.
     signaled_seqs: VecDeque<u64>,
     /// Unsignaled work requests posted since the last signaled one.
@@ -527,6 +529,7 @@ impl<T> SendTracker<T> {
             head_seq: config.first_seq,
             next_seq: config.first_seq,
             retired: 0,
+            unretired_markers: 0,
             signaled_seqs: VecDeque::with_capacity(slots + 1),
             run: 0,
             run_start_ns: 0,
@@ -740,7 +743,10 @@ impl<T> SendTracker<T> {
         }
         for entry in self.ring.range(idx..) {
             match (entry.payload.is_some(), entry.signal) {
-                (false, _) => self.stats.markers -= 1,
+                (false, _) => {
+                    self.stats.markers -= 1;
+                    self.unretired_markers -= 1;
+                }
                 (true, signal) => {
                     self.stats.posted -= 1;
                     if let Some(reason) = signal {
@@ -820,12 +826,22 @@ impl<T> SendTracker<T> {
         if entered_error {
             self.error = Some((Seq(seq), wc.status));
         }
+        let count = idx + 1 - self.retired;
         // Every covered entry gets `before`, the completion's own entry gets `this`. Lags are
         // recorded run-length encoded: a batch posted at one instant shares one lag.
         let mut user = 0u64;
         let (mut lag_value, mut lag_count) = (0u64, 0u64);
         let measure_lag = self.measure_lag;
-        for entry in self.ring.range_mut(self.retired..=idx) {
+        // The common case needs no pass over the covered entries: entries are posted
+        // `Completed`, no marker is among them, and no lag is recorded.
+        let covered = if before == Outcome::Completed && !measure_lag && self.unretired_markers == 0
+        {
+            user = count as u64;
+            self.ring.range_mut(idx..idx)
+        } else {
+            self.ring.range_mut(self.retired..=idx)
+        };
+        for entry in covered {
             entry.outcome = before;
             if entry.payload.is_some() {
                 user += 1;
@@ -846,6 +862,7 @@ impl<T> SendTracker<T> {
         if lag_count > 0 {
             self.stats.lag_ns.saturating_record_n(lag_value, lag_count);
         }
+        self.unretired_markers -= (count as u64 - user) as u32;
         let own = &mut self.ring[idx];
         own.outcome = this;
         let own_user = u64::from(own.payload.is_some());
@@ -857,7 +874,6 @@ impl<T> SendTracker<T> {
             }
         }
         self.stats.wrs_per_cqe.saturating_record(user);
-        let count = idx + 1 - self.retired;
         let first = self.head_seq + self.retired as u64;
         self.retired = idx + 1;
         while self.signaled_seqs.front().is_some_and(|&s| s <= seq) {
@@ -1073,6 +1089,8 @@ impl<T> SendTracker<T> {
         }
         if user {
             self.stats.posted += 1;
+        } else {
+            self.unretired_markers += 1;
         }
     }
 
