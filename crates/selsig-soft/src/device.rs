@@ -533,7 +533,8 @@ impl QpInner {
 pub struct SoftQp {
     qp: Arc<QpInner>,
     dev: Arc<DeviceInner>,
-    _engine: Arc<Engine>,
+    /// Keeps the NIC thread running; the drop asks whether it still runs.
+    engine: Arc<Engine>,
 }
 
 impl Drop for SoftQp {
@@ -569,7 +570,7 @@ impl SoftQp {
                 return true;
             }
             let running = self
-                ._engine
+                .engine
                 .thread
                 .lock()
                 .as_ref()
@@ -999,7 +1000,7 @@ impl Device for SoftDevice {
         Ok(SoftQp {
             qp,
             dev: Arc::clone(&self.dev),
-            _engine: Arc::clone(&self.engine),
+            engine: Arc::clone(&self.engine),
         })
     }
 

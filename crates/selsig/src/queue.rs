@@ -601,7 +601,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn poll_with<F>(&mut self, mut f: F) -> Result<usize, PollError>
+    pub fn poll_with<F>(&mut self, f: F) -> Result<usize, PollError>
     where
         F: FnMut(Completion<D::Mr, U>),
     {
@@ -616,15 +616,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 }
             }
         }
-        while let Some(r) = self.tracker.poll_retired() {
-            f(Completion {
-                seq: r.seq,
-                buffer: r.payload.buffer,
-                user: r.payload.user,
-                outcome: r.outcome,
-                signaled: r.signaled,
-            });
-        }
+        self.collect_with(f);
         match first_error {
             Some(e) => Err(e.into()),
             None => Ok(n),
@@ -649,8 +641,13 @@ impl<D: Device, U> SignaledQueue<D, U> {
 
     /// Appends every retired work request not yet handed back to `out`, in posting order.
     pub fn collect(&mut self, out: &mut Vec<Completion<D::Mr, U>>) {
+        self.collect_with(|c| out.push(c));
+    }
+
+    /// Hands every retired work request not yet handed back to `f`, in posting order.
+    fn collect_with(&mut self, mut f: impl FnMut(Completion<D::Mr, U>)) {
         while let Some(r) = self.tracker.poll_retired() {
-            out.push(Completion {
+            f(Completion {
                 seq: r.seq,
                 buffer: r.payload.buffer,
                 user: r.payload.user,
