@@ -872,33 +872,17 @@ impl QueuePair for VerbsQp {
         if rc == 0 {
             return Ok(());
         }
-        // rxe returns the errno as a positive value, others may return -1 with errno set.
-        let code = if rc > 0 {
-            rc
-        } else {
-            io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EINVAL)
-        };
-        let index = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `raw` (the failing work request).
-            (unsafe { bad.offset_from(base) }).clamp(0, wrs.len() as isize - 1) as usize
-        };
-        let failure = match code {
-            libc::ENOMEM | libc::ENOSPC => PostFailure::Full,
-            libc::EINVAL => match self.state() {
-                s @ (QpState::Reset | QpState::Init | QpState::Rtr) => PostFailure::State(s),
-                _ => PostFailure::Invalid("rejected by the provider (EINVAL)"),
-            },
-            _ => PostFailure::Other,
-        };
-        Err(PostWrError {
-            index,
-            failure,
-            source: Some(io::Error::from_raw_os_error(code)),
-        })
+        let errno = io::Error::last_os_error().raw_os_error();
+        // SAFETY: a non-null `bad` points into `raw` (the failing work request).
+        let offset = (!bad.is_null()).then(|| unsafe { bad.offset_from(base) });
+        Err(post_error(
+            rc,
+            errno,
+            offset,
+            wrs.len(),
+            Queue::Send,
+            || self.state(),
+        ))
     }
 
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError> {
@@ -953,22 +937,68 @@ impl QueuePair for VerbsQp {
         if rc == 0 {
             return Ok(());
         }
-        let code = if rc > 0 { rc } else { libc::EINVAL };
-        let index = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `raw`.
-            (unsafe { bad.offset_from(base) }).clamp(0, wrs.len() as isize - 1) as usize
-        };
-        Err(PostWrError {
-            index,
-            failure: if code == libc::ENOMEM {
-                PostFailure::Full
+        let errno = io::Error::last_os_error().raw_os_error();
+        // SAFETY: a non-null `bad` points into `raw`.
+        let offset = (!bad.is_null()).then(|| unsafe { bad.offset_from(base) });
+        Err(post_error(
+            rc,
+            errno,
+            offset,
+            wrs.len(),
+            Queue::Recv,
+            || self.state(),
+        ))
+    }
+}
+
+/// Which queue a failed post was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    Send,
+    Recv,
+}
+
+/// The error of a failed `ibv_post_send` / `ibv_post_recv`: `rc` is what the provider
+/// returned (rxe and mlx5 return the errno; others may return -1 and set `errno`, read
+/// right after the call), `bad` the position of `bad_wr` in the list of `len` work
+/// requests (`None` when the provider left it null), `state` queries the QP's state (only
+/// for `EINVAL`).
+fn post_error(
+    rc: i32,
+    errno: Option<i32>,
+    bad: Option<isize>,
+    len: usize,
+    queue: Queue,
+    state: impl FnOnce() -> QpState,
+) -> PostWrError {
+    let code = if rc > 0 {
+        rc
+    } else {
+        errno.filter(|&e| e > 0).unwrap_or(libc::EINVAL)
+    };
+    let index = bad.map_or(0, |i| i.clamp(0, len as isize - 1) as usize);
+    let failure = match code {
+        libc::ENOMEM | libc::ENOSPC => PostFailure::Full,
+        libc::EINVAL => {
+            // A send queue takes work requests from RTS on (and, flushing them, in the
+            // error states); a receive queue from INIT on.
+            let state = state();
+            let refused = match queue {
+                Queue::Send => matches!(state, QpState::Reset | QpState::Init | QpState::Rtr),
+                Queue::Recv => state == QpState::Reset,
+            };
+            if refused {
+                PostFailure::State(state)
             } else {
-                PostFailure::Other
-            },
-            source: Some(io::Error::from_raw_os_error(code)),
-        })
+                PostFailure::Invalid("rejected by the provider (EINVAL)")
+            }
+        }
+        _ => PostFailure::Other,
+    };
+    PostWrError {
+        index,
+        failure,
+        source: Some(io::Error::from_raw_os_error(code)),
     }
 }
 
@@ -1146,6 +1176,70 @@ impl Device for VerbsDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn errno_of(e: &PostWrError) -> Option<i32> {
+        e.source.as_ref().and_then(io::Error::raw_os_error)
+    }
+
+    #[test]
+    fn post_errors_take_the_errno_from_the_return_code_or_errno() {
+        let never = || -> QpState { panic!("the state is only queried for EINVAL") };
+        // rxe and mlx5 return the errno itself.
+        let e = post_error(
+            libc::ENOMEM,
+            Some(libc::EAGAIN),
+            Some(3),
+            8,
+            Queue::Send,
+            never,
+        );
+        assert_eq!(
+            (e.index, e.failure, errno_of(&e)),
+            (3, PostFailure::Full, Some(libc::ENOMEM))
+        );
+        // Others return -1 and set errno: the same for sends and receives.
+        for queue in [Queue::Send, Queue::Recv] {
+            let e = post_error(-1, Some(libc::ENOMEM), Some(0), 2, queue, never);
+            assert_eq!(
+                (e.failure, errno_of(&e)),
+                (PostFailure::Full, Some(libc::ENOMEM))
+            );
+            let e = post_error(-1, Some(libc::EIO), None, 2, queue, never);
+            assert_eq!(
+                (e.index, e.failure, errno_of(&e)),
+                (0, PostFailure::Other, Some(libc::EIO))
+            );
+            // -1 without an errno: EINVAL, judged by the state.
+            let e = post_error(-1, Some(0), None, 2, queue, || QpState::Rts);
+            assert_eq!(errno_of(&e), Some(libc::EINVAL));
+            assert!(matches!(e.failure, PostFailure::Invalid(_)), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn post_errors_name_the_bad_work_request_within_the_list() {
+        let at = |bad| post_error(libc::ENOMEM, None, bad, 4, Queue::Send, || QpState::Rts).index;
+        assert_eq!(
+            [at(None), at(Some(0)), at(Some(2)), at(Some(3))],
+            [0, 0, 2, 3]
+        );
+        // A pointer outside the list is not trusted beyond it.
+        assert_eq!([at(Some(-1)), at(Some(9))], [0, 3]);
+    }
+
+    #[test]
+    fn einval_is_a_state_error_where_the_queue_takes_no_work_requests() {
+        let send = |state| post_error(libc::EINVAL, None, None, 1, Queue::Send, || state).failure;
+        let recv = |state| post_error(libc::EINVAL, None, None, 1, Queue::Recv, || state).failure;
+        for state in [QpState::Reset, QpState::Init, QpState::Rtr] {
+            assert_eq!(send(state), PostFailure::State(state));
+        }
+        assert!(matches!(send(QpState::Rts), PostFailure::Invalid(_)));
+        assert_eq!(recv(QpState::Reset), PostFailure::State(QpState::Reset));
+        for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            assert!(matches!(recv(state), PostFailure::Invalid(_)), "{state:?}");
+        }
+    }
 
     #[test]
     fn mtu_round_trips() {
