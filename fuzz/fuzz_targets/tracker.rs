@@ -45,7 +45,10 @@ enum Op {
         status: u8,
         qp: bool,
     },
-    Collect,
+    /// Collect the retired work requests: one by one, or in one pass (`poll_retired_with`).
+    Collect {
+        one_pass: bool,
+    },
     Confirm,
     Drain,
 }
@@ -155,15 +158,23 @@ fuzz_target!(|input: Input| {
                     );
                 }
             }
-            Op::Collect => {
-                while let Some(r) = t.poll_retired() {
+            Op::Collect { one_pass } => {
+                let mut check = |r: selsig::Retired<u64>| {
                     assert_eq!(r.payload, r.seq.0);
                     if let Some(last) = last_retired {
                         assert!(r.seq.0 > last, "retired in posting order, once");
                     }
                     last_retired = Some(r.seq.0);
                     retired += 1;
+                };
+                if one_pass {
+                    t.poll_retired_with(check);
+                } else {
+                    while let Some(r) = t.poll_retired() {
+                        check(r);
+                    }
                 }
+                assert_eq!(t.pending_retired(), 0);
             }
             Op::Confirm => {
                 if let Ok(Some(seq)) = t.confirm_all(now) {

@@ -22,71 +22,70 @@ use crate::wc::{WcStatus, WorkCompletion};
 #[derive(Debug)]
 pub struct Work<'a, M, U> {
     opcode: Opcode,
-    /// A buffer, held by the queue until the work request is retired.
-    buffer: Option<Buffer<M>>,
-    /// Inline bytes, copied into the work request when it is posted.
-    inline: Option<&'a [u8]>,
-    /// Memory the queue does not hold ([`Work::raw`]).
-    raw: Option<Sge>,
-    remote: RemoteAddr,
-    imm_data: u32,
     signal: Signal,
+    imm_data: u32,
+    data: Data<'a, M>,
+    remote: RemoteAddr,
     user: U,
 }
 
+/// The local data of a [`Work`].
+#[derive(Debug)]
+enum Data<'a, M> {
+    /// Zero bytes.
+    Empty,
+    /// A buffer, held by the queue until the work request is retired.
+    Buffer(Buffer<M>),
+    /// Inline bytes, copied into the work request when it is posted.
+    Inline(&'a [u8]),
+    /// Memory the queue does not hold ([`Work::raw`]).
+    Raw(Sge),
+}
+
 impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
-    fn new(
-        opcode: Opcode,
-        buffer: Option<Buffer<M>>,
-        inline: Option<&'a [u8]>,
-        remote: RemoteAddr,
-        user: U,
-    ) -> Self {
+    fn new(opcode: Opcode, data: Data<'a, M>, remote: RemoteAddr, user: U) -> Self {
         Work {
             opcode,
-            buffer,
-            inline,
-            raw: None,
-            remote,
-            imm_data: 0,
             signal: Signal::Auto,
+            imm_data: 0,
+            data,
+            remote,
             user,
         }
     }
 
     /// An RDMA WRITE of `buffer` to `remote`.
     pub fn write(buffer: Buffer<M>, remote: RemoteAddr, user: U) -> Self {
-        Self::new(Opcode::RdmaWrite, Some(buffer), None, remote, user)
+        Self::new(Opcode::RdmaWrite, Data::Buffer(buffer), remote, user)
     }
 
     /// An RDMA WRITE of inline bytes to `remote`.
     pub fn write_inline(data: &'a [u8], remote: RemoteAddr, user: U) -> Self {
-        Self::new(Opcode::RdmaWrite, None, Some(data), remote, user)
+        Self::new(Opcode::RdmaWrite, Data::Inline(data), remote, user)
     }
 
     /// A zero-length RDMA WRITE (the remote key is not checked for zero bytes).
     pub fn write_empty(remote: RemoteAddr, user: U) -> Self {
-        Self::new(Opcode::RdmaWrite, None, None, remote, user)
+        Self::new(Opcode::RdmaWrite, Data::Empty, remote, user)
     }
 
     /// An RDMA WRITE with immediate data: the peer's receive completes with `imm`.
     pub fn write_with_imm(buffer: Buffer<M>, remote: RemoteAddr, imm: u32, user: U) -> Self {
-        let mut w = Self::new(Opcode::RdmaWriteWithImm, Some(buffer), None, remote, user);
+        let mut w = Self::new(Opcode::RdmaWriteWithImm, Data::Buffer(buffer), remote, user);
         w.imm_data = imm;
         w
     }
 
     /// An RDMA READ of `remote` into `buffer` (its region needs `LOCAL_WRITE`).
     pub fn read(buffer: Buffer<M>, remote: RemoteAddr, user: U) -> Self {
-        Self::new(Opcode::RdmaRead, Some(buffer), None, remote, user)
+        Self::new(Opcode::RdmaRead, Data::Buffer(buffer), remote, user)
     }
 
     /// A SEND of `buffer` (the peer needs a receive posted).
     pub fn send(buffer: Buffer<M>, user: U) -> Self {
         Self::new(
             Opcode::Send,
-            Some(buffer),
-            None,
+            Data::Buffer(buffer),
             RemoteAddr::default(),
             user,
         )
@@ -94,15 +93,19 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
 
     /// A SEND of inline bytes.
     pub fn send_inline(data: &'a [u8], user: U) -> Self {
-        Self::new(Opcode::Send, None, Some(data), RemoteAddr::default(), user)
+        Self::new(
+            Opcode::Send,
+            Data::Inline(data),
+            RemoteAddr::default(),
+            user,
+        )
     }
 
     /// A SEND with immediate data.
     pub fn send_with_imm(buffer: Buffer<M>, imm: u32, user: U) -> Self {
         let mut w = Self::new(
             Opcode::SendWithImm,
-            Some(buffer),
-            None,
+            Data::Buffer(buffer),
             RemoteAddr::default(),
             user,
         );
@@ -112,7 +115,7 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
 
     /// Any operation on inline bytes (e.g. an RDMA WRITE with immediate).
     pub fn inline(opcode: Opcode, data: &'a [u8], remote: RemoteAddr, user: U) -> Self {
-        Self::new(opcode, None, Some(data), remote, user)
+        Self::new(opcode, Data::Inline(data), remote, user)
     }
 
     /// A work request on memory the queue does not hold: `local` is a scatter/gather entry
@@ -120,9 +123,8 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
     /// memory before the work request is retired; the queue cannot enforce it. For
     /// programs that manage their own registered rings.
     pub fn raw(opcode: Opcode, local: Option<Sge>, remote: RemoteAddr, user: U) -> Self {
-        let mut w = Self::new(opcode, None, None, remote, user);
-        w.raw = local;
-        w
+        let data = local.map_or(Data::Empty, Data::Raw);
+        Self::new(opcode, data, remote, user)
     }
 
     /// Sets the immediate data (for the `*_WITH_IMM` operations).
@@ -144,8 +146,12 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
 
     /// The payload that is kept until retirement, giving up the rest.
     fn into_payload(self) -> Payload<M, U> {
+        let buffer = match self.data {
+            Data::Buffer(b) => Some(b),
+            _ => None,
+        };
         Payload {
-            buffer: self.buffer,
+            buffer,
             user: self.user,
         }
     }
@@ -472,12 +478,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
         for _ in 0..room {
             let Some(Work {
                 opcode,
-                buffer,
-                inline: inline_bytes,
-                raw,
-                remote,
-                imm_data,
                 signal,
+                imm_data,
+                data,
+                remote,
                 user,
             }) = works.next()
             else {
@@ -485,30 +489,37 @@ impl<D: Device, U> SignaledQueue<D, U> {
             };
             // Built from scalars rather than through `Buffer::sge`'s `Result`: this is the hot
             // path of every post.
-            let local = match (&buffer, inline_bytes) {
-                (Some(b), _) => match u32::try_from(b.len()) {
-                    Ok(length) => Local::Sge(Sge {
-                        addr: b.region().addr().wrapping_add(b.offset() as u64),
-                        length,
-                        lkey: b.region().lkey(),
-                    }),
+            let (local, buffer) = match data {
+                Data::Buffer(b) => match u32::try_from(b.len()) {
+                    Ok(length) => (
+                        Local::Sge(Sge {
+                            addr: b.region().addr().wrapping_add(b.offset() as u64),
+                            length,
+                            lkey: b.region().lkey(),
+                        }),
+                        Some(b),
+                    ),
                     Err(_) => {
                         let source = ProviderError::Invalid {
                             what: "buffer length",
                             why: format!("{} bytes do not fit one work request", b.len()),
                         };
                         refused = Some(QueuePostError::Invalid {
-                            work: Payload { buffer, user },
+                            work: Payload {
+                                buffer: Some(b),
+                                user,
+                            },
                             source,
                         });
                         break;
                     }
                 },
-                (None, Some(bytes)) => {
+                Data::Inline(bytes) => {
                     inline.push((self.staged.len(), bytes));
-                    Local::Empty
+                    (Local::Empty, None)
                 }
-                (None, None) => raw.map_or(Local::Empty, Local::Sge),
+                Data::Raw(sge) => (Local::Sge(sge), None),
+                Data::Empty => (Local::Empty, None),
             };
             match self.tracker.post(Payload { buffer, user }, signal, now) {
                 Ok(posted) => {
@@ -646,15 +657,15 @@ impl<D: Device, U> SignaledQueue<D, U> {
 
     /// Hands every retired work request not yet handed back to `f`, in posting order.
     fn collect_with(&mut self, mut f: impl FnMut(Completion<D::Mr, U>)) {
-        while let Some(r) = self.tracker.poll_retired() {
+        self.tracker.poll_retired_with(|r| {
             f(Completion {
                 seq: r.seq,
                 buffer: r.payload.buffer,
                 user: r.payload.user,
                 outcome: r.outcome,
                 signaled: r.signaled,
-            });
-        }
+            })
+        });
     }
 
     /// Makes sure everything posted so far will be confirmed: if the last work requests

@@ -498,6 +498,8 @@ pub struct SendTracker<T> {
     draining: bool,
     error: Option<(Seq, WcStatus)>,
     measure_lag: bool,
+    /// Whether `now` is read at all: to measure lag, or for the `Adaptive` policy.
+    clocked: bool,
     epoch: Instant,
     /// The last `now` seen and its offset from `epoch` in nanoseconds.
     last_now: Instant,
@@ -542,6 +544,7 @@ impl<T> SendTracker<T> {
             draining: false,
             error: None,
             measure_lag: config.measure_lag,
+            clocked: config.measure_lag || matches!(config.policy, Policy::Adaptive { .. }),
             epoch: now,
             last_now: now,
             last_ns: 0,
@@ -653,9 +656,14 @@ impl<T> SendTracker<T> {
     // ----- inputs --------------------------------------------------------------------
 
     /// Changes the signaling policy from the next post on.
+    ///
+    /// A tracker that measures no lag reads `now` only for the `Adaptive` policy: switched
+    /// to it, an unsignaled run already posted counts as started when the tracker was
+    /// created (it is confirmed at the next chance).
     pub fn set_policy(&mut self, policy: Policy) -> Result<(), PolicyError> {
         policy.validate()?;
         self.policy = policy;
+        self.clocked = self.measure_lag || matches!(policy, Policy::Adaptive { .. });
         Ok(())
     }
 
@@ -911,10 +919,36 @@ impl<T> SendTracker<T> {
         None
     }
 
+    /// Hands every retired work request to `f`, in posting order: what calling
+    /// [`poll_retired`](Self::poll_retired) until `None` hands back, in one pass over the
+    /// ring (the faster way to collect many).
+    #[inline]
+    pub fn poll_retired_with(&mut self, mut f: impl FnMut(Retired<T>)) {
+        if self.retired == 0 {
+            return;
+        }
+        let n = std::mem::take(&mut self.retired);
+        let first = self.head_seq;
+        self.head_seq += n as u64;
+        for (seq, entry) in (first..).zip(self.ring.drain(..n)) {
+            if let Some(payload) = entry.payload {
+                f(Retired {
+                    seq: Seq(seq),
+                    payload,
+                    outcome: entry.outcome,
+                    signaled: entry.signal.is_some(),
+                });
+            }
+        }
+    }
+
     // ----- internals -----------------------------------------------------------------
 
     #[inline]
     fn nanos(&mut self, now: Instant) -> u64 {
+        if !self.clocked {
+            return 0;
+        }
         // Callers pass one `now` for a whole batch: convert it once.
         if now != self.last_now {
             // u64 nanoseconds last 584 years; saturate rather than wrap beyond.

@@ -142,11 +142,16 @@ enum Transition {
     FailNext(WcStatus),
     ModifyToError,
     Poll(u8),
+    /// Collect up to `n` retired work requests one by one; `COLLECT_ALL`: all of them in
+    /// one pass (`poll_retired_with`).
     Collect(u8),
     Confirm,
     Drain,
     Bogus(WorkCompletion),
 }
+
+/// `Transition::Collect(COLLECT_ALL)` collects every retired work request.
+const COLLECT_ALL: u8 = 12;
 
 impl Model {
     fn seq(&self, idx: usize) -> u64 {
@@ -543,7 +548,7 @@ impl ReferenceStateMachine for Reference {
             5 => (1u8..=8).prop_map(Transition::Execute),
             1 => status_strategy().prop_map(Transition::FailNext),
             5 => (1u8..=8).prop_map(Transition::Poll),
-            4 => (1u8..=12).prop_map(Transition::Collect),
+            4 => (1u8..=COLLECT_ALL).prop_map(Transition::Collect),
             1 => Just(Transition::Confirm),
         ];
         let rare = prop_oneof![Just(Transition::ModifyToError), Just(Transition::Drain),];
@@ -619,6 +624,7 @@ impl ReferenceStateMachine for Reference {
                 }
                 Expect::Completions(results)
             }
+            Transition::Collect(COLLECT_ALL) => Expect::Collected(s.collect(usize::MAX)),
             Transition::Collect(n) => Expect::Collected(s.collect(n as usize)),
             Transition::Confirm => {
                 let r = match s.error {
@@ -746,7 +752,12 @@ impl StateMachineTest for Sut {
             }
             Transition::Collect(n) => {
                 let mut out = Vec::new();
-                while out.len() < n as usize {
+                if n == COLLECT_ALL {
+                    sut.tracker.poll_retired_with(|r| {
+                        out.push((r.seq.0, r.payload, r.outcome, r.signaled))
+                    });
+                }
+                while out.len() < n as usize && n != COLLECT_ALL {
                     let Some(r) = sut.tracker.poll_retired() else {
                         break;
                     };
