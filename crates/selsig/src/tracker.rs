@@ -930,10 +930,11 @@ impl<T> SendTracker<T> {
         let n = std::mem::take(&mut self.retired);
         let first = self.head_seq;
         self.head_seq += n as u64;
-        for (seq, entry) in (first..).zip(self.ring.drain(..n)) {
+        // (Not `(first..).zip(..)`: that steps past the last sequence number, u64::MAX - 1.)
+        for (i, entry) in self.ring.drain(..n).enumerate() {
             if let Some(payload) = entry.payload {
                 f(Retired {
-                    seq: Seq(seq),
+                    seq: Seq(first + i as u64),
                     payload,
                     outcome: entry.outcome,
                     signaled: entry.signal.is_some(),
@@ -1585,6 +1586,29 @@ mod tests {
             SendTracker::<u8>::new(config, now).unwrap_err(),
             ConfigError::FirstSeqTooHigh
         );
+    }
+
+    #[test]
+    fn the_last_sequence_numbers_retire_both_ways() {
+        let now = Instant::now();
+        for one_pass in [false, true] {
+            let config = TrackerConfig::new(4, 4).first_seq(u64::MAX - 2);
+            let mut t: SendTracker<u8> = SendTracker::new(config, now).unwrap();
+            t.post(1, Signal::Auto, now).unwrap();
+            let last = t.post(2, Signal::Auto, now).unwrap();
+            assert_eq!(last.seq, Seq(u64::MAX - 1));
+            assert_eq!(last.signal, Some(SignalReason::Deadlock));
+            t.handle_completion(&WorkCompletion::new(last.seq.0, WcStatus::Success, 0), now)
+                .unwrap();
+            let mut got = Vec::new();
+            if one_pass {
+                t.poll_retired_with(|r| got.push((r.seq.0, r.payload)));
+            } else {
+                got.extend(std::iter::from_fn(|| t.poll_retired()).map(|r| (r.seq.0, r.payload)));
+            }
+            assert_eq!(got, [(u64::MAX - 2, 1), (u64::MAX - 1, 2)]);
+            assert!(t.is_idle());
+        }
     }
 
     #[test]
