@@ -19,9 +19,10 @@ use std::alloc::Layout;
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;
 use std::io;
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use selsig::{
     Access, AsyncEvent, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Local,
@@ -457,11 +458,9 @@ impl MemoryRegion for VerbsMr {
 struct CqInner {
     cq: NonNull<sys::ibv_cq>,
     ctx: Arc<Context>,
-    raw: Mutex<Vec<sys::ibv_wc>>,
 }
 
-// SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers; the scratch buffer is
-// behind a mutex.
+// SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers.
 unsafe impl Send for CqInner {}
 // SAFETY: as above.
 unsafe impl Sync for CqInner {}
@@ -516,38 +515,43 @@ impl CompletionQueue for VerbsCq {
     }
 
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
-        let mut raw = self
-            .inner
-            .raw
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if raw.len() < out.len() {
-            raw.resize(out.len(), sys::ibv_wc::default());
-        }
         let cq = self.inner.cq.as_ptr();
-        // SAFETY: `poll_cq` is the provider's function from the context's ops table (what
-        // the static inline `ibv_poll_cq` calls); it writes at most `out.len()` entries into
-        // `raw`, which has room for them.
-        let n = unsafe {
-            let Some(poll) = (*(*cq).context).ops.poll_cq else {
-                return Err(CqError::Os(io::Error::other("the provider has no poll_cq")));
-            };
-            poll(
-                cq,
-                out.len().min(c_int::MAX as usize) as c_int,
-                raw.as_mut_ptr(),
-            )
+        // SAFETY: the CQ is valid until `Drop`; `context` and its ops table live as long.
+        let Some(poll) = (unsafe { (*(*cq).context).ops.poll_cq }) else {
+            return Err(CqError::Os(io::Error::other("the provider has no poll_cq")));
         };
-        if n < 0 {
-            return Err(CqError::Os(io::Error::from_raw_os_error(-n)));
+        // Polled through a buffer on the stack, a chunk at a time: no lock, no allocation.
+        let mut raw = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_CHUNK];
+        let mut polled = 0;
+        while polled < out.len() {
+            let want = (out.len() - polled).min(POLL_CHUNK);
+            // SAFETY: `poll_cq` is the provider's function from the context's ops table (what
+            // the static inline `ibv_poll_cq` calls); it writes at most `want` entries at the
+            // start of `raw`, which has room for them (`MaybeUninit<T>` has `T`'s layout).
+            let n = unsafe { poll(cq, want as c_int, raw.as_mut_ptr().cast()) };
+            if n < 0 {
+                if polled > 0 {
+                    // Hand over what was polled; the error comes back on the next call.
+                    break;
+                }
+                return Err(CqError::Os(io::Error::from_raw_os_error(-n)));
+            }
+            let n = (n as usize).min(want);
+            for (o, w) in out[polled..].iter_mut().zip(&raw[..n]) {
+                // SAFETY: the provider wrote the first `n` entries.
+                *o = decode(unsafe { w.assume_init_ref() });
+            }
+            polled += n;
+            if n < want {
+                break;
+            }
         }
-        let n = n as usize;
-        for (o, w) in out.iter_mut().zip(&raw[..n]) {
-            *o = decode(w);
-        }
-        Ok(n)
+        Ok(polled)
     }
 }
+
+/// Completions polled per call to the provider's `poll_cq`.
+const POLL_CHUNK: usize = 32;
 
 /// An RC queue pair.
 pub struct VerbsQp {
@@ -1090,7 +1094,6 @@ impl Device for VerbsDevice {
             inner: Arc::new(CqInner {
                 cq,
                 ctx: Arc::clone(&self.ctx),
-                raw: Mutex::new(Vec::new()),
             }),
         })
     }

@@ -384,3 +384,53 @@ fn registering_remote_write_without_local_write_fails_as_documented() {
     );
     assert!(dev.reg_mr(&pd, 64, Access::REMOTE_READ).is_ok());
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn one_poll_returns_more_completions_than_a_provider_call_does() {
+    // More completions than the provider is asked for at once (32): one `poll` hands them
+    // all over, in order, through several `poll_cq` calls.
+    const N: u64 = 100;
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    let cq_a = Arc::new(dev.create_cq(128).unwrap());
+    let cq_b = Arc::new(dev.create_cq(4).unwrap());
+    let init = |depth| QpInit {
+        caps: QpCaps {
+            max_send_wr: depth,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init(N as u32)).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init(1)).unwrap();
+    let options = ConnectOptions {
+        gid_index: dev.gid_index(),
+        ..ConnectOptions::default()
+    };
+    connect_pair(&a, &b, &options).unwrap();
+    let remote = dev.reg_mr(&pd, 64, RW).unwrap();
+    let wrs: Vec<_> = (1..=N)
+        .map(|wr_id| SendWr {
+            wr_id,
+            opcode: Opcode::RdmaWrite,
+            local: Local::Empty,
+            remote: remote.remote(0),
+            imm_data: 0,
+            signaled: true,
+        })
+        .collect();
+    a.post_send(&wrs).unwrap();
+    // Soft-RoCE under emulation takes tens of microseconds per WRITE: 2 s is ample.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 128];
+    let n = cq_a.poll(&mut buf).unwrap();
+    assert_eq!(n, N as usize, "{:?}", &buf[..n]);
+    assert!(buf[..n].iter().all(|wc| wc.status == WcStatus::Success));
+    assert_eq!(
+        buf[..n].iter().map(|wc| wc.wr_id).collect::<Vec<_>>(),
+        (1..=N).collect::<Vec<_>>()
+    );
+    quiet(&cq_a);
+}
