@@ -30,7 +30,6 @@ use selsig::{
     QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use smallvec::SmallVec;
 use sys::Verbs;
 
 /// Work requests of one post kept on the stack (more spill to the heap).
@@ -629,6 +628,112 @@ impl VerbsQp {
             Err(existing) => existing,
         }
     }
+
+    /// Posts `wrs` as one `ibv_post_send` list built in `sges` and `raw` (at least
+    /// `wrs.len()` entries each).
+    fn post_send_in(
+        &self,
+        wrs: &[SendWr<'_>],
+        sges: &mut [MaybeUninit<sys::ibv_sge>],
+        raw: &mut [MaybeUninit<sys::ibv_send_wr>],
+    ) -> Result<(), PostWrError> {
+        let base = raw.as_mut_ptr().cast::<sys::ibv_send_wr>();
+        let sge_base = sges.as_mut_ptr().cast::<sys::ibv_sge>();
+        for (i, wr) in wrs.iter().enumerate() {
+            let (sge, inline) = match wr.local {
+                Local::Empty => (None, false),
+                Local::Sge(s) => (
+                    Some(sys::ibv_sge {
+                        addr: s.addr,
+                        length: s.length,
+                        lkey: s.lkey,
+                    }),
+                    false,
+                ),
+                Local::Inline(data) => (
+                    Some(sys::ibv_sge {
+                        addr: data.as_ptr() as u64,
+                        length: data.len() as u32,
+                        lkey: 0,
+                    }),
+                    true,
+                ),
+            };
+            let sg_list = match sge {
+                Some(sge) => {
+                    sges[i].write(sge);
+                    sge_base.wrapping_add(i)
+                }
+                None => std::ptr::null_mut(),
+            };
+            let opcode = match wr.opcode {
+                Opcode::RdmaWrite => sys::IBV_WR_RDMA_WRITE,
+                Opcode::RdmaWriteWithImm => sys::IBV_WR_RDMA_WRITE_WITH_IMM,
+                Opcode::RdmaRead => sys::IBV_WR_RDMA_READ,
+                Opcode::Send => sys::IBV_WR_SEND,
+                Opcode::SendWithImm => sys::IBV_WR_SEND_WITH_IMM,
+            };
+            let mut flags = 0;
+            if wr.signaled {
+                flags |= sys::IBV_SEND_SIGNALED;
+            }
+            if inline {
+                flags |= sys::IBV_SEND_INLINE;
+            }
+            raw[i].write(sys::ibv_send_wr {
+                wr_id: wr.wr_id,
+                next: if i + 1 < wrs.len() {
+                    base.wrapping_add(i + 1)
+                } else {
+                    std::ptr::null_mut()
+                },
+                sg_list,
+                num_sge: i32::from(sge.is_some()),
+                opcode,
+                send_flags: flags,
+                imm_data: wr.imm_data.to_be(),
+                wr: sys::ibv_send_wr_wr {
+                    rdma: sys::ibv_rdma_info {
+                        remote_addr: wr.remote.addr,
+                        rkey: wr.remote.rkey,
+                    },
+                },
+                _qp_type: 0,
+                _bind_mw_or_tso: [0; 6],
+            });
+        }
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        let qp = self.qp.as_ptr();
+        // SAFETY: `post_send` is the provider's function from the context's ops table (what
+        // the static inline `ibv_post_send` calls). The first `wrs.len()` entries of `raw`
+        // and the entries of `sges` they point at were written above and form the list;
+        // they and the inline bytes they point at live until it returns (inline data is
+        // copied during the call).
+        let rc = unsafe {
+            let Some(post) = (*(*qp).context).ops.post_send else {
+                return Err(PostWrError {
+                    index: 0,
+                    failure: PostFailure::Other,
+                    source: Some(io::Error::other("the provider has no post_send")),
+                });
+            };
+            post(qp, base, &mut bad)
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let errno = io::Error::last_os_error().raw_os_error();
+        // SAFETY: a non-null `bad` points into `raw` (the failing work request).
+        let offset = (!bad.is_null()).then(|| unsafe { bad.offset_from(base) });
+        Err(post_error(
+            rc,
+            errno,
+            offset,
+            wrs.len(),
+            Queue::Send,
+            || self.state(),
+        ))
+    }
 }
 
 fn random_psn() -> u32 {
@@ -786,107 +891,18 @@ impl QueuePair for VerbsQp {
         if wrs.is_empty() {
             return Ok(());
         }
-        // On the stack for the usual batch sizes: no allocation per post.
-        let mut sges: SmallVec<[sys::ibv_sge; POST_INLINE]> = SmallVec::with_capacity(wrs.len());
-        let mut raw: SmallVec<[sys::ibv_send_wr; POST_INLINE]> = SmallVec::with_capacity(wrs.len());
-        for wr in wrs {
-            let (sge, inline) = match wr.local {
-                Local::Empty => (None, false),
-                Local::Sge(s) => (
-                    Some(sys::ibv_sge {
-                        addr: s.addr,
-                        length: s.length,
-                        lkey: s.lkey,
-                    }),
-                    false,
-                ),
-                Local::Inline(data) => (
-                    Some(sys::ibv_sge {
-                        addr: data.as_ptr() as u64,
-                        length: data.len() as u32,
-                        lkey: 0,
-                    }),
-                    true,
-                ),
-            };
-            sges.push(sge.unwrap_or_default());
-            let opcode = match wr.opcode {
-                Opcode::RdmaWrite => sys::IBV_WR_RDMA_WRITE,
-                Opcode::RdmaWriteWithImm => sys::IBV_WR_RDMA_WRITE_WITH_IMM,
-                Opcode::RdmaRead => sys::IBV_WR_RDMA_READ,
-                Opcode::Send => sys::IBV_WR_SEND,
-                Opcode::SendWithImm => sys::IBV_WR_SEND_WITH_IMM,
-            };
-            let mut flags = 0;
-            if wr.signaled {
-                flags |= sys::IBV_SEND_SIGNALED;
-            }
-            if inline {
-                flags |= sys::IBV_SEND_INLINE;
-            }
-            raw.push(sys::ibv_send_wr {
-                wr_id: wr.wr_id,
-                next: std::ptr::null_mut(),
-                sg_list: std::ptr::null_mut(),
-                num_sge: i32::from(sge.is_some()),
-                opcode,
-                send_flags: flags,
-                imm_data: wr.imm_data.to_be(),
-                wr: sys::ibv_send_wr_wr {
-                    rdma: sys::ibv_rdma_info {
-                        remote_addr: wr.remote.addr,
-                        rkey: wr.remote.rkey,
-                    },
-                },
-                _qp_type: 0,
-                _bind_mw_or_tso: [0; 6],
-            });
+        // Built in place, on the stack for the usual batch sizes: no allocation, no copies.
+        if wrs.len() <= POST_INLINE {
+            let mut sges = [const { MaybeUninit::uninit() }; POST_INLINE];
+            let mut raw = [const { MaybeUninit::uninit() }; POST_INLINE];
+            self.post_send_in(wrs, &mut sges, &mut raw)
+        } else {
+            let mut sges = Vec::with_capacity(wrs.len());
+            sges.resize_with(wrs.len(), MaybeUninit::uninit);
+            let mut raw = Vec::with_capacity(wrs.len());
+            raw.resize_with(wrs.len(), MaybeUninit::uninit);
+            self.post_send_in(wrs, &mut sges, &mut raw)
         }
-        // Link the list now that neither vector moves any more.
-        let base = raw.as_mut_ptr();
-        for i in 0..raw.len() {
-            // SAFETY: `i` and `i + 1` index `raw` and `sges`, which have `wrs.len()`
-            // elements and are not reallocated below.
-            unsafe {
-                let w = base.add(i);
-                if (*w).num_sge > 0 {
-                    (*w).sg_list = sges.as_mut_ptr().add(i);
-                }
-                if i + 1 < wrs.len() {
-                    (*w).next = base.add(i + 1);
-                }
-            }
-        }
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        let qp = self.qp.as_ptr();
-        // SAFETY: `post_send` is the provider's function from the context's ops table (what
-        // the static inline `ibv_post_send` calls). The list, its scatter/gather entries
-        // and the inline bytes they point at live until it returns; inline data is copied
-        // during the call.
-        let rc = unsafe {
-            let Some(post) = (*(*qp).context).ops.post_send else {
-                return Err(PostWrError {
-                    index: 0,
-                    failure: PostFailure::Other,
-                    source: Some(io::Error::other("the provider has no post_send")),
-                });
-            };
-            post(qp, base, &mut bad)
-        };
-        if rc == 0 {
-            return Ok(());
-        }
-        let errno = io::Error::last_os_error().raw_os_error();
-        // SAFETY: a non-null `bad` points into `raw` (the failing work request).
-        let offset = (!bad.is_null()).then(|| unsafe { bad.offset_from(base) });
-        Err(post_error(
-            rc,
-            errno,
-            offset,
-            wrs.len(),
-            Queue::Send,
-            || self.state(),
-        ))
     }
 
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError> {

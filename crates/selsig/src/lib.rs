@@ -26,7 +26,9 @@
 //!    - [`start_drain`](SendTracker::start_drain) and
 //!      [`post_marker`](SendTracker::post_marker) to tear down, after an error too.
 //! 3. Outputs: [`poll_retired`](SendTracker::poll_retired) until `None` after completions,
-//!    giving back each payload, in posting order, with its [`Outcome`].
+//!    giving back each payload, in posting order, with its [`Outcome`]
+//!    ([`poll_retired_with`](SendTracker::poll_retired_with) hands them all to a closure in
+//!    one pass).
 //!
 //! # The seed example
 //!
