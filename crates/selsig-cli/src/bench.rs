@@ -711,16 +711,11 @@ fn run_point<D: Device>(
                 Stop::Iters(n) => n,
                 Stop::Duration(_) => u64::MAX,
             };
-            let mut k = 0u64;
             let count = {
                 let free = &mut tally.free;
                 let data = inline_data.as_slice();
-                let mut works = std::iter::from_fn(|| {
-                    if k == room {
-                        return None;
-                    }
-                    k += 1;
-                    let index = posted + k - 1;
+                // WRITE `index` (from 0) of the run.
+                let mut work = |index: u64| {
                     let work = if plan.perftest {
                         let at = perftest_offset(index, size);
                         match &fixed {
@@ -741,13 +736,30 @@ fn run_point<D: Device>(
                         Work::write(buf, target.offset(at), now)
                     };
                     // perftest signals the last WRITE of a counted run.
-                    Some(if posted + k == last {
+                    Some(if index + 1 == last {
                         work.signal(selsig::Signal::Force)
                     } else {
                         work
                     })
-                });
-                match queue.post_batch(&mut works) {
+                };
+                let result = if room == 1 {
+                    // One at a time (perftest's default): the queue's single-post path.
+                    match work(posted) {
+                        Some(w) => queue.post(w).map(|_| 1),
+                        None => Ok(0),
+                    }
+                } else {
+                    let mut k = 0u64;
+                    let mut works = std::iter::from_fn(|| {
+                        if k == room {
+                            return None;
+                        }
+                        k += 1;
+                        work(posted + k - 1)
+                    });
+                    queue.post_batch(&mut works)
+                };
+                match result {
                     Ok(n) => n as u64,
                     Err(e) => {
                         return Err(anyhow::Error::new(e)

@@ -941,6 +941,42 @@ fn partial_post_reports_the_failing_wr_and_the_driver_rolls_back() {
 }
 
 #[test]
+fn a_single_post_the_provider_refuses_comes_back_and_leaves_no_trace() {
+    let p = pair_with(Personality::Mlx5, 8, 64, false);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut q: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
+    // Longer than the QP's inline limit: the provider refuses it.
+    let big = [7u8; 100];
+    match q
+        .post(Work::write_inline(&big, remote.remote(0), 1))
+        .unwrap_err()
+    {
+        selsig::QueuePostError::Provider { returned, source } => {
+            assert_eq!(source.index, 0);
+            assert!(
+                matches!(source.failure, PostFailure::Invalid(_)),
+                "{source:?}"
+            );
+            assert_eq!(returned.iter().map(|p| p.user).collect::<Vec<_>>(), [1]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((q.outstanding(), q.stats().posted), (0, 0));
+    // The next one takes the sequence number the refused one had, and lands.
+    let posted = q
+        .post(Work::write_inline(&big[..8], remote.remote(0), 2))
+        .unwrap();
+    assert_eq!(posted.seq.0, 1);
+    let mut done = Vec::new();
+    q.drain(WAIT, &mut done).unwrap();
+    assert_eq!(done.iter().map(|c| c.user).collect::<Vec<_>>(), [2]);
+    let mut got = [0u8; 8];
+    remote.read(0, &mut got).unwrap();
+    assert_eq!(got, [7u8; 8]);
+}
+
+#[test]
 fn wqe_counter_wraps_past_2_16_on_mlx5() {
     // Slots are freed through the 16-bit WQE counter of each completion.
     let p = pair_with(Personality::Mlx5, 16, 64, false);

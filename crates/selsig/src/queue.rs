@@ -157,6 +157,40 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
     }
 }
 
+/// The local data of a work request as a provider takes it, with the buffer the queue keeps;
+/// a buffer longer than one work request carries comes back with the error.
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+fn local_of<M: MemoryRegion>(
+    data: Data<'_, M>,
+) -> Result<(Local<'_>, Option<Buffer<M>>), (Option<Buffer<M>>, ProviderError)> {
+    Ok(match data {
+        // Built from scalars rather than through `Buffer::sge`'s `Result`: this is the hot
+        // path of every post.
+        Data::Buffer(b) => match u32::try_from(b.len()) {
+            Ok(length) => (
+                Local::Sge(Sge {
+                    addr: b.region().addr().wrapping_add(b.offset() as u64),
+                    length,
+                    lkey: b.region().lkey(),
+                }),
+                Some(b),
+            ),
+            Err(_) => {
+                let why = format!("{} bytes do not fit one work request", b.len());
+                let source = ProviderError::Invalid {
+                    what: "buffer length",
+                    why,
+                };
+                return Err((Some(b), source));
+            }
+        },
+        Data::Inline(bytes) => (Local::Inline(bytes), None),
+        Data::Raw(sge) => (Local::Sge(sge), None),
+        Data::Empty => (Local::Empty, None),
+    })
+}
+
 /// What a queue keeps of a work request until it is retired.
 #[derive(Debug)]
 pub struct Payload<M, U> {
@@ -337,8 +371,6 @@ pub struct SignaledQueue<D: Device, U> {
     /// The batch being posted; inline work requests are staged as `Local::Empty` and
     /// patched with their bytes in `submit`.
     staged: Vec<SendWr<'static>>,
-    /// Why the last work request posted was signaled (for `post`).
-    last_signal: Option<crate::tracker::SignalReason>,
     wcs: Vec<WorkCompletion>,
     unclaimed: Vec<WorkCompletion>,
     marker_target: RemoteAddr,
@@ -382,7 +414,6 @@ impl<D: Device, U> SignaledQueue<D, U> {
             cq,
             tracker,
             staged: Vec::with_capacity(slots),
-            last_signal: None,
             wcs: vec![WorkCompletion::new(0, WcStatus::Success, 0); config.poll_batch.max(1)],
             unclaimed: Vec::new(),
             marker_target: config.marker_target,
@@ -441,18 +472,52 @@ impl<D: Device, U> SignaledQueue<D, U> {
         std::mem::take(&mut self.unclaimed)
     }
 
-    /// Posts one work request.
+    /// Posts one work request (its own doorbell). The shortest path for a single work
+    /// request: nothing is staged.
     pub fn post(
         &mut self,
         work: Work<'_, D::Mr, U>,
     ) -> Result<Posted, QueuePostError<Payload<D::Mr, U>>> {
-        let mut one = std::iter::once(work);
-        self.post_batch(&mut one)?;
-        // A batch of one that returned Ok posted its work request: the last sequence number.
-        Ok(Posted {
-            seq: Seq(self.tracker.next_seq().0 - 1),
-            signal: self.last_signal,
-        })
+        let now = self.now();
+        let Work {
+            opcode,
+            signal,
+            imm_data,
+            data,
+            remote,
+            user,
+        } = work;
+        let (local, buffer) = match local_of(data) {
+            Ok(local) => local,
+            Err((buffer, source)) => {
+                return Err(QueuePostError::Invalid {
+                    work: Payload { buffer, user },
+                    source,
+                });
+            }
+        };
+        let posted = self
+            .tracker
+            .post(Payload { buffer, user }, signal, now)
+            .map_err(QueuePostError::Refused)?;
+        let wr = SendWr {
+            wr_id: posted.seq.wr_id(),
+            opcode,
+            local,
+            remote,
+            imm_data,
+            signaled: posted.signaled(),
+        };
+        if let Err(source) = self.qp.post_send(std::slice::from_ref(&wr)) {
+            // The work request was just registered and is the last one: the rollback is
+            // accepted.
+            let returned: Vec<_> = match self.tracker.rollback(posted.seq) {
+                Ok(items) => items.collect(),
+                Err(_) => Vec::new(),
+            };
+            return Err(QueuePostError::Provider { returned, source });
+        }
+        Ok(posted)
     }
 
     /// Posts work requests from `works` with one doorbell, as many as fit now; the rest
@@ -487,43 +552,24 @@ impl<D: Device, U> SignaledQueue<D, U> {
             else {
                 break;
             };
-            // Built from scalars rather than through `Buffer::sge`'s `Result`: this is the hot
-            // path of every post.
-            let (local, buffer) = match data {
-                Data::Buffer(b) => match u32::try_from(b.len()) {
-                    Ok(length) => (
-                        Local::Sge(Sge {
-                            addr: b.region().addr().wrapping_add(b.offset() as u64),
-                            length,
-                            lkey: b.region().lkey(),
-                        }),
-                        Some(b),
-                    ),
-                    Err(_) => {
-                        let source = ProviderError::Invalid {
-                            what: "buffer length",
-                            why: format!("{} bytes do not fit one work request", b.len()),
-                        };
-                        refused = Some(QueuePostError::Invalid {
-                            work: Payload {
-                                buffer: Some(b),
-                                user,
-                            },
-                            source,
-                        });
-                        break;
-                    }
-                },
-                Data::Inline(bytes) => {
+            let (local, buffer) = match local_of(data) {
+                Ok((Local::Inline(bytes), buffer)) => {
+                    // Staged without its bytes; `submit` puts them back.
                     inline.push((self.staged.len(), bytes));
-                    (Local::Empty, None)
+                    (Local::Empty, buffer)
                 }
-                Data::Raw(sge) => (Local::Sge(sge), None),
-                Data::Empty => (Local::Empty, None),
+                Ok((Local::Empty, buffer)) => (Local::Empty, buffer),
+                Ok((Local::Sge(sge), buffer)) => (Local::Sge(sge), buffer),
+                Err((buffer, source)) => {
+                    refused = Some(QueuePostError::Invalid {
+                        work: Payload { buffer, user },
+                        source,
+                    });
+                    break;
+                }
             };
             match self.tracker.post(Payload { buffer, user }, signal, now) {
                 Ok(posted) => {
-                    self.last_signal = posted.signal;
                     self.staged.push(SendWr {
                         wr_id: posted.seq.wr_id(),
                         opcode,
