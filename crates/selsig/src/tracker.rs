@@ -1589,6 +1589,33 @@ mod tests {
     }
 
     #[test]
+    fn switching_an_unclocked_tracker_to_adaptive_confirms_the_old_run_early() {
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        let config = TrackerConfig::new(64, 64)
+            .policy(Policy::Every(32))
+            .measure_lag(false);
+        let mut t: SendTracker<u32> = SendTracker::new(config, start).unwrap();
+        // Nothing reads the clock: the run's start is not known.
+        for i in 0..3 {
+            assert!(!t.post(i, Signal::Auto, start + ms(5)).unwrap().signaled());
+        }
+        t.set_policy(Policy::Adaptive {
+            max_unsignaled: 32,
+            max_lag: ms(10),
+        })
+        .unwrap();
+        // The run counts as started at creation, so its deadline is creation + 10 ms ...
+        assert_eq!(t.next_deadline(), Some(start + ms(10)));
+        let p = t.post(3, Signal::Auto, start + ms(10)).unwrap();
+        assert_eq!(p.signal, Some(SignalReason::Policy));
+        // ... and from now on the clock is read: a new run's deadline counts from its
+        // first post.
+        assert!(!t.post(4, Signal::Auto, start + ms(12)).unwrap().signaled());
+        assert_eq!(t.next_deadline(), Some(start + ms(22)));
+    }
+
+    #[test]
     fn the_last_sequence_numbers_retire_both_ways() {
         let now = Instant::now();
         for one_pass in [false, true] {
