@@ -719,20 +719,7 @@ impl VerbsQp {
             };
             post(qp, base, &mut bad)
         };
-        if rc == 0 {
-            return Ok(());
-        }
-        let errno = io::Error::last_os_error().raw_os_error();
-        // SAFETY: a non-null `bad` points into `raw` (the failing work request).
-        let offset = (!bad.is_null()).then(|| unsafe { bad.offset_from(base) });
-        Err(post_error(
-            rc,
-            errno,
-            offset,
-            wrs.len(),
-            Queue::Send,
-            || self.state(),
-        ))
+        post_result(rc, bad, base, wrs.len(), Queue::Send, || self.state())
     }
 }
 
@@ -954,20 +941,7 @@ impl QueuePair for VerbsQp {
             };
             post(qp, base, &mut bad)
         };
-        if rc == 0 {
-            return Ok(());
-        }
-        let errno = io::Error::last_os_error().raw_os_error();
-        // SAFETY: a non-null `bad` points into `raw`.
-        let offset = (!bad.is_null()).then(|| unsafe { bad.offset_from(base) });
-        Err(post_error(
-            rc,
-            errno,
-            offset,
-            wrs.len(),
-            Queue::Recv,
-            || self.state(),
-        ))
+        post_result(rc, bad, base, wrs.len(), Queue::Recv, || self.state())
     }
 }
 
@@ -976,6 +950,28 @@ impl QueuePair for VerbsQp {
 enum Queue {
     Send,
     Recv,
+}
+
+/// What `ibv_post_send` / `ibv_post_recv` returned, `rc`, with `bad_wr` as it left it in a
+/// list of `len` work requests starting at `base`. Call it right after the post: a provider
+/// that returns -1 sets `errno`.
+fn post_result<T>(
+    rc: i32,
+    bad: *const T,
+    base: *const T,
+    len: usize,
+    queue: Queue,
+    state: impl FnOnce() -> QpState,
+) -> Result<(), PostWrError> {
+    if rc == 0 {
+        return Ok(());
+    }
+    let errno = io::Error::last_os_error().raw_os_error();
+    // The position of `bad_wr` from the addresses alone (nothing is read through it).
+    let offset = (!bad.is_null()).then(|| {
+        (bad as isize).wrapping_sub(base as isize) / std::mem::size_of::<T>().max(1) as isize
+    });
+    Err(post_error(rc, errno, offset, len, queue, state))
 }
 
 /// The error of a failed `ibv_post_send` / `ibv_post_recv`: `rc` is what the provider
@@ -1233,6 +1229,28 @@ mod tests {
             assert_eq!(errno_of(&e), Some(libc::EINVAL));
             assert!(matches!(e.failure, PostFailure::Invalid(_)), "{e:?}");
         }
+    }
+
+    #[test]
+    fn post_results_find_bad_wr_by_its_address() {
+        let list = [sys::ibv_sge::default(); 4];
+        let base = list.as_ptr();
+        assert!(post_result(0, std::ptr::null(), base, 4, Queue::Send, || QpState::Rts).is_ok());
+        let e = post_result(
+            libc::ENOMEM,
+            base.wrapping_add(2),
+            base,
+            4,
+            Queue::Send,
+            || QpState::Rts,
+        )
+        .unwrap_err();
+        assert_eq!((e.index, e.failure), (2, PostFailure::Full));
+        let e = post_result(libc::ENOMEM, std::ptr::null(), base, 4, Queue::Recv, || {
+            QpState::Rts
+        })
+        .unwrap_err();
+        assert_eq!(e.index, 0);
     }
 
     #[test]
