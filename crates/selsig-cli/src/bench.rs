@@ -153,6 +153,8 @@ pub struct Plan {
     pub sizes: Vec<u64>,
     pub stop: Stop,
     pub tx_depth: u32,
+    /// The size of the CQ the send queue completes to.
+    pub cq_entries: u32,
     pub post_list: u32,
     pub inline: bool,
     pub region: u64,
@@ -165,6 +167,7 @@ pub struct Plan {
 pub fn plan(args: &BenchArgs) -> Result<Plan> {
     let depth = args.tx_depth;
     ensure!(depth >= 1, "--tx-depth must be at least 1");
+    let cq_entries = crate::common::cq_entries(depth)?;
     let perftest = args.cq_mod.is_some();
     let adaptive = match args.adaptive {
         Some(p @ Policy::Adaptive { .. }) => p,
@@ -260,6 +263,7 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         sizes,
         stop,
         tx_depth: depth,
+        cq_entries,
         post_list,
         inline: args.inline,
         region: args.region,
@@ -571,10 +575,12 @@ fn run_point<D: Device>(
 ) -> Result<(Point, u32, u32)> {
     let depth = plan.tx_depth;
     let len = size as usize;
-    let cq = Arc::new(
-        dev.create_cq(2 * depth + 2)
-            .context("cannot create the completion queue")?,
-    );
+    let cq = Arc::new(dev.create_cq(plan.cq_entries).with_context(|| {
+        format!(
+            "cannot create the completion queue of {} entries for --tx-depth {depth}",
+            plan.cq_entries
+        )
+    })?);
     let init = QpInit {
         caps: QpCaps {
             max_send_wr: depth,

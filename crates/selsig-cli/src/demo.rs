@@ -165,6 +165,7 @@ pub fn validate(args: &DemoArgs) -> Result<()> {
         );
     }
     ensure!(args.tx_depth >= 1, "--tx-depth must be at least 1");
+    crate::common::cq_entries(args.tx_depth)?;
     if let Some(0) = args.every {
         bail!("--every must be at least 1");
     }
@@ -184,10 +185,13 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
     let pd = dev
         .alloc_pd()
         .context("cannot allocate a protection domain")?;
-    let cq = Arc::new(
-        dev.create_cq(2 * args.tx_depth + 2)
-            .context("cannot create the completion queue")?,
-    );
+    let entries = crate::common::cq_entries(args.tx_depth)?;
+    let cq = Arc::new(dev.create_cq(entries).with_context(|| {
+        format!(
+            "cannot create the completion queue of {entries} entries for --tx-depth {}",
+            args.tx_depth
+        )
+    })?);
     let init = QpInit {
         caps: QpCaps {
             max_send_wr: args.tx_depth,

@@ -1,5 +1,6 @@
 //! `selsig`: RDMA selective signaling from the command line.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -45,10 +46,10 @@ enum Command {
 struct RunArgs {
     /// The scenario file (TOML).
     #[arg(value_name = "SCENARIO")]
-    file: std::path::PathBuf,
+    file: PathBuf,
     /// Write the trace to this file instead of stdout.
     #[arg(long, value_name = "FILE")]
-    trace: Option<std::path::PathBuf>,
+    trace: Option<PathBuf>,
     /// Print only the summary line (and the failures).
     #[arg(long, short = 'q')]
     quiet: bool,
@@ -109,26 +110,79 @@ fn run_demo(args: &demo::DemoArgs) -> Result<ExitCode, Failure> {
     })
 }
 
-fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
-    let plan = bench::plan(args).map_err(Failure::Input)?;
-    let report = bench::bench(args, &plan).map_err(Failure::Run)?;
-    let write = |path: &std::path::Path, text: &str| {
-        std::fs::write(path, text).map_err(|e| {
-            Failure::Run(anyhow::Error::new(e).context(format!("cannot write {}", path.display())))
+/// A file named on the command line for a command's output: opened before the command
+/// runs, so that a long run does not end in "cannot write"; its old contents are replaced
+/// only by [`write`](Self::write), and a file it created is removed again if the command
+/// fails.
+struct OutputFile {
+    path: PathBuf,
+    created: bool,
+    written: bool,
+}
+
+impl OutputFile {
+    /// Checks that `path` (the value of `option`) can be written.
+    fn open(option: &str, path: &Path) -> Result<Self, Failure> {
+        let existed = path.exists();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(|e| {
+                Failure::Input(anyhow::Error::new(e).context(format!(
+                    "{option} {}: cannot write the file",
+                    path.display()
+                )))
+            })?;
+        Ok(OutputFile {
+            path: path.to_path_buf(),
+            created: !existed,
+            written: false,
         })
-    };
-    let json_to_stdout = args.json.as_deref() == Some("-");
-    if let Some(to) = &args.json {
-        let json = serde_json::to_string_pretty(&report).map_err(|e| Failure::Run(e.into()))?;
-        if json_to_stdout {
-            println!("{json}");
-        } else {
-            write(std::path::Path::new(to), &(json + "\n"))?;
+    }
+
+    fn write(mut self, text: &str) -> Result<(), Failure> {
+        std::fs::write(&self.path, text).map_err(|e| {
+            Failure::Run(
+                anyhow::Error::new(e).context(format!("cannot write {}", self.path.display())),
+            )
+        })?;
+        self.written = true;
+        Ok(())
+    }
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        if self.created && !self.written {
+            // Best effort: the command already failed, and that error is the one to report.
+            let _ = std::fs::remove_file(&self.path);
         }
     }
-    if let Some(path) = &args.svg {
+}
+
+fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
+    let plan = bench::plan(args).map_err(Failure::Input)?;
+    let json_to_stdout = args.json.as_deref() == Some("-");
+    let json_file = match &args.json {
+        Some(to) if !json_to_stdout => Some(OutputFile::open("--json", Path::new(to))?),
+        _ => None,
+    };
+    let svg_file = match &args.svg {
+        Some(path) => Some(OutputFile::open("--svg", path)?),
+        None => None,
+    };
+    let report = bench::bench(args, &plan).map_err(Failure::Run)?;
+    if args.json.is_some() {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| Failure::Run(e.into()))?;
+        match json_file {
+            Some(file) => file.write(&(json + "\n"))?,
+            None => println!("{json}"),
+        }
+    }
+    if let Some(file) = svg_file {
         let svg = chart::render(&report).map_err(Failure::Run)?;
-        write(path, &svg)?;
+        file.write(&svg)?;
     }
     if !json_to_stdout {
         print!("{}", bench::render(&report));
@@ -143,6 +197,10 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
 fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     use std::io::Write as _;
     let scenario = scenario::load(&args.file).map_err(|e| Failure::Input(e.into()))?;
+    let trace_file = match &args.trace {
+        Some(path) => Some(OutputFile::open("--trace", path)?),
+        None => None,
+    };
     if !args.quiet {
         eprintln!("scenario {}: {}", scenario.name, scenario.description);
     }
@@ -161,10 +219,8 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         text.push_str(&event.line());
         text.push('\n');
     }
-    match &args.trace {
-        Some(path) => std::fs::write(path, &text).map_err(|e| {
-            Failure::Run(anyhow::Error::new(e).context(format!("cannot write {}", path.display())))
-        })?,
+    match trace_file {
+        Some(file) => file.write(&text)?,
         None if !args.quiet => {
             let _ = std::io::stdout().write_all(text.as_bytes());
         }

@@ -166,6 +166,10 @@ fn demo_bad_input_is_an_error_not_a_panic() {
         (vec!["demo", "--policy", "sometimes"], "unknown policy"),
         (vec!["demo", "--size", "2G"], "needs"),
         (vec!["demo", "--provider", "tcp"], "invalid value 'tcp'"),
+        (
+            vec!["demo", "--tx-depth", "4294967295"],
+            "--tx-depth 4294967295 is too large",
+        ),
     ] {
         let o = selsig(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
@@ -484,6 +488,74 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
     let o = selsig(&["bench", "--inline", "-s", "64K", "-n", "10"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("inline"), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_refuses_a_send_queue_whose_completion_queue_cannot_be_sized() {
+    // The CQ holds two completions per send-queue slot, plus two: 2 * 4294967295 + 2
+    // does not fit in a CQ size at all.
+    let o = selsig(&["bench", "-t", "4294967295", "-n", "10"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--tx-depth 4294967295"),
+        "{}",
+        stderr(&o)
+    );
+    // Representable, but more than the soft NIC's CQs hold: the device says no, and the
+    // error says which option asked for it.
+    let o = selsig(&["bench", "-t", "3000000", "-s", "64", "-e", "1", "-n", "10"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("6000002 entries") && err.contains("--tx-depth 3000000"),
+        "{err}"
+    );
+}
+
+#[test]
+fn output_files_are_checked_before_the_run_and_kept_when_it_fails() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("no-such-folder").join("out");
+    let missing = missing.to_str().unwrap();
+    let quick = ["bench", "-n", "100", "-s", "64", "-e", "1"];
+    // A file that cannot be written is bad input, refused before anything runs.
+    for (option, mut args) in [
+        ("--json", quick.to_vec()),
+        ("--svg", quick.to_vec()),
+        ("--trace", vec!["run", "-q"]),
+    ] {
+        let seed = scenarios().join("seed.toml");
+        if option == "--trace" {
+            args.push(seed.to_str().unwrap());
+        }
+        args.extend([option, missing]);
+        let o = selsig(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains(option) && err.contains(missing), "{err}");
+        assert!(o.stdout.is_empty(), "{args:?}: {}", stdout(&o));
+    }
+    // A run that fails leaves an existing file as it was and creates none.
+    let old = dir.join("old.json");
+    std::fs::write(&old, "old\n").unwrap();
+    let new = dir.join("new.svg");
+    let o = selsig(&[
+        "bench",
+        "--inline",
+        "-s",
+        "64K",
+        "-n",
+        "10",
+        "--json",
+        old.to_str().unwrap(),
+        "--svg",
+        new.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "old\n");
+    assert!(!new.exists(), "{} was left behind", new.display());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
