@@ -80,7 +80,8 @@ pub struct BenchArgs {
     /// device's inline limit).
     #[arg(long)]
     pub inline: bool,
-    /// The adaptive policy of the `adaptive` point (default adaptive:DEPTH/2,20us).
+    /// The adaptive policy of the `adaptive` point (default adaptive:DEPTH/2,20us, with
+    /// DEPTH the most WRITEs outstanding: --tx-depth, or fewer buffers).
     #[arg(long, value_name = "POLICY")]
     pub adaptive: Option<Policy>,
     /// The most memory registered on each side; a WRITE larger is refused, and fewer
@@ -169,48 +170,6 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
     ensure!(depth >= 1, "--tx-depth must be at least 1");
     let cq_entries = crate::common::cq_entries(depth)?;
     let perftest = args.cq_mod.is_some();
-    let adaptive = match args.adaptive {
-        Some(p @ Policy::Adaptive { .. }) => p,
-        Some(other) => bail!("--adaptive {other} is not an adaptive policy (adaptive:N,LAG)"),
-        None => Policy::Adaptive {
-            max_unsignaled: (depth / 2).max(1),
-            max_lag: Duration::from_micros(20),
-        },
-    };
-    if let Policy::Adaptive { max_unsignaled, .. } = adaptive {
-        ensure!(
-            max_unsignaled <= depth,
-            "--adaptive {adaptive}: {max_unsignaled} unsignaled WRITEs in a row is more than the send queue holds (--tx-depth {depth})"
-        );
-    }
-    adaptive
-        .validate()
-        .map_err(|e| anyhow::anyhow!("--adaptive {adaptive}: {e}"))?;
-    let policies = if let Some(n) = args.cq_mod {
-        vec![Policy::Every(check_interval("--cq-mod", n, depth)?)]
-    } else if args.every.is_empty() {
-        let mut v: Vec<Policy> = std::iter::successors(Some(1u32), |n| n.checked_mul(2))
-            .take_while(|&n| n <= depth)
-            .map(Policy::Every)
-            .collect();
-        if !depth.is_power_of_two() {
-            v.push(Policy::Every(depth));
-        }
-        v.push(adaptive);
-        v
-    } else {
-        let mut v = Vec::new();
-        for e in &args.every {
-            let p = match *e {
-                IntervalArg::Every(n) => Policy::Every(check_interval("--every", n, depth)?),
-                IntervalArg::Adaptive => adaptive,
-            };
-            if !v.contains(&p) {
-                v.push(p);
-            }
-        }
-        v
-    };
     let sizes = if args.sizes.is_empty() {
         if perftest {
             vec![65536]
@@ -242,6 +201,64 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
             args.region
         );
     }
+    // The most WRITEs outstanding at once, per size: in a sweep each owns a buffer, and
+    // fewer buffers than the queue depth fit when the region is small. No signal interval
+    // may exceed it: every buffer would wait for a completion that nothing asks for.
+    let outstanding = sizes
+        .iter()
+        .map(|&size| (outstanding(args, perftest, size), size))
+        .min()
+        .unwrap_or((depth, 0));
+    let limit = outstanding.0;
+    let adaptive = match args.adaptive {
+        Some(p @ Policy::Adaptive { .. }) => p,
+        Some(other) => bail!("--adaptive {other} is not an adaptive policy (adaptive:N,LAG)"),
+        None => Policy::Adaptive {
+            max_unsignaled: (limit / 2).max(1),
+            max_lag: Duration::from_micros(20),
+        },
+    };
+    if let Policy::Adaptive { max_unsignaled, .. } = adaptive {
+        ensure!(
+            max_unsignaled <= depth,
+            "--adaptive {adaptive}: {max_unsignaled} unsignaled WRITEs in a row is more than the send queue holds (--tx-depth {depth})"
+        );
+    }
+    adaptive
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--adaptive {adaptive}: {e}"))?;
+    let policies = if let Some(n) = args.cq_mod {
+        vec![Policy::Every(check_interval(
+            "--cq-mod",
+            n,
+            depth,
+            outstanding,
+        )?)]
+    } else if args.every.is_empty() {
+        let mut v: Vec<Policy> = std::iter::successors(Some(1u32), |n| n.checked_mul(2))
+            .take_while(|&n| n <= limit)
+            .map(Policy::Every)
+            .collect();
+        if !limit.is_power_of_two() {
+            v.push(Policy::Every(limit));
+        }
+        v.push(adaptive);
+        v
+    } else {
+        let mut v = Vec::new();
+        for e in &args.every {
+            let p = match *e {
+                IntervalArg::Every(n) => {
+                    Policy::Every(check_interval("--every", n, depth, outstanding)?)
+                }
+                IntervalArg::Adaptive => adaptive,
+            };
+            if !v.contains(&p) {
+                v.push(p);
+            }
+        }
+        v
+    };
     let stop = match (args.iters, args.duration) {
         (Some(0), _) => bail!("-n 0: zero iterations measure nothing"),
         (Some(n), _) => Stop::Iters(n),
@@ -272,13 +289,36 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
     })
 }
 
-fn check_interval(option: &str, n: u32, depth: u32) -> Result<u32> {
+/// `(outstanding, size)`: the fewest WRITEs the sweep keeps outstanding, and the size
+/// that has that few.
+fn check_interval(option: &str, n: u32, depth: u32, outstanding: (u32, u64)) -> Result<u32> {
     ensure!(n >= 1, "{option} 0: the signal interval must be at least 1");
     ensure!(
         n <= depth,
         "{option} {n} is more than the send queue holds (--tx-depth {depth}): that many unsignaled WRITEs in a row cannot be outstanding"
     );
+    let (most, size) = outstanding;
+    ensure!(
+        n <= most,
+        "{option} {n} with --size {size}: only {most} WRITEs can be outstanding, one per buffer that fits in --region; that many unsignaled WRITEs in a row would leave no buffer free and none signaled (raise --region or lower the interval)"
+    );
     Ok(n)
+}
+
+/// The most WRITEs of `size` bytes outstanding at once: the queue depth, or in a sweep
+/// with buffers the number of buffers that fit in the region, if fewer.
+fn outstanding(args: &BenchArgs, perftest: bool, size: u64) -> u32 {
+    let depth = args.tx_depth;
+    if perftest || args.inline {
+        depth
+    } else {
+        buffers(args.region, depth, size)
+    }
+}
+
+/// One buffer per send-queue slot, as many as fit in `region`.
+fn buffers(region: u64, depth: u32, size: u64) -> u32 {
+    (region / size.max(1)).min(u64::from(depth)) as u32
 }
 
 /// Percentiles of a histogram of nanoseconds.
@@ -628,7 +668,7 @@ fn run_point<D: Device>(
     let buffers = if plan.perftest {
         1
     } else {
-        (plan.region / size).min(u64::from(depth)) as u32
+        buffers(plan.region, depth, size)
     };
     let bytes = if plan.perftest {
         len.max(PAGE)

@@ -559,6 +559,45 @@ fn output_files_are_checked_before_the_run_and_kept_when_it_fails() {
 }
 
 #[test]
+fn bench_keeps_the_signal_interval_within_the_buffers_the_region_holds() {
+    // 64 KiB WRITEs, a 1 MiB region: 16 buffers, so at most 16 WRITEs outstanding. An
+    // interval of 32 would leave every buffer with an unconfirmed WRITE and nothing
+    // signaled: refused up front, naming the options.
+    let o = selsig(&[
+        "bench", "-s", "64K", "--region", "1M", "-e", "32", "-n", "100",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("--every 32") && err.contains("16") && err.contains("--region"),
+        "{err}"
+    );
+    // The default sweep stops at 16 for that size, and its adaptive point signals at
+    // least every 8th.
+    let v = bench_json(&["-s", "64K", "--region", "1M", "-n", "200"]);
+    let policies: Vec<&str> = v["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        policies,
+        [
+            "every:1",
+            "every:2",
+            "every:4",
+            "every:8",
+            "every:16",
+            "adaptive:8,20us"
+        ]
+    );
+    for p in v["points"].as_array().unwrap() {
+        assert_eq!(p["wrs"].as_u64(), Some(200), "{p}");
+    }
+}
+
+#[test]
 fn bench_inline_writes_need_no_buffers() {
     let v = bench_json(&["--inline", "-s", "64", "-e", "16", "-n", "1000"]);
     let p = &v["points"][0];
