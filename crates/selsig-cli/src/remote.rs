@@ -45,9 +45,9 @@ impl Wire {
 
     fn endpoint(&self) -> Result<Endpoint> {
         ensure!(
-            self.gid.len() == 32,
-            "the peer sent a GID of {} hex digits",
-            self.gid.len()
+            self.gid.len() == 32 && self.gid.bytes().all(|b| b.is_ascii_hexdigit()),
+            "the peer sent a malformed GID {:?}: not 32 hex digits",
+            self.gid
         );
         let mut gid = [0u8; 16];
         for (i, g) in gid.iter_mut().enumerate() {
@@ -114,14 +114,23 @@ fn send<T: Serialize>(w: &mut TcpStream, msg: &T) -> Result<()> {
     Ok(())
 }
 
-fn receive<T: for<'de> Deserialize<'de>>(r: &mut BufReader<TcpStream>, what: &str) -> Result<T> {
+/// The longest message accepted: a client's outcomes, `MAX_WRS` numbers, fit easily.
+const MAX_LINE: u64 = 16 << 20;
+
+fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, what: &str) -> Result<T> {
     let mut line = String::new();
-    let n = r
+    let n = std::io::Read::take(r, MAX_LINE)
         .read_line(&mut line)
         .with_context(|| format!("cannot read the {what}"))?;
     ensure!(n > 0, "the peer closed the connection before the {what}");
-    serde_json::from_str(line.trim())
-        .with_context(|| format!("the peer sent a malformed {what}: {:?}", line.trim()))
+    ensure!(
+        line.ends_with('\n') || (n as u64) < MAX_LINE,
+        "the peer sent a {what} longer than {MAX_LINE} bytes"
+    );
+    serde_json::from_str(line.trim()).with_context(|| {
+        let text: String = line.trim().chars().take(200).collect();
+        format!("the peer sent a malformed {what}: {text:?}")
+    })
 }
 
 /// The client side: a connection to a server, its region, and the check at the end.
@@ -211,12 +220,13 @@ impl OnDevice for &ServeArgs {
     fn run<D: Device>(self, dev: &D, info: &DeviceInfo) -> Result<bool> {
         let listener = TcpListener::bind((self.bind.as_str(), self.port))
             .with_context(|| format!("cannot listen on {}:{}", self.bind, self.port))?;
+        let at = listener
+            .local_addr()
+            .context("cannot read the listening address")?;
         eprintln!(
-            "selsig serve: {} ({} provider) listening on {}:{}",
+            "selsig serve: {} ({} provider) listening on {at}",
             info.device,
             info.provider.as_str(),
-            self.bind,
-            self.port
         );
         loop {
             let (stream, from) = listener.accept().context("accept failed")?;
@@ -277,11 +287,12 @@ struct Prepared<D: Device> {
 fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepared<D>> {
     let slot = hello.size.max(1);
     let bytes = u64::from(hello.wrs).saturating_mul(slot);
-    if hello.wrs == 0 || bytes > MAX_BYTES {
+    if hello.wrs == 0 || hello.wrs > crate::demo::MAX_WRS || bytes > MAX_BYTES {
         bail!(
-            "the client asked for {} WRITEs of {} bytes: at most {MAX_BYTES} bytes in all",
+            "the client asked for {} WRITEs of {} bytes: at most {} WRITEs and {MAX_BYTES} bytes in all",
             hello.wrs,
-            hello.size
+            hello.size,
+            crate::demo::MAX_WRS
         );
     }
     let pd = dev
@@ -345,13 +356,14 @@ fn finish<D: Device>(
             device: dev.name().to_string(),
         },
     )?;
-    let check: Check = receive(reader, "client's outcomes")?;
+    let mut check: Check = receive(reader, "client's outcomes")?;
+    check.completed.sort_unstable();
     let mut mismatches = Vec::new();
     let size = hello.size as usize;
     for wr in 1..=hello.wrs {
         let mut got = vec![0u8; size];
         region.read((wr as usize - 1) * slot as usize, &mut got)?;
-        let expected = if check.completed.contains(&wr) {
+        let expected = if check.completed.binary_search(&wr).is_ok() {
             pattern(u64::from(wr), size)
         } else {
             vec![0; size]
@@ -368,4 +380,48 @@ fn finish<D: Device>(
     )?;
     drop(qp);
     Ok((hello.wrs, mismatches))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(gid: &str) -> Wire {
+        Wire {
+            qp_num: 1,
+            psn: 0,
+            lid: 0,
+            gid: gid.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_message_longer_than_the_limit_is_refused_without_reading_on() {
+        let mut long = vec![b'['; MAX_LINE as usize + 10];
+        long.push(b'\n');
+        let mut r = std::io::Cursor::new(long);
+        let err = receive::<Check>(&mut r, "client's outcomes")
+            .expect_err("too long")
+            .to_string();
+        assert!(err.contains("longer than"), "{err}");
+        let mut r = std::io::Cursor::new(b"{\"completed\":[3,1]}\n".to_vec());
+        let check: Check = receive(&mut r, "client's outcomes").expect("a short message");
+        assert_eq!(check.completed, [3, 1]);
+    }
+
+    #[test]
+    fn a_malformed_gid_from_the_peer_is_an_error() {
+        let good = format!("fe80{}", "0".repeat(26) + "01");
+        let e = wire(&good).endpoint().expect("32 hex digits");
+        assert_eq!((e.gid[0], e.gid[1], e.gid[15]), (0xfe, 0x80, 0x01));
+        // 32 bytes but not 32 characters (slicing it by bytes would split a character), a
+        // sign the integer parser would take, too few digits.
+        let multibyte = format!("a{}b", "é".repeat(15));
+        assert_eq!(multibyte.len(), 32);
+        let signed = format!("+{}", "0".repeat(31));
+        for bad in [multibyte.as_str(), signed.as_str(), "fe80"] {
+            let err = wire(bad).endpoint().expect_err(bad).to_string();
+            assert!(err.contains("malformed GID"), "{err}");
+        }
+    }
 }

@@ -170,6 +170,10 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             vec!["demo", "--tx-depth", "4294967295"],
             "--tx-depth 4294967295 is too large",
         ),
+        (
+            vec!["demo", "--wrs", "1073741824", "--size", "0"],
+            "--wrs 1073741824: the demo runs at most 1048576 WRITEs",
+        ),
     ] {
         let o = selsig(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
