@@ -672,6 +672,18 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     )));
                 }
                 let stride = p.stride.unwrap_or(p.size);
+                // Bounded like sizes, region or not, so that no offset arithmetic overflows.
+                for (field, value) in [
+                    ("local_offset", p.local_offset),
+                    ("remote_offset", p.remote_offset),
+                    ("stride", stride),
+                ] {
+                    if value > MAX_REGION {
+                        return Err(here(format!(
+                            "{field} {value} is larger than any region ({MAX_REGION})"
+                        )));
+                    }
+                }
                 let local = match &p.local {
                     Some(l) => Some(find_region(l, span.clone())?),
                     None if p.size > 0 => {
@@ -715,6 +727,11 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                                 )));
                             }
                         };
+                        if p.size == 0 {
+                            return Err(here(format!(
+                                "fault {f:?} needs a post of more than 0 bytes: a zero-length transfer uses no key and touches no memory"
+                            )));
+                        }
                         if p.fault_at == 0 || p.fault_at > p.count {
                             return Err(here(format!(
                                 "fault_at {} names no work request of the {}",
@@ -780,6 +797,13 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         "count {} is out of range 1..={MAX_COUNT}",
                         r.count
                     )));
+                }
+                for (field, value) in [("size", r.size), ("offset", r.offset)] {
+                    if value > MAX_REGION {
+                        return Err(here(format!(
+                            "{field} {value} is larger than any region ({MAX_REGION})"
+                        )));
+                    }
                 }
                 let region = match &r.region {
                     Some(name) => {
@@ -930,7 +954,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     format!("{what}.digests: no region named {r:?}"),
                 ));
             }
-            if u64::from_str_radix(d, 16).is_err() || d.len() != 16 {
+            if d.len() != 16 || !d.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(self.err(
                     span.clone(),
                     format!("{what}.digests.{r}: {d:?} is not 16 hex digits"),

@@ -268,6 +268,20 @@ fn failed_expectations_fail_the_run() {
         "{}",
         stderr(&o)
     );
+    // Outcomes expected for work requests never posted fail the run, however many the
+    // range names (it is not expanded to the end).
+    for (range, first_missing) in [("1-18446744073709551615", 9), ("9-12", 9)] {
+        let path = dir.join("beyond.toml");
+        let text = seed.replace("\"1-8 completed\"", &format!("\"{range} completed\""));
+        std::fs::write(&path, text).unwrap();
+        let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+        assert_eq!(o.status.code(), Some(1), "{range}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains(&format!("{first_missing}: expected completed got nothing")),
+            "{range}: {err}"
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -306,6 +320,45 @@ fn bad_scenarios_name_file_line_and_problem() {
             seed.replace("policy = \"every:4\"", "policy = \"every:0\""),
             3,
             "at least 1",
+        ),
+        (
+            "stride-overflow",
+            seed.replace("count = 8", "count = 3, stride = 9223372036854775807"),
+            19,
+            "stride 9223372036854775807 is larger than any region",
+        ),
+        (
+            "offset-without-region",
+            seed.replace(
+                "op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 8",
+                "op = \"send\", size = 0, count = 3, local_offset = 9223372036854775807",
+            ),
+            19,
+            "local_offset 9223372036854775807 is larger than any region",
+        ),
+        (
+            "recv-size-overflow",
+            seed.replace(
+                "poll = \"idle\"",
+                "recv = { qp = \"a.peer\", region = \"dst\", size = 4611686018427387904, count = 4 }",
+            ),
+            22,
+            "size 4611686018427387904 is larger than any region",
+        ),
+        (
+            "fault-on-nothing",
+            seed.replace(
+                "size = 64, count = 8",
+                "size = 0, count = 8, fault = \"bad_rkey\", fault_at = 2",
+            ),
+            19,
+            "needs a post of more than 0 bytes",
+        ),
+        (
+            "signed-digest",
+            seed.replace("1fb4b57231ed8584", "+000000000000000"),
+            25,
+            "is not 16 hex digits",
         ),
     ] {
         let path = dir.join(format!("{name}.toml"));
