@@ -44,6 +44,9 @@ const WARM_UP: Duration = Duration::from_millis(100);
 const STALL: Duration = Duration::from_secs(30);
 /// perftest's cycle buffer: the page size.
 const PAGE: usize = 4096;
+/// The most memory `--region` registers on each side (the soft provider also copies as much
+/// for its memcpy yardstick).
+const MAX_REGION: u64 = 4 << 30;
 /// perftest's cache line: its smallest address step.
 const CACHE_LINE: u64 = 64;
 /// perftest's MB: 2^20 bytes.
@@ -186,6 +189,11 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
             sizes.len()
         );
     }
+    ensure!(
+        args.region <= MAX_REGION,
+        "--region {}: the bench registers at most {MAX_REGION} bytes on each side",
+        args.region
+    );
     for &size in &sizes {
         ensure!(
             size >= 1,

@@ -14,6 +14,10 @@ use toml::Spanned;
 pub const MAX_REGION: u64 = 64 << 20;
 /// Most work requests one post step may post.
 pub const MAX_COUNT: u64 = 1 << 20;
+/// Most memory all regions of a scenario may take together.
+pub const MAX_REGIONS_TOTAL: u64 = 1 << 30;
+/// Most queue pairs (each with its peer) a scenario may create.
+pub const MAX_QPS: usize = 64;
 
 /// A scenario error: where and what.
 #[derive(Debug)]
@@ -467,6 +471,15 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
         if raw.qp.is_empty() {
             return Err(self.err(None, "a scenario needs at least one [[qp]]".into()));
         }
+        if raw.qp.len() > MAX_QPS {
+            return Err(self.err(
+                Some(raw.qp[MAX_QPS].span()),
+                format!(
+                    "{} queue pairs: a scenario creates at most {MAX_QPS}",
+                    raw.qp.len()
+                ),
+            ));
+        }
         let mut qps: Vec<Qp> = Vec::new();
         for q in &raw.qp {
             let span = Some(q.span());
@@ -547,6 +560,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             });
         }
         let mut regions: Vec<Region> = Vec::new();
+        let mut total = 0u64;
         for r in &raw.region {
             let span = Some(r.span());
             let r = r.get_ref();
@@ -560,6 +574,16 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     format!(
                         "region {:?}: size {} is out of range 1..={MAX_REGION}",
                         r.name, r.size
+                    ),
+                ));
+            }
+            total += r.size;
+            if total > MAX_REGIONS_TOTAL {
+                return Err(self.err(
+                    span,
+                    format!(
+                        "region {:?}: the regions take more than {MAX_REGIONS_TOTAL} bytes together",
+                        r.name
                     ),
                 ));
             }

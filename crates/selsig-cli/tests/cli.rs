@@ -384,6 +384,54 @@ fn bad_scenarios_name_file_line_and_problem() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn scenarios_are_bounded_in_memory_and_queue_pairs() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
+    let lines = seed.lines().count();
+    // With the seed's two small regions, fifteen of 64 MiB fit in 1 GiB; the sixteenth is
+    // refused at its line.
+    let mut regions = seed.clone();
+    for i in 0..17 {
+        regions.push_str(&format!(
+            "\n[[region]]\nname = \"big{i}\"\nsize = 67108864\naccess = [\"local_write\"]\n"
+        ));
+    }
+    // Sixty-four more queue pairs than the seed's one: the sixty-fifth is refused.
+    let mut qps = seed.clone();
+    for i in 0..64 {
+        qps.push_str(&format!("\n[[qp]]\nname = \"q{i}\"\n"));
+    }
+    for (name, text, line, problem) in [
+        (
+            "regions",
+            regions,
+            lines + 1 + 15 * 5 + 1,
+            "region \"big15\": the regions take more than 1073741824 bytes together",
+        ),
+        (
+            "qps",
+            qps,
+            lines + 1 + 63 * 3 + 1,
+            "65 queue pairs: a scenario creates at most 64",
+        ),
+    ] {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let o = selsig(&["run", path.to_str().unwrap()]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{name}: {err}");
+        let at = format!("{}:{line}:", path.display());
+        assert!(
+            err.starts_with(&format!("error: {at}")),
+            "{name}: {at} in {err}"
+        );
+        assert!(err.contains(problem), "{name}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 fn bench_json(args: &[&str]) -> Value {
     let mut all = vec!["bench", "--json", "-"];
     all.extend_from_slice(args);
@@ -536,6 +584,10 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
             "larger than the registered region",
         ),
         (&["bench", "-D", "0s"], "-D 0"),
+        (
+            &["bench", "--region", "64G", "-s", "1G"],
+            "--region 68719476736: the bench registers at most 4294967296 bytes",
+        ),
     ] {
         let o = selsig(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

@@ -867,6 +867,15 @@ impl Device for SoftDevice {
                 ),
             });
         }
+        // Allocated (and zeroed) before the table is locked: the NIC thread reads the
+        // table for every work request.
+        let words = crate::mem::zeroed(len).ok_or_else(|| ProviderError::Os {
+            verb: "register a memory region",
+            source: std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("cannot allocate {len} bytes"),
+            ),
+        })?;
         let mut table = self.dev.mrs.write();
         let key = table.allocate_key().ok_or_else(|| ProviderError::Invalid {
             what: "region count",
@@ -876,7 +885,7 @@ impl Device for SoftDevice {
                 crate::mr::MAX_REGIONS
             ),
         })?;
-        let mr = Arc::new(MrInner::new(len, access, pd.id, key));
+        let mr = Arc::new(MrInner::new(words, len, access, pd.id, key));
         table.insert(Arc::clone(&mr));
         Ok(SoftMr {
             mr,

@@ -20,9 +20,13 @@ pub(crate) const fn words_for(len: usize) -> usize {
     len.div_ceil(8)
 }
 
-/// A zeroed memory of `len` bytes.
-pub(crate) fn zeroed(len: usize) -> Box<[AtomicU64]> {
-    (0..words_for(len)).map(|_| AtomicU64::new(0)).collect()
+/// A zeroed memory of `len` bytes; `None` when it cannot be allocated.
+pub(crate) fn zeroed(len: usize) -> Option<Box<[AtomicU64]>> {
+    let words = words_for(len);
+    let mut v = Vec::new();
+    v.try_reserve_exact(words).ok()?;
+    v.extend((0..words).map(|_| AtomicU64::new(0)));
+    Some(v.into_boxed_slice())
 }
 
 /// Mask of the low `n` bytes (`n` in 0..=8).
@@ -189,7 +193,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn memory(bytes: &[u8]) -> Box<[AtomicU64]> {
-        let m = zeroed(bytes.len());
+        let m = zeroed(bytes.len()).expect("memory");
         write(&m, 0, bytes);
         m
     }
@@ -254,7 +258,7 @@ mod tests {
     #[test]
     fn partial_word_writes_from_two_threads_never_lose_bytes() {
         // Two writers own alternating bytes of the same words.
-        let m = zeroed(64);
+        let m = zeroed(64).expect("memory");
         std::thread::scope(|s| {
             for parity in 0..2u8 {
                 let m = &m;

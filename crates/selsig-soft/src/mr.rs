@@ -6,8 +6,6 @@ use std::sync::atomic::AtomicU64;
 
 use selsig::Access;
 
-use crate::mem;
-
 /// Bits of a key that select the table entry; the rest are random tag bits, so a stale
 /// key (of a deregistered region whose entry was reused) or a guessed one does not match.
 const TAG_BITS: u32 = 12;
@@ -32,8 +30,14 @@ pub(crate) struct MrInner {
 }
 
 impl MrInner {
-    pub(crate) fn new(len: usize, access: Access, pd: u32, key: u32) -> Self {
-        let words = mem::zeroed(len);
+    /// A region of `len` bytes in `words` (from [`crate::mem::zeroed`]).
+    pub(crate) fn new(
+        words: Box<[AtomicU64]>,
+        len: usize,
+        access: Access,
+        pd: u32,
+        key: u32,
+    ) -> Self {
         // The address space of a region is its real address, as with verbs (iova = VA).
         let addr = words.as_ptr() as u64;
         MrInner {
@@ -124,7 +128,13 @@ mod tests {
     fn stale_and_guessed_keys_do_not_match() {
         let mut t = MrTable::default();
         let k1 = t.allocate_key().unwrap();
-        t.insert(Arc::new(MrInner::new(64, Access::REMOTE_WRITE, 1, k1)));
+        t.insert(Arc::new(MrInner::new(
+            crate::mem::zeroed(64).expect("memory"),
+            64,
+            Access::REMOTE_WRITE,
+            1,
+            k1,
+        )));
         assert!(t.get(k1).is_some());
         assert!(t.get(k1 ^ 1).is_none(), "a neighbouring key");
         t.remove(k1);
@@ -132,7 +142,13 @@ mod tests {
         let k2 = t.allocate_key().unwrap();
         assert_eq!(k1 >> TAG_BITS, k2 >> TAG_BITS, "the entry is reused");
         assert_ne!(k1, k2, "with another key");
-        t.insert(Arc::new(MrInner::new(64, Access::REMOTE_WRITE, 1, k2)));
+        t.insert(Arc::new(MrInner::new(
+            crate::mem::zeroed(64).expect("memory"),
+            64,
+            Access::REMOTE_WRITE,
+            1,
+            k2,
+        )));
         assert!(
             t.get(k1).is_none(),
             "the stale key does not reach the new region"
@@ -142,7 +158,13 @@ mod tests {
 
     #[test]
     fn offsets_are_bounded_by_the_region() {
-        let mr = MrInner::new(100, Access::empty(), 1, 0);
+        let mr = MrInner::new(
+            crate::mem::zeroed(100).expect("memory"),
+            100,
+            Access::empty(),
+            1,
+            0,
+        );
         assert_eq!(mr.offset_of(mr.addr, 100), Some(0));
         assert_eq!(mr.offset_of(mr.addr + 99, 1), Some(99));
         assert_eq!(mr.offset_of(mr.addr + 99, 2), None);

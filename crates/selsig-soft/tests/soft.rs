@@ -1144,6 +1144,26 @@ fn a_queue_without_the_clock_measures_no_lag_and_refuses_the_adaptive_policy() {
 }
 
 #[test]
+fn a_region_the_host_cannot_allocate_is_an_error_not_an_abort() {
+    // A device that would register 2^60 bytes: no host has them, and the allocation is
+    // refused at once (nothing is touched), so reg_mr fails as ibv_reg_mr does (ENOMEM).
+    let dev = SoftDevice::open(SoftConfig {
+        max_mr_size: 1 << 61,
+        ..SoftConfig::default()
+    })
+    .unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let err = dev
+        .reg_mr(&pd, 1 << 60, Access::LOCAL_WRITE)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("register a memory region"), "{err}");
+    // The device still works: the table was not touched.
+    let mr = dev.reg_mr(&pd, 4096, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(mr.len(), 4096);
+}
+
+#[test]
 fn a_device_refuses_a_depth_its_16_bit_wqe_counter_cannot_name() {
     let config = SoftConfig {
         max_qp_wr: (1 << 16) + 1,
