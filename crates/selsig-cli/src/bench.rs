@@ -134,8 +134,14 @@ impl std::str::FromStr for IntervalArg {
 fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     let text = text.trim();
     if let Ok(secs) = text.parse::<f64>() {
-        return Duration::try_from_secs_f64(secs)
-            .map_err(|e| format!("invalid duration {text:?}: {e}"));
+        let d = Duration::try_from_secs_f64(secs)
+            .map_err(|e| format!("invalid duration {text:?}: {e}"))?;
+        if d.is_zero() && secs != 0.0 {
+            return Err(format!(
+                "invalid duration {text:?}: shorter than a nanosecond"
+            ));
+        }
+        return Ok(d);
     }
     humantime::parse_duration(text)
         .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 500ms, 2s, 1.5)"))
@@ -1160,6 +1166,10 @@ mod tests {
         assert!(e.contains("--post-list 16"), "{e}");
         assert!(Cli::try_parse_from(["bench", "-e", "often"]).is_err());
         assert!(Cli::try_parse_from(["bench", "-D", "soon"]).is_err());
+        let e = Cli::try_parse_from(["bench", "-D", "1e-10"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shorter than a nanosecond"), "{e}");
     }
 
     #[test]
