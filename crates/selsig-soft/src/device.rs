@@ -256,7 +256,25 @@ impl SoftDevice {
     fn id(&self) -> u32 {
         self.dev.next_id.fetch_add(1, Ordering::Relaxed)
     }
+
+    /// A 24-bit QP number no live QP has (object ids wrap; 0 and 1 are the special QPs of
+    /// InfiniBand), held in the registry until the QP takes it.
+    fn reserve_qpn(&self) -> Result<u32, ProviderError> {
+        let mut reg = self.dev.qps.lock();
+        let qpn = (0..=QPN_MASK)
+            .map(|_| self.id() & QPN_MASK)
+            .find(|n| *n > 1 && !reg.by_num.contains_key(n))
+            .ok_or_else(|| ProviderError::Invalid {
+                what: "queue pair count",
+                why: format!("{} has no free QP number", self.dev.name),
+            })?;
+        reg.by_num.insert(qpn, Weak::new());
+        Ok(qpn)
+    }
 }
+
+/// QP numbers are 24 bits.
+const QPN_MASK: u32 = 0x00ff_ffff;
 
 /// A protection domain.
 #[derive(Debug)]
@@ -541,10 +559,11 @@ impl Drop for SoftQp {
     fn drop(&mut self) {
         // Gone for its peer too: from now on the NIC delivers nothing to it.
         self.qp.destroy();
-        let mut reg = self.dev.qps.lock();
-        reg.list.retain(|q| !Arc::ptr_eq(q, &self.qp));
-        reg.by_num.remove(&self.qp.qpn);
-        drop(reg);
+        self.dev
+            .qps
+            .lock()
+            .list
+            .retain(|q| !Arc::ptr_eq(q, &self.qp));
         let version = self.dev.bump();
         // mlx5 removes the destroyed QP's completions that were not polled from its CQs
         // (libmlx5 `mlx5_destroy_qp` → `__mlx5_cq_clean`), once the NIC no longer
@@ -556,6 +575,8 @@ impl Drop for SoftQp {
             }
         }
         self.qp.send_cq.send_queues.write().remove(&self.qp.qpn);
+        // The number is free for a new QP only now that nothing refers to it.
+        self.dev.qps.lock().by_num.remove(&self.qp.qpn);
     }
 }
 
@@ -980,8 +1001,8 @@ impl Device for SoftDevice {
             max_recv_sge: 1,
             max_inline_data: MAX_INLINE as u32,
         };
+        let qpn = self.reserve_qpn()?;
         let sq = Arc::new(SendRing::new(send_limit));
-        let qpn = self.id() & 0x00ff_ffff;
         let qp = Arc::new(QpInner {
             qpn,
             pd: pd.id,

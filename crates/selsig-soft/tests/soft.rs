@@ -1164,6 +1164,36 @@ fn a_region_the_host_cannot_allocate_is_an_error_not_an_abort() {
 }
 
 #[test]
+fn qp_numbers_stay_unique_when_the_24_bit_space_wraps() {
+    let p = pair();
+    let a = p.a.qp_num();
+    // Objects of every kind take numbers from one counter (`b` took the one after `a`):
+    // after 2^24 - 2 more the next QP would get `a`'s number again.
+    for _ in 0..(1u32 << 24) - 2 {
+        drop(p.dev.alloc_pd().unwrap());
+    }
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let x = p.dev.create_qp(&p.pd, &p.cq_a, &p.cq_a, &init).unwrap();
+    assert_ne!(x.qp_num(), a);
+    assert!(x.qp_num() > 1, "QP0 and QP1 are special");
+    // Destroying the newcomer leaves `a` working: its completions still reach its CQ.
+    drop(x);
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    local.write(0, &pattern(1, 64)).unwrap();
+    p.a.post_send(&[write(1, &local, 0, 64, remote.remote(0), true)])
+        .unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(1, WcStatus::Success)]);
+}
+
+#[test]
 fn a_device_refuses_a_depth_its_16_bit_wqe_counter_cannot_name() {
     let config = SoftConfig {
         max_qp_wr: (1 << 16) + 1,
