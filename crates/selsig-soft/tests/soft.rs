@@ -185,6 +185,47 @@ fn seed_example_through_the_signaled_queue() {
     }
 }
 
+#[test]
+fn a_batch_begun_without_room_posts_if_shared_credits_come_back_meanwhile() {
+    let p = pair();
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let pool = selsig::CqCredits::new(4);
+    // Another queue holds the whole pool when the batch begins ...
+    assert_eq!(pool.try_acquire(4), Some(0));
+    let config = QueueConfig {
+        cq: Some(selsig::CqBudget::Shared(pool.clone())),
+        ..QueueConfig::with_policy(Policy::Every(1))
+    };
+    let mut q: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::with_config(p.a, Arc::clone(&p.cq_a), config).unwrap();
+    // ... and gives it back as the first work request is taken.
+    let data = pattern(1, 16);
+    let mut first = true;
+    let mut works = std::iter::from_fn(|| {
+        if !std::mem::take(&mut first) {
+            return None;
+        }
+        assert!(pool.release(4));
+        Some(Work::write_inline(&data, remote.remote(0), 1u32))
+    });
+    assert_eq!(q.post_batch(&mut works).unwrap(), 1);
+    let mut done = Vec::new();
+    let start = Instant::now();
+    while done.is_empty() {
+        q.poll(&mut done).unwrap();
+        assert!(start.elapsed() < WAIT);
+    }
+    assert_eq!((done[0].user, done[0].outcome), (1, Outcome::Completed));
+    let mut got = vec![0; 16];
+    remote.read(0, &mut got).unwrap();
+    assert_eq!(got, data);
+    assert_eq!(
+        pool.available(),
+        4,
+        "the credit came back with the completion"
+    );
+}
+
 /// Posts unsignaled 8-byte WRITEs one at a time until the provider refuses one.
 fn post_unsignaled_until_full(p: &Pair, n: u64) -> Result<u64, selsig::PostWrError> {
     let local = p.mr(64, Access::LOCAL_WRITE);

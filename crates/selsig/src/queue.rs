@@ -143,18 +143,6 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
     pub fn opcode(&self) -> Opcode {
         self.opcode
     }
-
-    /// The payload that is kept until retirement, giving up the rest.
-    fn into_payload(self) -> Payload<M, U> {
-        let buffer = match self.data {
-            Data::Buffer(b) => Some(b),
-            _ => None,
-        };
-        Payload {
-            buffer,
-            user: self.user,
-        }
-    }
 }
 
 /// The local data of a work request as a provider takes it, with the buffer the queue keeps;
@@ -538,8 +526,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
         // (index in `staged`, bytes) of inline work requests; empty in the common case.
         let mut inline: Vec<(usize, &'a [u8])> = Vec::new();
         let mut refused = None;
-        // Room is known up front: slots and CQ credits only shrink by our own posts.
-        let room = self.tracker.available();
+        // Room is known up front: slots and CQ credits only shrink by our own posts (a
+        // shared pool's credits may come back meanwhile, never go). With no room, the
+        // first work request is still offered: the tracker says why it is refused, or
+        // takes it if credits came back since.
+        let room = self.tracker.available().max(1);
         for _ in 0..room {
             let Some(Work {
                 opcode,
@@ -583,18 +574,6 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     refused = Some(QueuePostError::Refused(e));
                     break;
                 }
-            }
-        }
-        if room == 0 {
-            // Nothing fits: say why with the first work request.
-            if let Some(work) = works.next() {
-                let signal = work.signal;
-                refused = self
-                    .tracker
-                    .post(work.into_payload(), signal, now)
-                    .map(|_| unreachable!("no room"))
-                    .err()
-                    .map(QueuePostError::Refused);
             }
         }
         let count = self.staged.len();
