@@ -69,6 +69,9 @@ impl std::str::FromStr for Personality {
 /// The largest [`SoftConfig::max_qp_wr`]: the slots a completion's 16-bit WQE counter
 /// can name (mlx5 devices report 32768).
 pub const MAX_QP_WR: u32 = 1 << 16;
+/// The largest `max_cqe` a device may have (a ConnectX reports 2^22 - 1): its CQ ring of
+/// 64-byte entries is then 256 MiB.
+pub const MAX_CQE: u32 = 1 << 22;
 
 /// Settings of a software device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +82,7 @@ pub struct SoftConfig {
     pub personality: Personality,
     /// Largest `max_send_wr` / `max_recv_wr`: at most [`MAX_QP_WR`].
     pub max_qp_wr: u32,
-    /// Largest CQ.
+    /// Largest CQ: at most [`MAX_CQE`].
     pub max_cqe: u32,
     /// Largest region in bytes.
     pub max_mr_size: usize,
@@ -91,7 +94,7 @@ impl Default for SoftConfig {
             name: "soft0".to_string(),
             personality: Personality::Mlx5,
             max_qp_wr: 32768,
-            max_cqe: 1 << 22,
+            max_cqe: MAX_CQE,
             max_mr_size: 1 << 34,
         }
     }
@@ -201,6 +204,12 @@ impl SoftDevice {
                      queue slots",
                     config.max_qp_wr
                 ),
+            });
+        }
+        if config.max_cqe > MAX_CQE {
+            return Err(ProviderError::Invalid {
+                what: "max_cqe",
+                why: format!("{}: at most {MAX_CQE}", config.max_cqe),
             });
         }
         let guid = u64::from(random_u32()) << 32 | u64::from(random_u32());

@@ -37,4 +37,6 @@ mod mr;
 mod times;
 
 #[cfg(not(loom))]
-pub use device::{MAX_QP_WR, Personality, SoftConfig, SoftCq, SoftDevice, SoftMr, SoftPd, SoftQp};
+pub use device::{
+    MAX_CQE, MAX_QP_WR, Personality, SoftConfig, SoftCq, SoftDevice, SoftMr, SoftPd, SoftQp,
+};

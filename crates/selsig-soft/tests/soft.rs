@@ -1245,6 +1245,24 @@ fn a_device_refuses_a_depth_its_16_bit_wqe_counter_cannot_name() {
     assert!(err.contains("65537"), "{err}");
 }
 
+#[test]
+fn a_device_refuses_cqs_larger_than_it_can_hold() {
+    // `create_cq(u32::MAX)` would round up past u32 (and past any memory): the device's
+    // limit is bounded, and every size up to it works out.
+    let err = SoftDevice::open(SoftConfig {
+        max_cqe: u32::MAX,
+        ..SoftConfig::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("max_cqe"), "{err}");
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let err = dev.create_cq(u32::MAX).unwrap_err().to_string();
+    assert!(err.contains("supports 1 to 4194304"), "{err}");
+    let cq = dev.create_cq(selsig_soft::MAX_CQE).unwrap();
+    assert!(cq.capacity() >= selsig_soft::MAX_CQE);
+}
+
 /// A send queue of 2^16 slots (the most a 16-bit WQE counter names) on mlx5: completions
 /// free slots correctly for several laps past the counter's wrap, with up to the whole
 /// depth outstanding.
