@@ -43,6 +43,9 @@ impl Policy {
             Policy::Adaptive {
                 max_unsignaled: 0, ..
             } => Err(PolicyError::ZeroInterval),
+            Policy::Adaptive { max_lag, .. } if max_lag.as_nanos() > u128::from(u64::MAX) => {
+                Err(PolicyError::LagTooLong(max_lag))
+            }
             _ => Ok(()),
         }
     }
@@ -104,6 +107,9 @@ pub enum PolicyError {
         "invalid duration {0:?} in policy: expected a number followed by ns, us, ms or s (e.g. 50us)"
     )]
     Duration(String),
+    /// An adaptive policy's `max_lag` beyond what the tracker's nanosecond clock counts.
+    #[error("max_lag {0:?} is longer than 2^64 ns (about 584 years)")]
+    LagTooLong(Duration),
 }
 
 impl FromStr for Policy {
@@ -126,14 +132,15 @@ impl FromStr for Policy {
                 let mut max_lag = None;
                 for (i, part) in args.split(',').map(str::trim).enumerate() {
                     match (i, part.split_once('=')) {
-                        (_, Some(("max_unsignaled" | "budget", v))) => {
+                        (_, Some(("max_unsignaled" | "budget", v))) if max_unsignaled.is_none() => {
                             max_unsignaled = Some(parse_u32(v.trim())?)
                         }
-                        (_, Some(("max_lag" | "lag", v))) => {
+                        (_, Some(("max_lag" | "lag", v))) if max_lag.is_none() => {
                             max_lag = Some(parse_duration(v.trim())?)
                         }
                         (0, None) => max_unsignaled = Some(parse_u32(part)?),
-                        (1, None) => max_lag = Some(parse_duration(part)?),
+                        (1, None) if max_lag.is_none() => max_lag = Some(parse_duration(part)?),
+                        // Unknown keys, a value given twice, a third value.
                         _ => return Err(PolicyError::Unknown(s.to_string())),
                     }
                 }
@@ -153,6 +160,13 @@ impl FromStr for Policy {
 }
 
 fn parse_u32(text: &str) -> Result<u32, PolicyError> {
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        // (`u32::from_str` would take a sign.)
+        return Err(PolicyError::Number {
+            text: text.to_string(),
+            reason: "not a decimal number".to_string(),
+        });
+    }
     text.parse::<u32>().map_err(|e| PolicyError::Number {
         text: text.to_string(),
         reason: e.to_string(),
@@ -249,5 +263,34 @@ mod tests {
         assert!("always:3".parse::<Policy>().is_err());
         assert!(parse_duration("99999999999999999999s").is_err());
         assert!(parse_duration("18446744073709551615s").is_err());
+        // A sign, a value given twice, a third value.
+        let e = "every:+5".parse::<Policy>().unwrap_err().to_string();
+        assert!(e.contains("\"+5\""), "{e}");
+        assert!(
+            "adaptive:budget=1,budget=2,lag=1us"
+                .parse::<Policy>()
+                .is_err()
+        );
+        assert!("adaptive:4,lag=1us,max_lag=2us".parse::<Policy>().is_err());
+        assert!("adaptive:4,1us,2us".parse::<Policy>().is_err());
+    }
+
+    #[test]
+    fn a_lag_beyond_the_nanosecond_clock_is_refused() {
+        // What the text form can give at most is fine and reads back.
+        let longest = Policy::Adaptive {
+            max_unsignaled: 8,
+            max_lag: Duration::from_nanos(u64::MAX),
+        };
+        assert_eq!(longest.validate(), Ok(()));
+        assert_eq!(longest.to_string().parse::<Policy>(), Ok(longest));
+        let beyond = Policy::Adaptive {
+            max_unsignaled: 8,
+            max_lag: Duration::MAX,
+        };
+        assert_eq!(
+            beyond.validate(),
+            Err(PolicyError::LagTooLong(Duration::MAX))
+        );
     }
 }

@@ -647,7 +647,10 @@ impl<T> SendTracker<T> {
     pub fn next_deadline(&self) -> Option<Instant> {
         match self.policy {
             Policy::Adaptive { max_lag, .. } if self.run > 0 && self.error.is_none() => {
-                Some(self.epoch + Duration::from_nanos(self.run_start_ns) + max_lag)
+                // (`None` when it lies beyond what an `Instant` holds: never.)
+                self.epoch
+                    .checked_add(Duration::from_nanos(self.run_start_ns))?
+                    .checked_add(max_lag)
             }
             _ => None,
         }
@@ -1440,6 +1443,28 @@ mod tests {
         t.handle_completion(&wc(7, WcStatus::Success), now).unwrap();
         assert!(t.is_idle());
         assert_eq!(drain(&mut t).len(), 6);
+    }
+
+    #[test]
+    fn the_longest_lag_gives_a_far_deadline_and_never_signals_by_time() {
+        let lag = Duration::from_nanos(u64::MAX);
+        let (mut t, t0) = tracker(
+            64,
+            64,
+            Policy::Adaptive {
+                max_unsignaled: 8,
+                max_lag: lag,
+            },
+        );
+        assert!(!t.post(1, Signal::Auto, t0).unwrap().signaled());
+        assert_eq!(t.next_deadline(), t0.checked_add(lag));
+        let later = t0 + Duration::from_secs(3600);
+        assert!(!t.post(2, Signal::Auto, later).unwrap().signaled());
+        let e = t.set_policy(Policy::Adaptive {
+            max_unsignaled: 8,
+            max_lag: Duration::MAX,
+        });
+        assert_eq!(e, Err(PolicyError::LagTooLong(Duration::MAX)));
     }
 
     #[test]
