@@ -186,6 +186,27 @@ fn seed_example_through_the_signaled_queue() {
 }
 
 #[test]
+fn buffers_split_as_asked_or_come_back_whole() {
+    let p = pair();
+    let whole = Buffer::new(p.mr(100, Access::LOCAL_WRITE));
+    let (parts, rest) = whole.split_into(3, 30).unwrap();
+    let sizes: Vec<(usize, usize)> = parts.iter().map(|b| (b.offset(), b.len())).collect();
+    assert_eq!(sizes, [(0, 30), (30, 30), (60, 30)]);
+    assert_eq!((rest.offset(), rest.len()), (90, 10));
+    // Too many bytes, a count whose bytes overflow, and zero-length buffers in numbers no
+    // list can hold: the buffer comes back whole, nothing panics or aborts.
+    let whole = rest.join(Buffer::new(p.mr(8, Access::LOCAL_WRITE))).unwrap_err().0;
+    let whole = whole.split_into(2, 6).unwrap_err();
+    let whole = whole.split_into(usize::MAX, 2).unwrap_err();
+    let whole = whole.split_into(usize::MAX, 0).unwrap_err();
+    let whole = whole.split_into(1 << 60, 0).unwrap_err();
+    assert_eq!((whole.offset(), whole.len()), (90, 10));
+    let (empty, rest) = whole.split_into(4, 0).unwrap();
+    assert!(empty.iter().all(|b| b.is_empty()));
+    assert_eq!(rest.len(), 10);
+}
+
+#[test]
 fn a_batch_begun_without_room_posts_if_shared_credits_come_back_meanwhile() {
     let p = pair();
     let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);

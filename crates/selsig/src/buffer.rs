@@ -110,13 +110,17 @@ impl<M: MemoryRegion> Buffer<M> {
 
     /// Splits the buffer into `count` consecutive buffers of `size` bytes; what is left
     /// over stays in the last element of the returned pair. `Err(self)` when they do not
-    /// fit.
+    /// fit, or when the list of `count` buffers cannot be allocated (zero-length buffers
+    /// fit any number of times).
     pub fn split_into(self, count: usize, size: usize) -> SplitInto<M> {
         match count.checked_mul(size) {
             Some(total) if total <= self.len => {}
             _ => return Err(self),
         }
-        let mut parts = Vec::with_capacity(count);
+        let mut parts = Vec::new();
+        if parts.try_reserve_exact(count).is_err() {
+            return Err(self);
+        }
         let mut rest = self;
         for _ in 0..count {
             // Each split is within bounds: count * size <= len was checked above.
