@@ -186,6 +186,27 @@ fn seed_example_through_the_signaled_queue() {
 }
 
 #[test]
+fn a_poll_batch_beyond_the_cq_is_reduced_to_it() {
+    let p = pair();
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let config = QueueConfig {
+        poll_batch: usize::MAX,
+        ..QueueConfig::with_policy(Policy::Every(1))
+    };
+    let mut q: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::with_config(p.a, Arc::clone(&p.cq_a), config).unwrap();
+    q.post(Work::write_inline(&[7; 8], remote.remote(0), 1))
+        .unwrap();
+    let mut done = Vec::new();
+    let start = Instant::now();
+    while done.is_empty() {
+        q.poll(&mut done).unwrap();
+        assert!(start.elapsed() < WAIT);
+    }
+    assert_eq!((done[0].user, done[0].outcome), (1, Outcome::Completed));
+}
+
+#[test]
 fn buffers_split_as_asked_or_come_back_whole() {
     let p = pair();
     let whole = Buffer::new(p.mr(100, Access::LOCAL_WRITE));
@@ -195,7 +216,10 @@ fn buffers_split_as_asked_or_come_back_whole() {
     assert_eq!((rest.offset(), rest.len()), (90, 10));
     // Too many bytes, a count whose bytes overflow, and zero-length buffers in numbers no
     // list can hold: the buffer comes back whole, nothing panics or aborts.
-    let whole = rest.join(Buffer::new(p.mr(8, Access::LOCAL_WRITE))).unwrap_err().0;
+    let whole = rest
+        .join(Buffer::new(p.mr(8, Access::LOCAL_WRITE)))
+        .unwrap_err()
+        .0;
     let whole = whole.split_into(2, 6).unwrap_err();
     let whole = whole.split_into(usize::MAX, 2).unwrap_err();
     let whole = whole.split_into(usize::MAX, 0).unwrap_err();

@@ -215,7 +215,8 @@ pub struct QueueConfig {
     /// Where zero-length confirm and drain markers are written (the key is not checked for
     /// zero bytes, but a valid remote address is the safe choice).
     pub marker_target: RemoteAddr,
-    /// Completions polled per call to the provider.
+    /// Completions polled per call to the provider (at least 1, at most the CQ's
+    /// capacity: larger values are reduced to it).
     pub poll_batch: usize,
     /// Read the clock on every post and on every poll that finds completions (default
     /// `true`): it measures confirmation lag ([`Stats::lag_ns`]) and drives the `Adaptive`
@@ -381,6 +382,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
         cq: Arc<D::Cq>,
         config: QueueConfig,
     ) -> Result<Self, ConfigError> {
+        let poll_limit = (cq.capacity() as usize).max(1);
         let budget = config
             .cq
             .unwrap_or_else(|| CqBudget::Exclusive(cq.capacity()));
@@ -402,7 +404,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
             cq,
             tracker,
             staged: Vec::with_capacity(slots),
-            wcs: vec![WorkCompletion::new(0, WcStatus::Success, 0); config.poll_batch.max(1)],
+            wcs: vec![
+                WorkCompletion::new(0, WcStatus::Success, 0);
+                config.poll_batch.clamp(1, poll_limit)
+            ],
             unclaimed: Vec::new(),
             marker_target: config.marker_target,
             clock: config.measure_lag,

@@ -243,6 +243,9 @@ pub enum ConfigError {
     /// (`QueueConfig::measure_lag`).
     #[error("the adaptive policy needs the clock: keep measure_lag on")]
     AdaptiveNeedsClock,
+    /// The tracker's ring for a send queue of this capacity cannot be allocated.
+    #[error("cannot allocate the tracker's ring for a send queue of {0} work requests")]
+    TooLarge(u32),
 }
 
 /// Why a post was refused. The payload is handed back untouched.
@@ -524,15 +527,20 @@ impl<T> SendTracker<T> {
             CqBudget::Exclusive(n) => config.sq_capacity.min(*n),
             CqBudget::Shared(_) => config.sq_capacity,
         };
-        let slots = config.sq_capacity as usize;
+        let slots = config.sq_capacity as usize + 1;
+        let (mut ring, mut signaled_seqs) = (VecDeque::new(), VecDeque::new());
+        if ring.try_reserve_exact(slots).is_err() || signaled_seqs.try_reserve_exact(slots).is_err()
+        {
+            return Err(ConfigError::TooLarge(config.sq_capacity));
+        }
         Ok(SendTracker {
-            ring: VecDeque::with_capacity(slots + 1),
+            ring,
             first_seq: config.first_seq,
             head_seq: config.first_seq,
             next_seq: config.first_seq,
             retired: 0,
             unretired_markers: 0,
-            signaled_seqs: VecDeque::with_capacity(slots + 1),
+            signaled_seqs,
             run: 0,
             run_start_ns: 0,
             sq_capacity: config.sq_capacity,
@@ -1443,6 +1451,14 @@ mod tests {
         t.handle_completion(&wc(7, WcStatus::Success), now).unwrap();
         assert!(t.is_idle());
         assert_eq!(drain(&mut t).len(), 6);
+    }
+
+    #[test]
+    fn a_ring_that_cannot_be_allocated_is_a_config_error() {
+        // 2^32 payloads of 1 MiB: more than any address space holds.
+        let config = TrackerConfig::new(u32::MAX, u32::MAX);
+        let t = SendTracker::<[u8; 1 << 20]>::new(config, Instant::now());
+        assert_eq!(t.err(), Some(ConfigError::TooLarge(u32::MAX)));
     }
 
     #[test]
