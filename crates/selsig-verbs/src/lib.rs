@@ -35,6 +35,12 @@ use sys::Verbs;
 /// Work requests of one post kept on the stack (more spill to the heap).
 const POST_INLINE: usize = 16;
 
+/// The first work request whose inline data is longer than an `ibv_sge` can say.
+fn oversized_inline(wrs: &[SendWr<'_>]) -> Option<usize> {
+    wrs.iter()
+        .position(|w| matches!(w.local, Local::Inline(d) if u32::try_from(d.len()).is_err()))
+}
+
 /// libibverbs, loaded once per process.
 fn verbs() -> Result<&'static Verbs, ProviderError> {
     static VERBS: OnceLock<Result<Verbs, String>> = OnceLock::new();
@@ -878,6 +884,16 @@ impl QueuePair for VerbsQp {
         if wrs.is_empty() {
             return Ok(());
         }
+        if let Some(bad) = oversized_inline(wrs) {
+            // An `ibv_sge` length is 32 bits: such data would be posted cut short. What
+            // comes before it is posted, as a provider's `bad_wr` would leave it.
+            self.post_send(&wrs[..bad])?;
+            return Err(PostWrError {
+                index: bad,
+                failure: PostFailure::Invalid("inline data of 4 GiB or more"),
+                source: None,
+            });
+        }
         // Built in place, on the stack for the usual batch sizes: no allocation, no copies.
         if wrs.len() <= POST_INLINE {
             let mut sges = [const { MaybeUninit::uninit() }; POST_INLINE];
@@ -1191,6 +1207,27 @@ impl Device for VerbsDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inline_data_an_sge_cannot_describe_is_found() {
+        // 4 GiB + 1 zeroed bytes: allocated, never touched.
+        let huge = vec![0u8; (1 << 32) + 1];
+        let small = [1u8; 8];
+        let remote = selsig::RemoteAddr { addr: 0, rkey: 0 };
+        let wr = |data| SendWr {
+            wr_id: 1,
+            opcode: selsig::Opcode::RdmaWrite,
+            local: Local::Inline(data),
+            remote,
+            imm_data: 0,
+            signaled: false,
+        };
+        assert_eq!(super::oversized_inline(&[wr(&small), wr(&small)]), None);
+        assert_eq!(
+            super::oversized_inline(&[wr(&small), wr(&huge), wr(&small)]),
+            Some(1)
+        );
+    }
 
     fn errno_of(e: &PostWrError) -> Option<i32> {
         e.source.as_ref().and_then(io::Error::raw_os_error)

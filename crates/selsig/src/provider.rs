@@ -212,7 +212,8 @@ pub struct RemoteAddr {
 }
 
 impl RemoteAddr {
-    /// The address `offset` bytes further.
+    /// The address `offset` bytes further. It wraps around at 2^64 as a NIC's address
+    /// arithmetic does: an address outside the region fails the remote access check.
     pub const fn offset(self, offset: u64) -> RemoteAddr {
         RemoteAddr {
             addr: self.addr.wrapping_add(offset),

@@ -92,21 +92,21 @@ impl Stats {
         }
     }
 
-    /// Adds another queue's statistics to these.
+    /// Adds another queue's statistics to these (counts saturate).
     pub fn merge(&mut self, other: &Stats) {
-        self.posted += other.posted;
-        self.signaled += other.signaled;
-        self.requested += other.requested;
-        self.forced += other.forced;
-        self.markers += other.markers;
-        self.cqes += other.cqes;
-        self.success_cqes += other.success_cqes;
-        self.error_cqes += other.error_cqes;
-        self.flush_cqes += other.flush_cqes;
-        self.rejected_cqes += other.rejected_cqes;
-        self.completed += other.completed;
-        self.failed += other.failed;
-        self.flushed += other.flushed;
+        self.posted = self.posted.saturating_add(other.posted);
+        self.signaled = self.signaled.saturating_add(other.signaled);
+        self.requested = self.requested.saturating_add(other.requested);
+        self.forced = self.forced.saturating_add(other.forced);
+        self.markers = self.markers.saturating_add(other.markers);
+        self.cqes = self.cqes.saturating_add(other.cqes);
+        self.success_cqes = self.success_cqes.saturating_add(other.success_cqes);
+        self.error_cqes = self.error_cqes.saturating_add(other.error_cqes);
+        self.flush_cqes = self.flush_cqes.saturating_add(other.flush_cqes);
+        self.rejected_cqes = self.rejected_cqes.saturating_add(other.rejected_cqes);
+        self.completed = self.completed.saturating_add(other.completed);
+        self.failed = self.failed.saturating_add(other.failed);
+        self.flushed = self.flushed.saturating_add(other.flushed);
         // Both histograms have the same bounds, so adding cannot fail.
         let _ = self.wrs_per_cqe.add(&other.wrs_per_cqe);
         let _ = self.lag_ns.add(&other.lag_ns);
@@ -123,4 +123,21 @@ fn new_histogram(max: u64) -> Histogram<u64> {
     // Two significant digits: 1% resolution, a few tens of KiB per histogram. The bounds
     // are constants above 2 and the precision is in 0..=5, which hdrhistogram accepts.
     Histogram::new_with_max(max, 2).expect("constant histogram bounds are valid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merging_adds_and_saturates() {
+        let mut a = Stats::new();
+        let mut b = Stats::new();
+        (a.posted, a.cqes) = (u64::MAX, 2);
+        (b.posted, b.cqes) = (1, 3);
+        b.wrs_per_cqe.saturating_record(4);
+        a.merge(&b);
+        assert_eq!((a.posted, a.cqes), (u64::MAX, 5));
+        assert_eq!(a.wrs_per_cqe.len(), 1);
+    }
 }
