@@ -125,8 +125,6 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
     }
 }
 
-/// Parses a byte count: `64`, `4K`, `4KiB`, `1M`, `64KiB` (K, M, G are binary, as in
-/// perftest).
 /// The size of the CQ for a send queue of `--tx-depth depth` (and one receive slot): the
 /// device may round the send queue up to twice `depth`, and every work request can complete
 /// with an error, so two entries per slot, plus the receive queue's one and a marker's.
@@ -142,6 +140,8 @@ pub fn cq_entries(depth: u32) -> Result<u32> {
         })
 }
 
+/// Parses a byte count: `64`, `4K`, `4KiB`, `1M`, `64KiB` (K, M, G are binary, as in
+/// perftest).
 pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     parse_size::Config::new()
         .with_binary()

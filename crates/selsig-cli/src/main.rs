@@ -116,33 +116,56 @@ fn run_demo(args: &demo::DemoArgs) -> Result<ExitCode, Failure> {
 /// fails.
 struct OutputFile {
     path: PathBuf,
+    file: std::fs::File,
     created: bool,
     written: bool,
 }
 
 impl OutputFile {
-    /// Checks that `path` (the value of `option`) can be written.
+    /// Opens `path` (the value of `option`) for writing, leaving what it holds.
     fn open(option: &str, path: &Path) -> Result<Self, Failure> {
-        let existed = path.exists();
-        std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(path)
-            .map_err(|e| {
-                Failure::Input(anyhow::Error::new(e).context(format!(
-                    "{option} {}: cannot write the file",
-                    path.display()
-                )))
-            })?;
+        use std::fs::OpenOptions;
+        let cannot = |e: std::io::Error| {
+            Failure::Input(anyhow::Error::new(e).context(format!(
+                "{option} {}: cannot write the file",
+                path.display()
+            )))
+        };
+        // A new file is ours to remove; anything already there (a file, a FIFO, a link)
+        // is opened as it is.
+        let (file, created) = match OpenOptions::new().write(true).create_new(true).open(path) {
+            Ok(file) => (file, true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // Not truncated: the old contents stay until the command succeeds.
+                let file = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)
+                    .map_err(cannot)?;
+                (file, false)
+            }
+            Err(e) => return Err(cannot(e)),
+        };
         Ok(OutputFile {
             path: path.to_path_buf(),
-            created: !existed,
+            file,
+            created,
             written: false,
         })
     }
 
     fn write(mut self, text: &str) -> Result<(), Failure> {
-        std::fs::write(&self.path, text).map_err(|e| {
+        use std::io::Write as _;
+        let result = (|| {
+            // A regular file loses its old contents; a FIFO or device takes the text as is.
+            if self.file.metadata()?.is_file() {
+                self.file.set_len(0)?;
+            }
+            self.file.write_all(text.as_bytes())?;
+            self.file.flush()
+        })();
+        result.map_err(|e| {
             Failure::Run(
                 anyhow::Error::new(e).context(format!("cannot write {}", self.path.display())),
             )

@@ -47,7 +47,7 @@ impl Wire {
         ensure!(
             self.gid.len() == 32 && self.gid.bytes().all(|b| b.is_ascii_hexdigit()),
             "the peer sent a malformed GID {:?}: not 32 hex digits",
-            self.gid
+            excerpt(&self.gid)
         );
         let mut gid = [0u8; 16];
         for (i, g) in gid.iter_mut().enumerate() {
@@ -128,9 +128,16 @@ fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, what: &str) -> Re
         "the peer sent a {what} longer than {MAX_LINE} bytes"
     );
     serde_json::from_str(line.trim()).with_context(|| {
-        let text: String = line.trim().chars().take(200).collect();
-        format!("the peer sent a malformed {what}: {text:?}")
+        format!(
+            "the peer sent a malformed {what}: {:?}",
+            excerpt(line.trim())
+        )
     })
+}
+
+/// The first 200 characters of what a peer sent, for an error message.
+fn excerpt(text: &str) -> String {
+    text.chars().take(200).collect()
 }
 
 /// The client side: a connection to a server, its region, and the check at the end.

@@ -664,6 +664,34 @@ fn output_files_are_checked_before_the_run_and_kept_when_it_fails() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&old).unwrap(), "old\n");
     assert!(!new.exists(), "{} was left behind", new.display());
+    // A run that succeeds replaces all of a longer file.
+    std::fs::write(&old, "x".repeat(100_000)).unwrap();
+    let o = selsig(&[quick.as_slice(), &["--json", old.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&old).unwrap()).unwrap();
+    assert_eq!(v["points"].as_array().unwrap().len(), 1);
+    // A FIFO is opened once and gets the trace (a reader sees it whole).
+    let fifo = dir.join("trace.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+    };
+    let seed = scenarios().join("seed.toml");
+    let o = selsig(&[
+        "run",
+        "-q",
+        seed.to_str().unwrap(),
+        "--trace",
+        fifo.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let trace = reader.join().unwrap();
+    assert!(
+        trace.lines().count() > 8 && trace.contains("\"wr_id\":4"),
+        "{trace}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -897,8 +897,19 @@ impl Device for SoftDevice {
                 ),
             });
         }
-        // Allocated (and zeroed) before the table is locked: the NIC thread reads the
-        // table for every work request.
+        let no_key = || ProviderError::Invalid {
+            what: "region count",
+            why: format!(
+                "{} holds at most {} regions",
+                self.dev.name,
+                crate::mr::MAX_REGIONS
+            ),
+        };
+        if self.dev.mrs.read().is_full() {
+            return Err(no_key());
+        }
+        // Allocated (and zeroed) before the table is locked for writing: the NIC thread
+        // reads the table for every work request.
         let words = crate::mem::zeroed(len).ok_or_else(|| ProviderError::Os {
             verb: "register a memory region",
             source: std::io::Error::new(
@@ -907,14 +918,7 @@ impl Device for SoftDevice {
             ),
         })?;
         let mut table = self.dev.mrs.write();
-        let key = table.allocate_key().ok_or_else(|| ProviderError::Invalid {
-            what: "region count",
-            why: format!(
-                "{} holds at most {} regions",
-                self.dev.name,
-                crate::mr::MAX_REGIONS
-            ),
-        })?;
+        let key = table.allocate_key().ok_or_else(no_key)?;
         let mr = Arc::new(MrInner::new(words, len, access, pd.id, key));
         table.insert(Arc::clone(&mr));
         Ok(SoftMr {

@@ -38,6 +38,7 @@ impl MrInner {
         pd: u32,
         key: u32,
     ) -> Self {
+        debug_assert_eq!(words.len(), crate::mem::words_for(len));
         // The address space of a region is its real address, as with verbs (iova = VA).
         let addr = words.as_ptr() as u64;
         MrInner {
@@ -69,6 +70,11 @@ pub(crate) struct MrTable {
 }
 
 impl MrTable {
+    /// Whether no key is left for a new region.
+    pub(crate) fn is_full(&self) -> bool {
+        self.free.is_empty() && self.entries.len() >= MAX_REGIONS
+    }
+
     /// Picks an entry and a fresh key for a new region.
     pub(crate) fn allocate_key(&mut self) -> Option<u32> {
         let index = match self.free.pop() {

@@ -516,8 +516,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// Posts work requests from `works` with one doorbell, as many as fit now; the rest
     /// stay in the iterator. Returns how many were posted.
     ///
-    /// A work request the tracker refuses (error state, draining) comes back in the error
-    /// (those before it are posted). If the provider refuses one, the tracker forgets it and
+    /// A work request the tracker refuses (error state, draining, or a full CQ budget:
+    /// with a shared pool, other queues may take its credits while the batch is built;
+    /// poll and post the rest again) comes back in the error (those before it are posted). If the provider refuses one, the tracker forgets it and
     /// every later one, and their payloads come back in the error.
     pub fn post_batch<'a, I>(
         &mut self,
@@ -531,10 +532,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
         // (index in `staged`, bytes) of inline work requests; empty in the common case.
         let mut inline: Vec<(usize, &'a [u8])> = Vec::new();
         let mut refused = None;
-        // Room is known up front: slots and CQ credits only shrink by our own posts (a
-        // shared pool's credits may come back meanwhile, never go). With no room, the
-        // first work request is still offered: the tracker says why it is refused, or
-        // takes it if credits came back since.
+        // Room is read up front: slots only shrink by our own posts. A shared pool's
+        // credits can also go to other queues meanwhile (the tracker then refuses with
+        // `CqFull` part-way) or come back. With no room, the first work request is still
+        // offered: the tracker says why it is refused, or takes it if credits came back.
         let room = self.tracker.available().max(1);
         for _ in 0..room {
             let Some(Work {

@@ -1455,9 +1455,9 @@ mod tests {
 
     #[test]
     fn a_ring_that_cannot_be_allocated_is_a_config_error() {
-        // 2^32 payloads of 1 MiB: more than any address space holds.
+        // 2^32 payloads of 2 GiB: more bytes than an allocation may ask for.
         let config = TrackerConfig::new(u32::MAX, u32::MAX);
-        let t = SendTracker::<[u8; 1 << 20]>::new(config, Instant::now());
+        let t = SendTracker::<[u8; 1 << 31]>::new(config, Instant::now());
         assert_eq!(t.err(), Some(ConfigError::TooLarge(u32::MAX)));
     }
 
