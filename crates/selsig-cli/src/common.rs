@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use selsig::Device;
+use selsig::{Device, ProviderError};
 use selsig_soft::{Personality, SoftConfig, SoftDevice};
 
 /// The providers selsig runs on.
@@ -80,6 +80,17 @@ pub trait OnDevice {
 }
 
 /// Opens the device the options name and runs `task` on it.
+/// The context of an error the options caused (a GID index or port the device does not
+/// have): the command exits with code 2, as for other bad options.
+#[derive(Debug)]
+pub struct BadOption(pub &'static str);
+
+impl std::fmt::Display for BadOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
 pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Output> {
     match args.provider {
         ProviderKind::Soft => {
@@ -111,8 +122,16 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                 port: None,
                 gid_index: args.gid_index,
             };
-            let dev =
-                selsig_verbs::VerbsDevice::open(&options).context("cannot open the RDMA device")?;
+            let dev = selsig_verbs::VerbsDevice::open(&options).map_err(|e| {
+                const WHAT: &str = "cannot open the RDMA device";
+                // A GID index or port the device does not have. (A device that is not
+                // there is reported as a failure: the host may have none at all.)
+                if matches!(e, ProviderError::Invalid { .. }) {
+                    anyhow::Error::new(e).context(BadOption(WHAT))
+                } else {
+                    anyhow::Error::new(e).context(WHAT)
+                }
+            })?;
             let info = DeviceInfo {
                 provider: ProviderKind::Verbs,
                 device: dev.name().to_string(),

@@ -239,8 +239,12 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         Some(host) => {
             let mine = qp.endpoint(&options)?;
             let remote = RemotePeer::connect(host, &mine, args.wrs, args.size)?;
-            qp.connect(&remote.endpoint, &options)
-                .context("cannot connect to the server's queue pair")?;
+            qp.connect(&remote.endpoint, &options).with_context(|| {
+                format!(
+                    "cannot connect to the server's queue pair{}",
+                    crate::remote::gid_hint(&mine, &remote.endpoint, "server")
+                )
+            })?;
             Peer::Remote(remote)
         }
     };
@@ -269,14 +273,16 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
     let mut markers = Vec::new();
     let mut done = Vec::new();
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, 0); 32];
-    let deadline = start + Duration::from_secs(30);
+    // The run fails when no completion arrives for this long (a stalled NIC or peer).
+    const STALL: Duration = Duration::from_secs(30);
+    let mut last_completion = Instant::now();
 
-    // Polls the CQ once; records each completion and what it confirmed.
+    // Polls the CQ once; records each completion and what it confirmed. Returns how many.
     let mut poll = |queue: &mut SignaledQueue<D, u32>,
                     cqes: &mut Vec<CqeView>,
                     confirmed: &mut Vec<Confirmed>,
                     markers: &[u64]|
-     -> Result<()> {
+     -> Result<usize> {
         let k = cq
             .poll(&mut wcs)
             .context("cannot poll the completion queue")?;
@@ -302,7 +308,7 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
                     .collect(),
             });
         }
-        Ok(())
+        Ok(k)
     };
 
     let mut pending: std::collections::VecDeque<(u32, Buffer<D::Mr>)> = buffers
@@ -328,9 +334,15 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
                 if let Some(buf) = e.into_payload().buffer {
                     pending.push_front((wr, buf));
                 }
-                poll(&mut queue, &mut cqes, &mut confirmed, &markers)?;
+                if poll(&mut queue, &mut cqes, &mut confirmed, &markers)? > 0 {
+                    last_completion = Instant::now();
+                }
                 queue.collect(&mut done);
-                ensure!(Instant::now() < deadline, "the queue stayed full for 30 s");
+                ensure!(
+                    last_completion.elapsed() < STALL,
+                    "the queue stayed full: no completion for {} s",
+                    STALL.as_secs()
+                );
             }
             // The queue failed: nothing more can be posted.
             Err(QueuePostError::Refused(PostError::QueueError { .. })) => break,
@@ -346,11 +358,14 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         }
     }
     while !queue.tracker().is_idle() {
-        poll(&mut queue, &mut cqes, &mut confirmed, &markers)?;
+        if poll(&mut queue, &mut cqes, &mut confirmed, &markers)? > 0 {
+            last_completion = Instant::now();
+        }
         ensure!(
-            Instant::now() < deadline,
-            "{} WRITEs still outstanding after 30 s",
-            queue.outstanding()
+            last_completion.elapsed() < STALL,
+            "{} WRITEs still outstanding: no completion for {} s",
+            queue.outstanding(),
+            STALL.as_secs()
         );
         std::thread::yield_now();
     }

@@ -65,6 +65,17 @@ pub enum Failure {
     Run(anyhow::Error),
 }
 
+impl Failure {
+    /// A failed run, or bad input where the error says the options caused it.
+    fn of_run(e: anyhow::Error) -> Failure {
+        if e.downcast_ref::<common::BadOption>().is_some() {
+            Failure::Input(e)
+        } else {
+            Failure::Run(e)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -72,7 +83,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run_scenario(&args),
         Command::Bench(args) => run_bench(&args),
         Command::Serve(args) => common::with_device(&args.provider, &args)
-            .map_err(Failure::Run)
+            .map_err(Failure::of_run)
             .map(|ok| {
                 if ok {
                     ExitCode::SUCCESS
@@ -96,7 +107,7 @@ fn main() -> ExitCode {
 
 fn run_demo(args: &demo::DemoArgs) -> Result<ExitCode, Failure> {
     demo::validate(args).map_err(Failure::Input)?;
-    let report = demo::demo(args).map_err(Failure::Run)?;
+    let report = demo::demo(args).map_err(Failure::of_run)?;
     if args.json {
         let json = serde_json::to_string_pretty(&report).map_err(|e| Failure::Run(e.into()))?;
         println!("{json}");
@@ -195,7 +206,7 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         Some(path) => Some(OutputFile::open("--svg", path)?),
         None => None,
     };
-    let report = bench::bench(args, &plan).map_err(Failure::Run)?;
+    let report = bench::bench(args, &plan).map_err(Failure::of_run)?;
     if args.json.is_some() {
         let json = serde_json::to_string_pretty(&report).map_err(|e| Failure::Run(e.into()))?;
         match json_file {
@@ -236,7 +247,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         });
     }
     let result = common::with_device(&provider, &scenario)
-        .map_err(|e| Failure::Run(e.context(format!("scenario {}", args.file.display()))))?;
+        .map_err(|e| Failure::of_run(e.context(format!("scenario {}", args.file.display()))))?;
     let mut text = String::new();
     for event in &result.trace {
         text.push_str(&event.line());

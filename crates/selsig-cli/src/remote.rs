@@ -135,6 +135,28 @@ fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, what: &str) -> Re
     })
 }
 
+/// A hint for a failed connection when the two sides' GIDs are of different kinds (one
+/// side's `-x` names a link-local GID, the other's an IPv4-mapped one): empty otherwise.
+pub fn gid_hint(mine: &Endpoint, theirs: &Endpoint, peer: &str) -> String {
+    fn kind(gid: &[u8; 16]) -> &'static str {
+        if gid[0] == 0xfe && gid[1] & 0xc0 == 0x80 {
+            "link-local"
+        } else if gid[..10].iter().all(|&b| b == 0) && gid[10..12] == [0xff, 0xff] {
+            "IPv4-mapped"
+        } else {
+            "global"
+        }
+    }
+    let (a, b) = (kind(&mine.gid), kind(&theirs.gid));
+    if a == b {
+        String::new()
+    } else {
+        format!(
+            " (this side's GID is {a}, the {peer}'s {b}: give both sides a GID index, -x, of the same kind)"
+        )
+    }
+}
+
 /// The first 200 characters of what a peer sent, for an error message.
 fn excerpt(text: &str) -> String {
     text.chars().take(200).collect()
@@ -332,8 +354,13 @@ fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepa
         ..ConnectOptions::default()
     };
     let mine = qp.endpoint(&options)?;
-    qp.connect(&hello.qp.endpoint()?, &options)
-        .context("cannot connect to the client's QP")?;
+    let theirs = hello.qp.endpoint()?;
+    qp.connect(&theirs, &options).with_context(|| {
+        format!(
+            "cannot connect to the client's QP{}",
+            gid_hint(&mine, &theirs, "client")
+        )
+    })?;
     Ok(Prepared {
         qp,
         region,
@@ -414,6 +441,26 @@ mod tests {
         let mut r = std::io::Cursor::new(b"{\"completed\":[3,1]}\n".to_vec());
         let check: Check = receive(&mut r, "client's outcomes").expect("a short message");
         assert_eq!(check.completed, [3, 1]);
+    }
+
+    #[test]
+    fn gids_of_different_kinds_get_a_hint() {
+        let at = |gid: [u8; 16]| Endpoint {
+            qp_num: 1,
+            psn: 0,
+            lid: 0,
+            gid,
+        };
+        let mut link_local = [0u8; 16];
+        link_local[..2].copy_from_slice(&[0xfe, 0x80]);
+        let mut mapped = [0u8; 16];
+        mapped[10..].copy_from_slice(&[0xff, 0xff, 10, 77, 0, 1]);
+        let hint = gid_hint(&at(mapped), &at(link_local), "server");
+        assert!(
+            hint.contains("IPv4-mapped") && hint.contains("server's link-local"),
+            "{hint}"
+        );
+        assert_eq!(gid_hint(&at(mapped), &at(mapped), "server"), "");
     }
 
     #[test]

@@ -377,7 +377,7 @@ fn bad_scenarios_name_file_line_and_problem() {
     let o = selsig(&["run", "/nonexistent/x.toml"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("cannot read the scenario"),
+        stderr(&o).starts_with("error: /nonexistent/x.toml: cannot read the scenario"),
         "{}",
         stderr(&o)
     );

@@ -69,6 +69,10 @@ fn demo_on_the_device_shows_only_cqe4_and_cqe8() {
     expected.extend((4..=8).map(|w| (w, "wr_flush_err".to_string())));
     assert_eq!(cqes, expected, "one flush completion per remaining WRITE");
     assert_eq!(v["remote_verified"], true);
+    // A GID index the port does not have is a bad option (exit code 2), named.
+    let o = selsig(&["demo", "--provider", "verbs", "-x", "255"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("GID"), "{}", text(&o.stderr));
 }
 
 #[test]
