@@ -152,6 +152,8 @@ pub struct VerbsOptions {
 #[derive(Clone)]
 pub struct VerbsDevice {
     ctx: Arc<Context>,
+    /// The device's limits (`ibv_query_device`), when it reports them.
+    limits: Option<Limits>,
     port: u8,
     gid_index: Option<u8>,
     gid: [u8; 16],
@@ -169,6 +171,28 @@ impl fmt::Debug for VerbsDevice {
             .field("lid", &self.lid)
             .field("ethernet", &self.ethernet)
             .finish()
+    }
+}
+
+/// The limits of `ibv_device_attr` selsig checks its requests against, so that a request
+/// beyond them is refused with the limit named (providers say only `EINVAL`).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_qp_wr: u32,
+    max_sge: u32,
+    max_cqe: u32,
+    max_mr_size: u64,
+}
+
+impl Limits {
+    fn of(attr: &sys::ibv_device_attr) -> Limits {
+        let count = |n: c_int| u32::try_from(n).unwrap_or(0);
+        Limits {
+            max_qp_wr: count(attr.max_qp_wr),
+            max_sge: count(attr.max_sge),
+            max_cqe: count(attr.max_cqe),
+            max_mr_size: attr.max_mr_size,
+        }
     }
 }
 
@@ -253,6 +277,10 @@ impl VerbsDevice {
                 return Err(os("fcntl(async_fd, O_NONBLOCK)"));
             }
         }
+        let mut dev_attr = sys::ibv_device_attr::default();
+        // SAFETY: `dev_attr` is a valid `ibv_device_attr` to fill; the context is open.
+        let rc = unsafe { (v.fns.query_device)(ctx.ctx.as_ptr(), &mut dev_attr) };
+        let limits = (rc == 0).then(|| Limits::of(&dev_attr));
         let mut attr = sys::ibv_port_attr::default();
         // SAFETY: the exported `ibv_query_port` fills the (older, shorter) compat prefix of
         // `ibv_port_attr`; `attr` is zeroed and large enough.
@@ -305,6 +333,7 @@ impl VerbsDevice {
         }
         Ok(VerbsDevice {
             ctx,
+            limits,
             port,
             gid_index,
             gid: gid.raw,
@@ -1069,6 +1098,17 @@ impl Device for VerbsDevice {
     }
 
     fn reg_mr(&self, pd: &VerbsPd, len: usize, access: Access) -> Result<VerbsMr, ProviderError> {
+        if let Some(max) = self.limits.map(|l| l.max_mr_size) {
+            if len as u64 > max {
+                return Err(ProviderError::Invalid {
+                    what: "region length",
+                    why: format!(
+                        "{len} bytes: {} registers at most {max} (max_mr_size)",
+                        self.ctx.name
+                    ),
+                });
+            }
+        }
         let layout =
             Layout::from_size_align(len.max(1), 4096).map_err(|e| ProviderError::Invalid {
                 what: "region length",
@@ -1108,6 +1148,17 @@ impl Device for VerbsDevice {
     }
 
     fn create_cq(&self, min_entries: u32) -> Result<VerbsCq, ProviderError> {
+        if let Some(max) = self.limits.map(|l| l.max_cqe) {
+            if min_entries == 0 || min_entries > max {
+                return Err(ProviderError::Invalid {
+                    what: "CQ size",
+                    why: format!(
+                        "{min_entries} entries: {} supports 1 to {max} (max_cqe)",
+                        self.ctx.name
+                    ),
+                });
+            }
+        }
         let cqe = c_int::try_from(min_entries).map_err(|_| ProviderError::Invalid {
             what: "CQ size",
             why: format!("{min_entries} entries"),
@@ -1138,6 +1189,22 @@ impl Device for VerbsDevice {
         recv_cq: &VerbsCq,
         init: &QpInit,
     ) -> Result<VerbsQp, ProviderError> {
+        if let Some(l) = self.limits {
+            let caps = &init.caps;
+            for (what, n, max, field) in [
+                ("max_send_wr", caps.max_send_wr, l.max_qp_wr, "max_qp_wr"),
+                ("max_recv_wr", caps.max_recv_wr, l.max_qp_wr, "max_qp_wr"),
+                ("max_send_sge", caps.max_send_sge, l.max_sge, "max_sge"),
+                ("max_recv_sge", caps.max_recv_sge, l.max_sge, "max_sge"),
+            ] {
+                if n > max {
+                    return Err(ProviderError::Invalid {
+                        what,
+                        why: format!("{n}: {} supports up to {max} ({field})", self.ctx.name),
+                    });
+                }
+            }
+        }
         let mut attr = sys::ibv_qp_init_attr {
             qp_context: std::ptr::null_mut(),
             send_cq: send_cq.inner.cq.as_ptr(),

@@ -317,6 +317,53 @@ fn read_send_recv_and_immediate_data() {
 
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn requests_beyond_the_device_limits_name_the_limit() {
+    let dev = device();
+    let Err(e) = dev.create_cq(1 << 30) else {
+        panic!("a CQ of 2^30 entries")
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("max_cqe") && e.contains("1073741824 entries"),
+        "{e}"
+    );
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(8).unwrap();
+    for (caps, field) in [
+        (
+            QpCaps {
+                max_send_wr: 1 << 30,
+                ..QpCaps::default()
+            },
+            "max_qp_wr",
+        ),
+        (
+            QpCaps {
+                max_send_sge: 1 << 20,
+                ..QpCaps::default()
+            },
+            "max_sge",
+        ),
+    ] {
+        let init = QpInit {
+            caps,
+            sq_sig_all: false,
+        };
+        let Err(e) = dev.create_qp(&pd, &cq, &cq, &init) else {
+            panic!("a QP beyond {field}")
+        };
+        assert!(e.to_string().contains(field), "{e}");
+    }
+    // Within the limits, it works.
+    let init = QpInit {
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn open_errors_say_what_is_wrong() {
     let e = VerbsDevice::open(&VerbsOptions {
         device: Some("no-such-device".into()),
