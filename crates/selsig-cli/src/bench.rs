@@ -20,11 +20,12 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use selsig::{
     Access, Buffer, ConnectOptions, Device, MemoryRegion, Opcode, Outcome, Policy, QpCaps, QpInit,
-    QueueConfig, QueuePair, SignaledQueue, Work, connect_pair,
+    QueueConfig, QueuePair, RemoteAddr, SignaledQueue, Work, connect_pair,
 };
 use serde::Serialize;
 
 use crate::common::{DeviceInfo, OnDevice, ProviderArgs, parse_size, pattern, with_device};
+use crate::remote::RemotePeer;
 
 /// WRITEs per post in a sweep (one doorbell each), unless `--post-list` says otherwise.
 pub const SWEEP_POST_LIST: u32 = 16;
@@ -104,6 +105,11 @@ pub struct BenchArgs {
     /// application gap) against the signal interval into an SVG file.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<std::path::PathBuf>,
+    /// Write into the memory of `selsig serve` on HOST or HOST:PORT (another process or
+    /// host; verbs provider) instead of a peer QP in this process, as ib_write_bw's client
+    /// writes to its server. The server checks the bytes of a sweep's WRITEs.
+    #[arg(long, value_name = "HOST")]
+    pub connect: Option<String>,
     #[command(flatten)]
     pub provider: ProviderArgs,
 }
@@ -171,6 +177,8 @@ pub struct Plan {
     pub nic_times: bool,
     /// perftest-compatible mode.
     pub perftest: bool,
+    /// `selsig serve`'s HOST[:PORT], with `--connect`.
+    pub connect: Option<String>,
 }
 
 /// Checks the options (errors here are the user's input) and plans the sweep.
@@ -179,6 +187,12 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
     ensure!(depth >= 1, "--tx-depth must be at least 1");
     let cq_entries = crate::common::cq_entries(depth)?;
     let perftest = args.cq_mod.is_some();
+    if let Some(host) = &args.connect {
+        ensure!(
+            args.provider.provider == crate::common::ProviderKind::Verbs,
+            "--connect {host}: needs --provider verbs (the soft NIC connects queue pairs of one process only)"
+        );
+    }
     let sizes = if args.sizes.is_empty() {
         if perftest {
             vec![65536]
@@ -300,6 +314,7 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         region: args.region,
         nic_times: !args.no_nic_times,
         perftest,
+        connect: args.connect.clone(),
     })
 }
 
@@ -432,11 +447,21 @@ pub struct Settings {
     pub nic_times: bool,
     /// The number of buffers (each WRITE owns one until it is confirmed).
     pub buffers_per_size: Vec<(u64, u32)>,
+    /// `selsig serve`'s address with `--connect`; null for a peer QP in this process.
+    pub remote: Option<String>,
 }
 
 /// Runs the sweep (call [`plan`] first); `progress` is drawn on stderr.
 pub fn bench(args: &BenchArgs, plan: &Plan) -> Result<Report> {
     with_device(&args.provider, plan)
+}
+
+impl Plan {
+    /// Whether every WRITE owns a buffer of the pattern of its slot (not perftest mode,
+    /// not inline data).
+    fn sweep_with_buffers(&self) -> bool {
+        !self.perftest && !self.inline
+    }
 }
 
 impl OnDevice for &Plan {
@@ -517,6 +542,7 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
             perftest_mode: plan.perftest,
             nic_times: plan.nic_times,
             buffers_per_size,
+            remote: plan.connect.clone(),
         },
         points,
     })
@@ -657,25 +683,6 @@ fn run_point<D: Device>(
             qp.caps().max_inline_data
         );
     }
-    let peer_cq = dev
-        .create_cq(2)
-        .context("cannot create the peer's completion queue")?;
-    let peer_init = QpInit {
-        caps: QpCaps {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
-    let peer = dev
-        .create_qp(pd, &peer_cq, &peer_cq, &peer_init)
-        .context("cannot create the peer queue pair")?;
-    let options = ConnectOptions {
-        gid_index: info.gid_index,
-        ..ConnectOptions::default()
-    };
-    connect_pair(&qp, &peer, &options).context("cannot connect the queue pairs")?;
     // Sweep: one buffer per slot, as many as fit in the region; a WRITE owns its buffer
     // until a completion confirms it. perftest mode: perftest's memory, one region of
     // max(size, page) bytes on each side, the same bytes written again and again.
@@ -689,9 +696,11 @@ fn run_point<D: Device>(
     } else {
         buffers as usize * len
     };
-    let remote = dev
-        .reg_mr(pd, bytes, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .with_context(|| format!("cannot register the {bytes}-byte remote region"))?;
+    let options = ConnectOptions {
+        gid_index: info.gid_index,
+        ..ConnectOptions::default()
+    };
+    let peer = Peer::connect(plan, dev, pd, &qp, &options, buffers, bytes)?;
     let mut free: Vec<Buffer<D::Mr>> = Vec::new();
     let mut fixed: Option<D::Mr> = None;
     let inline_data = pattern(1, if plan.inline { len } else { 0 });
@@ -712,7 +721,7 @@ fn run_point<D: Device>(
                 .0;
         }
     }
-    let target = remote.remote(0);
+    let target = peer.target();
     let sq_capacity = qp.caps().max_send_wr;
     let nic_times = plan.nic_times && qp.record_execution_times(true);
     let config = QueueConfig {
@@ -743,6 +752,8 @@ fn run_point<D: Device>(
     let mut done = Vec::with_capacity(depth as usize);
     let mut gap = new_histogram();
     let mut tally = Tally::new(timed, free);
+    // The lowest the free list got (the buffers below it were never written).
+    let mut lowest_free = tally.free.len();
     let mut to_nic = new_histogram();
     let mut posted = 0u64;
     let mut posting = true;
@@ -830,6 +841,7 @@ fn run_point<D: Device>(
             // Work requests the queue had no room for stay in `works`; with room
             // computed from `outstanding` that cannot happen.
             ensure!(count == room, "posted {count} of {room} WRITEs");
+            lowest_free = lowest_free.min(tally.free.len());
             posted += count;
             posts = posts.wrapping_add(1);
             posting = match stop {
@@ -928,8 +940,112 @@ fn run_point<D: Device>(
         post_to_nic: Percentiles::of(&to_nic),
     };
     drop(queue);
-    drop(peer);
+    // In a sweep, buffer k (from 0) holds the pattern of WRITE k + 1 and is written to slot
+    // k; the free list is a stack, so the slots below its lowest height were never used.
+    let written = plan
+        .sweep_with_buffers()
+        .then(|| (lowest_free as u32 + 1..=buffers).collect());
+    peer.finish(written)?;
     Ok((point, sq_capacity, buffers))
+}
+
+/// The other end of the WRITEs: a QP and region on the same device, or `selsig serve`.
+enum Peer<D: Device> {
+    /// (Fields drop in order: the QP before its CQ.)
+    Local {
+        _qp: D::Qp,
+        _cq: D::Cq,
+        region: D::Mr,
+    },
+    Remote(RemotePeer),
+}
+
+impl<D: Device> Peer<D> {
+    /// Sets up the other end for `bytes` of target memory (`buffers` slots in a sweep) and
+    /// connects `qp` to it.
+    fn connect(
+        plan: &Plan,
+        dev: &D,
+        pd: &D::Pd,
+        qp: &D::Qp,
+        options: &ConnectOptions,
+        buffers: u32,
+        bytes: usize,
+    ) -> Result<Peer<D>> {
+        if let Some(host) = &plan.connect {
+            let mine = qp.endpoint(options)?;
+            let (slots, slot) = if plan.sweep_with_buffers() {
+                (buffers, bytes as u64 / u64::from(buffers.max(1)))
+            } else {
+                (1, bytes as u64)
+            };
+            let remote = RemotePeer::connect(host, &mine, slots, slot)?;
+            qp.connect(&remote.endpoint, options).with_context(|| {
+                format!(
+                    "cannot connect to the server's queue pair{}",
+                    crate::remote::gid_hint(&mine, &remote.endpoint, "server")
+                )
+            })?;
+            return Ok(Peer::Remote(remote));
+        }
+        let cq = dev
+            .create_cq(2)
+            .context("cannot create the peer's completion queue")?;
+        let init = QpInit {
+            caps: QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                ..QpCaps::default()
+            },
+            sq_sig_all: false,
+        };
+        let peer = dev
+            .create_qp(pd, &cq, &cq, &init)
+            .context("cannot create the peer queue pair")?;
+        connect_pair(qp, &peer, options).context("cannot connect the queue pairs")?;
+        let region = dev
+            .reg_mr(pd, bytes, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .with_context(|| format!("cannot register the {bytes}-byte remote region"))?;
+        Ok(Peer::Local {
+            _qp: peer,
+            _cq: cq,
+            region,
+        })
+    }
+
+    fn target(&self) -> RemoteAddr {
+        match self {
+            Peer::Local { region, .. } => region.remote(0),
+            Peer::Remote(remote) => remote.target,
+        }
+    }
+
+    /// Ends the point; a server checks the slots `written` (1-based) hold their WRITE's
+    /// pattern and the others are untouched.
+    fn finish(self, written: Option<Vec<u32>>) -> Result<()> {
+        let Peer::Remote(remote) = self else {
+            return Ok(());
+        };
+        let address = remote.address.clone();
+        match written {
+            Some(slots) => {
+                let bad = remote
+                    .check(slots)
+                    .context("cannot get the server's check of its memory")?;
+                ensure!(
+                    bad.is_empty(),
+                    "selsig serve at {address} found {} WRITEs whose bytes are not what was sent (slots {:?}{})",
+                    bad.len(),
+                    &bad[..bad.len().min(10)],
+                    if bad.len() > 10 { ", ..." } else { "" }
+                );
+                Ok(())
+            }
+            None => remote
+                .finish_unchecked()
+                .context("cannot end the session with the server"),
+        }
+    }
 }
 
 /// Where perftest's WRITE `index` (from 0) reads and writes: messages up to half a page
@@ -981,8 +1097,11 @@ pub fn render(report: &Report) -> String {
     };
     let _ = writeln!(
         out,
-        "selsig bench: {} provider, {device}; RDMA WRITE, one RC QP, send queue depth {} (capacity {}), {} per post{}, {run}",
+        "selsig bench: {} provider, {device}{}; RDMA WRITE, one RC QP, send queue depth {} (capacity {}), {} per post{}, {run}",
         report.provider,
+        s.remote
+            .as_ref()
+            .map_or(String::new(), |r| format!(" -> selsig serve at {r}")),
         s.tx_depth,
         s.sq_capacity,
         s.post_list,

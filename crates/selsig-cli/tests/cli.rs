@@ -585,6 +585,10 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
         ),
         (&["bench", "-D", "0s"], "-D 0"),
         (
+            &["bench", "--connect", "127.0.0.1"],
+            "--connect 127.0.0.1: needs --provider verbs",
+        ),
+        (
             &["bench", "--region", "64G", "-s", "1G"],
             "--region 68719476736: the bench registers at most 4294967296 bytes",
         ),

@@ -100,6 +100,91 @@ fn two_processes_serve_and_connect() {
     assert_eq!(v["summary"]["completed"], 12);
 }
 
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn bench_writes_into_serve_and_the_server_checks_the_bytes() {
+    let address = std::env::var("SELSIG_SERVE_ADDR").unwrap_or_else(|_| "127.0.0.1".to_string());
+    let port = "18632";
+    let mut args = vec!["serve", "--port", port, "--provider", "verbs"];
+    let g = gid();
+    args.extend(g.iter().map(String::as_str));
+    let server = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(&args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("selsig serve starts");
+    std::thread::sleep(Duration::from_millis(500));
+    let target = format!("{address}:{port}");
+    // A sweep (every slot written), a run shorter than the queue (only some slots written:
+    // the others must stay untouched), and perftest mode (not checked: one page rewritten).
+    let sweep = verbs(&[
+        "bench",
+        "--connect",
+        &target,
+        "-n",
+        "2000",
+        "-s",
+        "64,4K",
+        "-e",
+        "1,16",
+        "--json",
+        "-",
+    ]);
+    let short = verbs(&[
+        "bench",
+        "--connect",
+        &target,
+        "-n",
+        "50",
+        "-s",
+        "64",
+        "-e",
+        "1",
+    ]);
+    let perftest = verbs(&[
+        "bench",
+        "--connect",
+        &target,
+        "--cq-mod",
+        "16",
+        "-s",
+        "64",
+        "-n",
+        "1000",
+    ]);
+    let mut server = server;
+    server.kill().expect("selsig serve stops");
+    let log = text(&server.wait_with_output().unwrap().stderr);
+    for (name, o) in [
+        ("sweep", &sweep),
+        ("short", &short),
+        ("perftest", &perftest),
+    ] {
+        assert!(
+            o.status.success(),
+            "{name}: {}\nserver: {log}",
+            text(&o.stderr)
+        );
+    }
+    let v: Value = serde_json::from_slice(&sweep.stdout).unwrap();
+    assert_eq!(v["points"].as_array().unwrap().len(), 4);
+    assert_eq!(v["settings"]["remote"], target.as_str());
+    assert!(text(&short.stdout).contains("-> selsig serve at"));
+    // Warm-up and four points, warm-up and one point: every one checked and found right;
+    // perftest mode's session ends unchecked.
+    assert_eq!(
+        log.matches("WRITEs checked, memory as the outcomes say")
+            .count(),
+        7,
+        "{log}"
+    );
+    assert_eq!(log.matches("nothing to check").count(), 1, "{log}");
+    assert!(
+        !log.contains("mismatches") && !log.contains("error"),
+        "{log}"
+    );
+}
+
 fn scenarios() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
