@@ -2,26 +2,28 @@
 # Compares `selsig bench` in its perftest-compatible mode with perftest's ib_write_bw on the
 # same device: the kernel's Soft-RoCE (rxe0) inside the project's VM (scripts/rxe-vm).
 #
-#   scripts/perftest-compare.sh [-Q CQ_MOD] [-t TX_DEPTH] [-n ITERS] [-r REPEATS] [SIZE...]
+#   scripts/perftest-compare.sh [-c] [-Q CQ_MOD] [-t TX_DEPTH] [-n ITERS] [-r REPEATS] [SIZE...]
 #
 # For each size both run the same WRITE stream (one WRITE per post, every CQ_MOD-th signaled
 # and the last, at most TX_DEPTH outstanding, ITERS WRITEs) and report perftest's
 # "BW average[MB/sec]" (MB = 2^20 bytes, first post to last completion). They run
 # alternately, REPEATS times each (order flipped every round), and the medians are compared:
 # ratio = selsig / perftest. Defaults: perftest's (-Q 100 -t 128 -n 5000), sizes 64 4096
-# 65536, 3 repeats.
+# 65536, 3 repeats. With -c selsig runs as two processes, as ib_write_bw does: `selsig
+# serve` and `selsig bench --connect` (by default one process, a peer QP on the device).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
-cq_mod=100 depth=128 iters=5000 reps=3
-while getopts "Q:t:n:r:h" opt; do
+cq_mod=100 depth=128 iters=5000 reps=3 connect=0
+while getopts "cQ:t:n:r:h" opt; do
   case $opt in
+    c) connect=1 ;;
     Q) cq_mod=$OPTARG ;;
     t) depth=$OPTARG ;;
     n) iters=$OPTARG ;;
     r) reps=$OPTARG ;;
-    *) sed -n '2,12p' "$0"; exit 2 ;;
+    *) sed -n '2,14p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -51,9 +53,17 @@ perftest() {   # size -> MB/s
   echo "$out" | awk -v s="$1" -v n="$ITERS" '$1 == s && $2 == n {print $4}'
 }
 selsig() {
-  local out
-  out=$("$BIN" bench --provider verbs -d rxe0 -x 1 --cq-mod "$CQ_MOD" -t "$DEPTH" -n "$ITERS" -s "$1" 2>/tmp/selsig.err) \
-    || { cat /tmp/selsig.err >&2; return 1; }
+  local out target=() server=
+  if [ "$CONNECT" = 1 ]; then
+    port=$((port + 1))
+    "$BIN" serve --provider verbs -d rxe0 -x 1 -p $port --once 2>/tmp/serve.log &
+    server=$!
+    sleep 1
+    target=(--connect "10.77.0.1:$port")
+  fi
+  out=$("$BIN" bench --provider verbs -d rxe0 -x 1 --cq-mod "$CQ_MOD" -t "$DEPTH" -n "$ITERS" -s "$1" "${target[@]}" 2>/tmp/selsig.err) \
+    || { cat /tmp/selsig.err /tmp/serve.log >&2 2>/dev/null; [ -n "$server" ] && kill $server 2>/dev/null; return 1; }
+  [ -z "$server" ] || wait $server || true
   echo "$out" | awk -v s="$1" -v n="$ITERS" '$1 == s && $2 == n {print $3}'
 }
 printf '%-8s %-8s %-8s %-8s %18s %18s %8s\n' size cq-mod depth iters "perftest MB/s" "selsig MB/s" ratio
@@ -70,5 +80,5 @@ for size in $SIZES; do
 done
 EOF
 
-CQ_MOD=$cq_mod DEPTH=$depth ITERS=$iters REPS=$reps SIZES=$sizes BIN=$bin \
+CQ_MOD=$cq_mod DEPTH=$depth ITERS=$iters REPS=$reps SIZES=$sizes BIN=$bin CONNECT=$connect \
   SELSIG_VM_TIMEOUT=${SELSIG_VM_TIMEOUT:-1800} scripts/rxe-vm/run.sh "$inside"
