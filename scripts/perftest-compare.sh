@@ -41,7 +41,8 @@ read -r -d '' inside <<'EOF' || true
 set -u
 common="-d rxe0 -x 1 -F --cq-mod $CQ_MOD -t $DEPTH -n $ITERS"
 port=18600
-median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+# (A run that printed no figure, or 0.00, does not count.)
+median() { awk '$1 > 0' | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
 perftest() {   # size -> MB/s
   port=$((port + 1))
   ib_write_bw $common -s "$1" -p $port >/tmp/server.log 2>&1 &
