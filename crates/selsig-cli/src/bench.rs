@@ -177,7 +177,7 @@ pub struct Plan {
     pub nic_times: bool,
     /// perftest-compatible mode.
     pub perftest: bool,
-    /// `selsig serve`'s HOST[:PORT], with `--connect`.
+    /// `selsig serve`'s `HOST[:PORT]`, with `--connect`.
     pub connect: Option<String>,
 }
 
