@@ -20,12 +20,12 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use selsig::{
     Access, Buffer, ConnectOptions, Device, MemoryRegion, Opcode, Outcome, Policy, QpCaps, QpInit,
-    QueueConfig, QueuePair, RemoteAddr, SignaledQueue, Work, connect_pair,
+    QueueConfig, QueuePair, SignaledQueue, Work,
 };
 use serde::Serialize;
 
 use crate::common::{DeviceInfo, OnDevice, ProviderArgs, parse_size, pattern, with_device};
-use crate::remote::RemotePeer;
+use crate::remote::Peer;
 
 /// WRITEs per post in a sweep (one doorbell each), unless `--post-list` says otherwise.
 pub const SWEEP_POST_LIST: u32 = 16;
@@ -700,7 +700,13 @@ fn run_point<D: Device>(
         gid_index: info.gid_index,
         ..ConnectOptions::default()
     };
-    let peer = Peer::connect(plan, dev, pd, &qp, &options, buffers, bytes)?;
+    // A sweep's target has a slot per buffer; otherwise one slot of all the bytes.
+    let (slots, slot) = if plan.sweep_with_buffers() {
+        (buffers, len as u64)
+    } else {
+        (1, bytes as u64)
+    };
+    let peer = Peer::open(dev, pd, &qp, &options, plan.connect.as_deref(), slots, slot)?;
     let mut free: Vec<Buffer<D::Mr>> = Vec::new();
     let mut fixed: Option<D::Mr> = None;
     let inline_data = pattern(1, if plan.inline { len } else { 0 });
@@ -945,106 +951,34 @@ fn run_point<D: Device>(
     let written = plan
         .sweep_with_buffers()
         .then(|| (lowest_free as u32 + 1..=buffers).collect());
-    peer.finish(written)?;
+    finish(peer, written)?;
     Ok((point, sq_capacity, buffers))
 }
 
-/// The other end of the WRITEs: a QP and region on the same device, or `selsig serve`.
-enum Peer<D: Device> {
-    /// (Fields drop in order: the QP before its CQ.)
-    Local {
-        _qp: D::Qp,
-        _cq: D::Cq,
-        region: D::Mr,
-    },
-    Remote(RemotePeer),
-}
-
-impl<D: Device> Peer<D> {
-    /// Sets up the other end for `bytes` of target memory (`buffers` slots in a sweep) and
-    /// connects `qp` to it.
-    fn connect(
-        plan: &Plan,
-        dev: &D,
-        pd: &D::Pd,
-        qp: &D::Qp,
-        options: &ConnectOptions,
-        buffers: u32,
-        bytes: usize,
-    ) -> Result<Peer<D>> {
-        if let Some(host) = &plan.connect {
-            let mine = qp.endpoint(options)?;
-            let (slots, slot) = if plan.sweep_with_buffers() {
-                (buffers, bytes as u64 / u64::from(buffers.max(1)))
-            } else {
-                (1, bytes as u64)
-            };
-            let remote = RemotePeer::connect(host, &mine, slots, slot)?;
-            qp.connect(&remote.endpoint, options).with_context(|| {
-                format!(
-                    "cannot connect to the server's queue pair{}",
-                    crate::remote::gid_hint(&mine, &remote.endpoint, "server")
-                )
-            })?;
-            return Ok(Peer::Remote(remote));
+/// Ends a point; a server checks the slots `written` (1-based) hold their WRITE's pattern
+/// and the others are untouched.
+fn finish<D: Device>(peer: Peer<D>, written: Option<Vec<u32>>) -> Result<()> {
+    let Peer::Remote(remote) = peer else {
+        return Ok(());
+    };
+    let address = remote.address.clone();
+    match written {
+        Some(slots) => {
+            let bad = remote
+                .check(slots)
+                .context("cannot get the server's check of its memory")?;
+            ensure!(
+                bad.is_empty(),
+                "selsig serve at {address} found {} WRITEs whose bytes are not what was sent (slots {:?}{})",
+                bad.len(),
+                &bad[..bad.len().min(10)],
+                if bad.len() > 10 { ", ..." } else { "" }
+            );
+            Ok(())
         }
-        let cq = dev
-            .create_cq(2)
-            .context("cannot create the peer's completion queue")?;
-        let init = QpInit {
-            caps: QpCaps {
-                max_send_wr: 1,
-                max_recv_wr: 1,
-                ..QpCaps::default()
-            },
-            sq_sig_all: false,
-        };
-        let peer = dev
-            .create_qp(pd, &cq, &cq, &init)
-            .context("cannot create the peer queue pair")?;
-        connect_pair(qp, &peer, options).context("cannot connect the queue pairs")?;
-        let region = dev
-            .reg_mr(pd, bytes, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-            .with_context(|| format!("cannot register the {bytes}-byte remote region"))?;
-        Ok(Peer::Local {
-            _qp: peer,
-            _cq: cq,
-            region,
-        })
-    }
-
-    fn target(&self) -> RemoteAddr {
-        match self {
-            Peer::Local { region, .. } => region.remote(0),
-            Peer::Remote(remote) => remote.target,
-        }
-    }
-
-    /// Ends the point; a server checks the slots `written` (1-based) hold their WRITE's
-    /// pattern and the others are untouched.
-    fn finish(self, written: Option<Vec<u32>>) -> Result<()> {
-        let Peer::Remote(remote) = self else {
-            return Ok(());
-        };
-        let address = remote.address.clone();
-        match written {
-            Some(slots) => {
-                let bad = remote
-                    .check(slots)
-                    .context("cannot get the server's check of its memory")?;
-                ensure!(
-                    bad.is_empty(),
-                    "selsig serve at {address} found {} WRITEs whose bytes are not what was sent (slots {:?}{})",
-                    bad.len(),
-                    &bad[..bad.len().min(10)],
-                    if bad.len() > 10 { ", ..." } else { "" }
-                );
-                Ok(())
-            }
-            None => remote
-                .finish_unchecked()
-                .context("cannot end the session with the server"),
-        }
+        None => remote
+            .finish_unchecked()
+            .context("cannot end the session with the server"),
     }
 }
 

@@ -7,13 +7,13 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use selsig::{
     Access, Buffer, CompletionQueue, ConnectOptions, Device, MemoryRegion, Outcome, Policy,
-    PostError, QpCaps, QpInit, QueueConfig, QueuePair, QueuePostError, RemoteAddr, SignaledQueue,
-    WcStatus, Work, WorkCompletion, connect_pair,
+    PostError, QpCaps, QpInit, QueueConfig, QueuePair, QueuePostError, SignaledQueue, WcStatus,
+    Work, WorkCompletion,
 };
 use serde::Serialize;
 
 use crate::common::{DeviceInfo, OnDevice, ProviderArgs, parse_size, pattern, span, with_device};
-use crate::remote::RemotePeer;
+use crate::remote::Peer;
 
 /// Largest memory the demo registers on each side.
 const MAX_BYTES: u64 = 1 << 30;
@@ -217,37 +217,15 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
     };
     let slot = size.max(1);
     // The target: a peer QP and a region in this process, or a `selsig serve`.
-    let peer: Peer<D> = match &args.connect {
-        None => {
-            let peer_cq = dev
-                .create_cq(16)
-                .context("cannot create the peer's completion queue")?;
-            let peer = dev
-                .create_qp(&pd, &peer_cq, &peer_cq, &init)
-                .context("cannot create the peer queue pair")?;
-            connect_pair(&qp, &peer, &options).context("cannot connect the queue pairs")?;
-            let remote = dev
-                .reg_mr(&pd, n * slot, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-                .context("cannot register the remote buffer")?;
-            Peer::Local {
-                target: remote.remote(0),
-                _qp: peer,
-                _cq: peer_cq,
-                region: remote,
-            }
-        }
-        Some(host) => {
-            let mine = qp.endpoint(&options)?;
-            let remote = RemotePeer::connect(host, &mine, args.wrs, args.size)?;
-            qp.connect(&remote.endpoint, &options).with_context(|| {
-                format!(
-                    "cannot connect to the server's queue pair{}",
-                    crate::remote::gid_hint(&mine, &remote.endpoint, "server")
-                )
-            })?;
-            Peer::Remote(remote)
-        }
-    };
+    let peer = Peer::open(
+        dev,
+        &pd,
+        &qp,
+        &options,
+        args.connect.as_deref(),
+        args.wrs,
+        args.size,
+    )?;
     let target = peer.target();
     let local = dev
         .reg_mr(&pd, n * slot, Access::LOCAL_WRITE)
@@ -453,28 +431,6 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         summary,
         elapsed_us: start.elapsed().as_micros(),
     })
-}
-
-/// Where the WRITEs land.
-enum Peer<D: Device> {
-    /// A peer QP and a region in this process.
-    Local {
-        target: RemoteAddr,
-        region: D::Mr,
-        _qp: D::Qp,
-        _cq: D::Cq,
-    },
-    /// `selsig serve` in another process.
-    Remote(RemotePeer),
-}
-
-impl<D: Device> Peer<D> {
-    fn target(&self) -> RemoteAddr {
-        match self {
-            Peer::Local { target, .. } => *target,
-            Peer::Remote(r) => r.target,
-        }
-    }
 }
 
 /// The index of WRITE `wr` (1-based).

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use selsig::{
     Access, ConnectOptions, Device, Endpoint, MemoryRegion, QpCaps, QpInit, QueuePair, RemoteAddr,
+    connect_pair,
 };
 use serde::{Deserialize, Serialize};
 
@@ -252,6 +253,76 @@ impl RemotePeer {
         )?;
         receive::<Checked>(&mut self.reader, "server's reply")?;
         Ok(())
+    }
+}
+
+/// The other end of a command's WRITEs: a peer QP and a region on the same device, or
+/// `selsig serve` in another process or host.
+pub enum Peer<D: Device> {
+    /// (Fields drop in order: the QP before its CQ.)
+    Local {
+        region: D::Mr,
+        _qp: D::Qp,
+        _cq: D::Cq,
+    },
+    Remote(RemotePeer),
+}
+
+impl<D: Device> Peer<D> {
+    /// Sets up `slots` slots of `slot` bytes (at least 1) of target memory, in this
+    /// process or at `connect`'s server, and connects `qp` to its queue pair.
+    pub fn open(
+        dev: &D,
+        pd: &D::Pd,
+        qp: &D::Qp,
+        options: &ConnectOptions,
+        connect: Option<&str>,
+        slots: u32,
+        slot: u64,
+    ) -> Result<Peer<D>> {
+        if let Some(host) = connect {
+            let mine = qp.endpoint(options)?;
+            let remote = RemotePeer::connect(host, &mine, slots, slot)?;
+            qp.connect(&remote.endpoint, options).with_context(|| {
+                format!(
+                    "cannot connect to the server's queue pair{}",
+                    gid_hint(&mine, &remote.endpoint, "server")
+                )
+            })?;
+            return Ok(Peer::Remote(remote));
+        }
+        let cq = dev
+            .create_cq(2)
+            .context("cannot create the peer's completion queue")?;
+        let init = QpInit {
+            caps: QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                ..QpCaps::default()
+            },
+            sq_sig_all: false,
+        };
+        let peer = dev
+            .create_qp(pd, &cq, &cq, &init)
+            .context("cannot create the peer queue pair")?;
+        connect_pair(qp, &peer, options).context("cannot connect the queue pairs")?;
+        let bytes = slots as usize * slot.max(1) as usize;
+        let region = dev
+            .reg_mr(pd, bytes, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .with_context(|| format!("cannot register the {bytes}-byte remote region"))?;
+        Ok(Peer::Local {
+            region,
+            _qp: peer,
+            _cq: cq,
+        })
+    }
+
+    /// Where the WRITEs go: the start of the target memory.
+    pub fn target(&self) -> RemoteAddr {
+        match self {
+            Peer::Local { region, .. } => region.remote(0),
+            Peer::Remote(remote) => remote.target,
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 //! runs them with `--ignored`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -75,37 +75,11 @@ fn demo_on_the_device_shows_only_cqe4_and_cqe8() {
     assert!(text(&o.stderr).contains("GID"), "{}", text(&o.stderr));
 }
 
-#[test]
-#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
-fn two_processes_serve_and_connect() {
+/// Starts `selsig serve` on `port` (with `extra` options) and gives its HOST:PORT.
+fn serve(port: &str, extra: &[&str]) -> (Child, String) {
     let address = std::env::var("SELSIG_SERVE_ADDR").unwrap_or_else(|_| "127.0.0.1".to_string());
-    let port = "18631";
-    let mut args = vec!["serve", "--once", "--port", port, "--provider", "verbs"];
-    let g = gid();
-    args.extend(g.iter().map(String::as_str));
-    let mut server = Command::new(env!("CARGO_BIN_EXE_selsig"))
-        .args(&args)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("selsig serve starts");
-    std::thread::sleep(Duration::from_millis(500));
-    let target = format!("{address}:{port}");
-    let o = verbs(&["demo", "--connect", &target, "--wrs", "12", "--json"]);
-    let status = server.wait().expect("selsig serve ends");
-    assert!(o.status.success(), "client: {}", text(&o.stderr));
-    assert!(status.success(), "the server's check failed");
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["remote_verified"], true);
-    assert!(v["target"].as_str().unwrap().contains(port));
-    assert_eq!(v["summary"]["completed"], 12);
-}
-
-#[test]
-#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
-fn bench_writes_into_serve_and_the_server_checks_the_bytes() {
-    let address = std::env::var("SELSIG_SERVE_ADDR").unwrap_or_else(|_| "127.0.0.1".to_string());
-    let port = "18632";
     let mut args = vec!["serve", "--port", port, "--provider", "verbs"];
+    args.extend_from_slice(extra);
     let g = gid();
     args.extend(g.iter().map(String::as_str));
     let server = Command::new(env!("CARGO_BIN_EXE_selsig"))
@@ -114,7 +88,27 @@ fn bench_writes_into_serve_and_the_server_checks_the_bytes() {
         .spawn()
         .expect("selsig serve starts");
     std::thread::sleep(Duration::from_millis(500));
-    let target = format!("{address}:{port}");
+    (server, format!("{address}:{port}"))
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn two_processes_serve_and_connect() {
+    let (mut server, target) = serve("18631", &["--once"]);
+    let o = verbs(&["demo", "--connect", &target, "--wrs", "12", "--json"]);
+    let status = server.wait().expect("selsig serve ends");
+    assert!(o.status.success(), "client: {}", text(&o.stderr));
+    assert!(status.success(), "the server's check failed");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["remote_verified"], true);
+    assert!(v["target"].as_str().unwrap().contains("18631"));
+    assert_eq!(v["summary"]["completed"], 12);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn bench_writes_into_serve_and_the_server_checks_the_bytes() {
+    let (mut server, target) = serve("18632", &[]);
     // A sweep (every slot written), a run shorter than the queue (only some slots written:
     // the others must stay untouched), and perftest mode (not checked: one page rewritten).
     let sweep = verbs(&[
@@ -152,7 +146,6 @@ fn bench_writes_into_serve_and_the_server_checks_the_bytes() {
         "-n",
         "1000",
     ]);
-    let mut server = server;
     server.kill().expect("selsig serve stops");
     let log = text(&server.wait_with_output().unwrap().stderr);
     for (name, o) in [
