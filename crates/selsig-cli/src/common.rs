@@ -124,8 +124,8 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
             };
             let dev = selsig_verbs::VerbsDevice::open(&options).map_err(|e| {
                 const WHAT: &str = "cannot open the RDMA device";
-                // A GID index or port the device does not have. (A device that is not
-                // there is reported as a failure: the host may have none at all.)
+                // A device name, GID index or port the host does not have. (A host
+                // with no device at all is a failure, not bad input: NoDevice.)
                 if matches!(e, ProviderError::Invalid { .. }) {
                     anyhow::Error::new(e).context(BadOption(WHAT))
                 } else {

@@ -73,6 +73,14 @@ fn demo_on_the_device_shows_only_cqe4_and_cqe8() {
     let o = selsig(&["demo", "--provider", "verbs", "-x", "255"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("GID"), "{}", text(&o.stderr));
+    // So is a device name the host does not have; the message lists the ones it has.
+    let o = selsig(&["demo", "--provider", "verbs", "-d", "no-such-device"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("no RDMA device named \"no-such-device\"; found: rxe0"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 /// Starts `selsig serve` on `port` (with `extra` options) and gives its HOST:PORT.

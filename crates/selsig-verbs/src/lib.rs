@@ -258,11 +258,15 @@ impl VerbsDevice {
                      (modprobe rdma_rxe; rdma link add rxe0 type rxe netdev eth0)"
                         .to_string(),
                 )),
-                None => Err(ProviderError::NoDevice(format!(
-                    "no RDMA device named {:?}; found: {}",
-                    options.device.as_deref().unwrap_or(""),
-                    names.join(", ")
-                ))),
+                // Devices exist, but none has the name asked for: bad input.
+                None => Err(ProviderError::Invalid {
+                    what: "device",
+                    why: format!(
+                        "no RDMA device named {:?}; found: {}",
+                        options.device.as_deref().unwrap_or(""),
+                        names.join(", ")
+                    ),
+                }),
             };
             (v.fns.free_device_list)(list);
             result?

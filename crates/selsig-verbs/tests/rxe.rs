@@ -371,7 +371,9 @@ fn open_errors_say_what_is_wrong() {
     })
     .unwrap_err();
     assert!(
-        matches!(e, ProviderError::NoDevice(_)) && e.to_string().contains("found:"),
+        matches!(e, ProviderError::Invalid { what: "device", .. })
+            && e.to_string()
+                .contains("no RDMA device named \"no-such-device\"; found: rxe0"),
         "{e}"
     );
     let e = VerbsDevice::open(&VerbsOptions {

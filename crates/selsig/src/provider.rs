@@ -447,10 +447,11 @@ pub enum ProviderError {
     /// The provider cannot be used on this host (e.g. libibverbs is not installed).
     #[error("{0}")]
     Unavailable(String),
-    /// No device of that name, or no device at all.
+    /// The host has no device at all (a device name that is not among the host's
+    /// devices is [`ProviderError::Invalid`], `what` = `"device"`).
     #[error("{0}")]
     NoDevice(String),
-    /// A parameter is out of range.
+    /// A parameter is out of range, or names something the device does not have.
     #[error("invalid {what}: {why}")]
     Invalid {
         /// The parameter.
