@@ -459,7 +459,8 @@ impl<'a, D: Device> Runner<'a, D> {
     /// the step's events are put in canonical order: completions by QP, then
     /// retirements by QP, then asynchronous events.
     fn poll_until(&mut self, n: Option<u64>) -> Result<()> {
-        let start = Instant::now();
+        // The time of the last completion: the step fails after WAIT without one.
+        let mut start = Instant::now();
         let mut events = Vec::new();
         let mut got = 0u64;
         loop {
@@ -481,10 +482,30 @@ impl<'a, D: Device> Runner<'a, D> {
                 progress += k;
             }
             if progress == 0 {
+                if let Some(n) = n {
+                    // Every outstanding work request and receive gives at most one
+                    // completion (an error or a flush gives one even to an unsignaled one).
+                    let possible = self.completions_possible();
+                    if got + possible < n {
+                        bail!(
+                            "only {got} of {n} completions arrived and no more can: {}",
+                            if possible == 0 {
+                                "nothing is outstanding".to_string()
+                            } else {
+                                format!(
+                                    "at most {possible} more ({})",
+                                    self.outstanding().join("; ")
+                                )
+                            }
+                        );
+                    }
+                }
                 if start.elapsed() > WAIT {
                     bail!("{}", self.stuck(n, got));
                 }
                 std::thread::yield_now();
+            } else {
+                start = Instant::now();
             }
         }
         self.async_events(&mut events);
@@ -495,28 +516,39 @@ impl<'a, D: Device> Runner<'a, D> {
 
     fn stuck(&self, n: Option<u64>, got: u64) -> String {
         match n {
-            Some(n) => format!("only {got} of {n} completions arrived in {WAIT:?}"),
-            None => {
-                let waiting: Vec<String> = self
-                    .sc
-                    .qps
-                    .iter()
-                    .zip(&self.sides)
-                    .filter(|(_, s)| {
-                        !s.queue.tracker().is_idle() || s.peer_recvs > s.peer_recv_done
-                    })
-                    .map(|(q, s)| {
-                        format!(
-                            "{}: {} work requests, {} receives outstanding",
-                            q.name,
-                            s.queue.outstanding(),
-                            s.peer_recvs - s.peer_recv_done
-                        )
-                    })
-                    .collect();
-                format!("not idle after {WAIT:?}: {}", waiting.join("; "))
-            }
+            Some(n) => format!("only {got} of {n} completions arrived (none for {WAIT:?})"),
+            None => format!(
+                "not idle (no completion for {WAIT:?}): {}",
+                self.outstanding().join("; ")
+            ),
         }
+    }
+
+    /// What each queue pair still waits for.
+    fn outstanding(&self) -> Vec<String> {
+        self.sc
+            .qps
+            .iter()
+            .zip(&self.sides)
+            .filter(|(_, s)| !s.queue.tracker().is_idle() || s.peer_recvs > s.peer_recv_done)
+            .map(|(q, s)| {
+                format!(
+                    "{}: {} work requests, {} receives outstanding",
+                    q.name,
+                    s.queue.outstanding(),
+                    s.peer_recvs - s.peer_recv_done
+                )
+            })
+            .collect()
+    }
+
+    /// The most completions that can still arrive: one per outstanding work request and
+    /// receive.
+    fn completions_possible(&self) -> u64 {
+        self.sides
+            .iter()
+            .map(|s| u64::from(s.queue.outstanding()) + (s.peer_recvs - s.peer_recv_done))
+            .sum()
     }
 
     fn idle(&self) -> bool {

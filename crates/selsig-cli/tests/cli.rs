@@ -282,6 +282,20 @@ fn failed_expectations_fail_the_run() {
             "{range}: {err}"
         );
     }
+    // Waiting for more completions than the outstanding work can give fails at once
+    // (it waited out the 20 s limit), with what is outstanding.
+    let path = dir.join("too-many.toml");
+    let text = seed.replace("poll = \"idle\"", "poll = { cqes = 3 }");
+    std::fs::write(&path, text).unwrap();
+    let started = std::time::Instant::now();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("2 of 3 completions arrived and no more can: nothing is outstanding"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
     std::fs::remove_dir_all(&dir).ok();
 }
 
