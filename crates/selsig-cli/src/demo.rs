@@ -268,8 +268,10 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             let handled = queue
                 .handle_completion(wc)
                 .with_context(|| format!("an impossible completion: {wc:?}"))?;
-            let marker = markers.contains(&wc.wr_id);
-            let wr = (!marker).then_some(wc.wr_id as u32);
+            // The sequence number the wr_id carries (handled: so it is one of the queue's).
+            let seq = queue.send_seq(wc).map_or(wc.wr_id, |s| s.0);
+            let marker = markers.contains(&seq);
+            let wr = (!marker).then_some(seq as u32);
             cqes.push(CqeView {
                 wr,
                 wr_id: wc.wr_id,
@@ -303,7 +305,7 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         match queue.post(Work::write(buf, target, wr)) {
             Ok(posted) => posts.push(PostView {
                 wr,
-                wr_id: posted.seq.wr_id(),
+                wr_id: selsig::send_wr_id(posted.seq),
                 signaled: posted.signaled(),
                 reason: posted.signal.map(|r| r.as_str()),
             }),
@@ -332,7 +334,7 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             .confirm_all()
             .context("cannot post the confirm marker")?
         {
-            markers.push(seq.wr_id());
+            markers.push(seq.0);
         }
     }
     while !queue.tracker().is_idle() {
@@ -493,8 +495,8 @@ pub fn render(r: &Report) -> String {
                 None => "CQE(marker)".to_string(),
             };
             let detail = match cqe.opcode {
-                Some(op) => format!("wr_id {}, {}, {op}", cqe.wr_id, cqe.status),
-                None => format!("wr_id {}, {}", cqe.wr_id, cqe.status),
+                Some(op) => format!("wr_id {:#x}, {}, {op}", cqe.wr_id, cqe.status),
+                None => format!("wr_id {:#x}, {}", cqe.wr_id, cqe.status),
             };
             (format!("{name}: {}", confirmation(cqe, conf, r)), detail)
         })

@@ -248,8 +248,8 @@ impl<'a, D: Device> Runner<'a, D> {
                 let name = self.sc.qps[*q].name.clone();
                 match self.sides[*q].queue.confirm_all() {
                     Ok(Some(seq)) => {
-                        self.sides[*q].markers.push(seq.wr_id());
-                        self.trace.push(marker_event(name, seq.wr_id()));
+                        self.sides[*q].markers.push(seq.0);
+                        self.trace.push(marker_event(name, seq.0));
                     }
                     Ok(None) => self.trace.push(Event::ConfirmNotNeeded { qp: name }),
                     Err(e) => self.trace.push(Event::Refused {
@@ -352,7 +352,7 @@ impl<'a, D: Device> Runner<'a, D> {
                 Ok(posted) => {
                     self.trace.push(Event::Post {
                         qp: name.clone(),
-                        seq: posted.seq.wr_id(),
+                        seq: posted.seq.0,
                         op: op_name,
                         len: p.size,
                         signaled: posted.signaled(),
@@ -435,8 +435,8 @@ impl<'a, D: Device> Runner<'a, D> {
         loop {
             match self.sides[q].queue.post_drain_marker() {
                 Ok(DrainMarker::Posted(seq)) => {
-                    self.sides[q].markers.push(seq.wr_id());
-                    self.trace.push(marker_event(name.clone(), seq.wr_id()));
+                    self.sides[q].markers.push(seq.0);
+                    self.trace.push(marker_event(name.clone(), seq.0));
                     break;
                 }
                 Ok(DrainMarker::NotNeeded) => break,
@@ -574,9 +574,18 @@ impl<'a, D: Device> Runner<'a, D> {
             // on the sender's completion of a *_WITH_IMM).
             let recv = matches!(wc.opcode, Some(WcOpcode::Recv | WcOpcode::RecvRdmaWithImm));
             let defined = recv || wc.opcode == Some(WcOpcode::RdmaRead);
+            // A send of the QP's queue is shown by its sequence number (its wr_id without
+            // the queue's bit 63), as posts and retirements are.
+            let wr_id = match r.peer {
+                false => self.sides[r.index]
+                    .queue
+                    .send_seq(&wc)
+                    .map_or(wc.wr_id, |s| s.0),
+                true => wc.wr_id,
+            };
             events.push(Event::Cqe {
                 qp: name.clone(),
-                wr_id: wc.wr_id,
+                wr_id,
                 status: wc.status.short_name(),
                 opcode: wc.opcode.map(|o| o.short_name()),
                 byte_len: defined.then_some(wc.byte_len),
@@ -595,7 +604,7 @@ impl<'a, D: Device> Runner<'a, D> {
             for c in done {
                 events.push(Event::Retire {
                     qp: name.clone(),
-                    seq: c.seq.wr_id(),
+                    seq: c.seq.0,
                     outcome: c.outcome.as_str(),
                     status: match c.outcome {
                         Outcome::Failed(s) => Some(s.short_name()),

@@ -32,8 +32,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The buffer moves into the queue: it cannot be touched until it comes back.
         let posted = queue.post(Work::write(buf, remote.remote(i * 64), wr))?;
         println!(
-            "WR{wr}: wr_id {} {}",
+            "WR{wr}: seq {}, wr_id {:#x}, {}",
             posted.seq,
+            selsig::send_wr_id(posted.seq),
             if posted.signaled() {
                 "signaled"
             } else {

@@ -77,7 +77,7 @@ pub use provider::{
 };
 pub use queue::{
     Completion, DrainError, DrainMarker, Payload, PollError, QueueConfig, QueuePostError,
-    SignaledQueue, Work,
+    SEND_WR_ID_BIT, SignaledQueue, Work, send_wr_id,
 };
 
 pub use credits::{CqBudget, CqCredits};

@@ -210,7 +210,7 @@ pub struct QueueConfig {
     pub policy: Policy,
     /// The CQ budget; `None` for a CQ of the queue's own (its real capacity).
     pub cq: Option<CqBudget>,
-    /// The first sequence number.
+    /// The first sequence number (below 2^63: see [`SEND_WR_ID_BIT`]).
     pub first_seq: u64,
     /// Where zero-length confirm and drain markers are written (the key is not checked for
     /// zero bytes, but a valid remote address is the safe choice).
@@ -368,6 +368,30 @@ pub struct SignaledQueue<D: Device, U> {
     epoch: Instant,
 }
 
+/// Bit 63 of the `wr_id` of every work request a [`SignaledQueue`] posts: its `wr_id` is
+/// the sequence number with this bit set.
+///
+/// An error or flush completion has no defined opcode (`ibv_poll_cq(3)`), so when a QP's
+/// receive completions share the CQ of its sends, the `wr_id` alone tells a send's
+/// completion from a receive's (as rdma-core's rsocket flags its receives' `wr_id`s):
+/// post receives with this bit clear. Sequence numbers stay below it.
+pub const SEND_WR_ID_BIT: u64 = 1 << 63;
+
+/// The `wr_id` a [`SignaledQueue`] posts the work request `seq` with.
+#[inline(always)]
+pub const fn send_wr_id(seq: Seq) -> u64 {
+    seq.0 | SEND_WR_ID_BIT
+}
+
+/// `wc` with its `wr_id` replaced by the tracker's sequence number.
+#[inline(always)]
+fn with_seq(wc: &WorkCompletion, seq: Seq) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: seq.0,
+        ..*wc
+    }
+}
+
 impl<D: Device, U> SignaledQueue<D, U> {
     /// A queue over `qp`, whose send completions go to `cq`, with default settings and
     /// `policy`.
@@ -394,6 +418,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             .policy(config.policy)
             .sq_sig_all(qp.sq_sig_all())
             .first_seq(config.first_seq)
+            .seq_end(SEND_WR_ID_BIT)
             .qp_num(qp.qp_num())
             .measure_lag(config.measure_lag);
         let epoch = Instant::now();
@@ -494,7 +519,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             .post(Payload { buffer, user }, signal, now)
             .map_err(QueuePostError::Refused)?;
         let wr = SendWr {
-            wr_id: posted.seq.wr_id(),
+            wr_id: send_wr_id(posted.seq),
             opcode,
             local,
             remote,
@@ -568,7 +593,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             match self.tracker.post(Payload { buffer, user }, signal, now) {
                 Ok(posted) => {
                     self.staged.push(SendWr {
-                        wr_id: posted.seq.wr_id(),
+                        wr_id: send_wr_id(posted.seq),
                         opcode,
                         local,
                         remote,
@@ -585,7 +610,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
         let count = self.staged.len();
         if count > 0 {
             if let Err(e) = self.submit(&inline) {
-                let first = self.staged[e.index].wr_id;
+                let first = self.staged[e.index].wr_id & !SEND_WR_ID_BIT;
                 // The work requests from `first` on were staged by this call and are
                 // outstanding, so the rollback is accepted.
                 let returned: Vec<_> = match self.tracker.rollback(Seq(first)) {
@@ -668,17 +693,47 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// Handles one completion polled elsewhere (a CQ shared by several queues, or a caller
     /// that wants to see every completion): it must belong to this queue's QP. Returns what
     /// it retired; collect those work requests with [`collect`](Self::collect).
+    ///
+    /// A completion of another QP is refused with [`CompletionError::WrongQueue`], one of
+    /// this QP that is not a send of this queue (see [`send_seq`](Self::send_seq)) with
+    /// [`CompletionError::NotASend`].
     pub fn handle_completion(&mut self, wc: &WorkCompletion) -> Result<Handled, CompletionError> {
         let now = self.now();
-        self.tracker.handle_completion(wc, now)
+        match self.send_seq(wc) {
+            Some(seq) => self.tracker.handle_completion(&with_seq(wc, seq), now),
+            None if wc.qp_num != self.qp.qp_num() => self.tracker.handle_completion(wc, now),
+            None => Err(CompletionError::NotASend { wr_id: wc.wr_id }),
+        }
+    }
+
+    /// The sequence number of the work request `wc` completes, if it is a completion of
+    /// one of this queue's sends: this QP's number, bit 63 of the `wr_id` set
+    /// ([`SEND_WR_ID_BIT`]) and not a receive opcode. Everything else (another QP's
+    /// completion, a receive's, a send posted on the QP around the queue) is `None`.
+    ///
+    /// An error completion's opcode is undefined (`ibv_poll_cq(3)`: only `wr_id`, `status`,
+    /// `qp_num` and `vendor_err` are), so on a QP whose receive completions go to the same
+    /// CQ the `wr_id` alone tells a send's error or flush from a receive's: receives must
+    /// be posted with bit 63 of the `wr_id` clear (indices and user-space pointers are).
+    #[inline]
+    pub fn send_seq(&self, wc: &WorkCompletion) -> Option<Seq> {
+        (wc.qp_num == self.qp.qp_num()
+            && wc.wr_id & SEND_WR_ID_BIT != 0
+            && !wc.opcode.is_some_and(|o| o.is_recv()))
+        .then_some(Seq(wc.wr_id & !SEND_WR_ID_BIT))
     }
 
     fn handle(&mut self, wc: &WorkCompletion, now: Instant) -> Result<(), CompletionError> {
-        if wc.qp_num != self.qp.qp_num() || wc.opcode.is_some_and(|o| o.is_recv()) {
-            self.unclaimed.push(*wc);
-            return Ok(());
+        match self.send_seq(wc) {
+            Some(seq) => self
+                .tracker
+                .handle_completion(&with_seq(wc, seq), now)
+                .map(|_| ()),
+            None => {
+                self.unclaimed.push(*wc);
+                Ok(())
+            }
         }
-        self.tracker.handle_completion(wc, now).map(|_| ())
     }
 
     /// Appends every retired work request not yet handed back to `out`, in posting order.
@@ -715,7 +770,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
 
     fn post_marker(&mut self, seq: Seq) -> Result<(), QueuePostError<()>> {
         let wr = SendWr {
-            wr_id: seq.wr_id(),
+            wr_id: send_wr_id(seq),
             opcode: Opcode::RdmaWrite,
             local: Local::Empty,
             remote: self.marker_target,

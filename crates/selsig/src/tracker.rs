@@ -11,8 +11,10 @@ use crate::policy::{Policy, PolicyError};
 use crate::stats::{MAX_LAG_NS, Stats};
 use crate::wc::{WcStatus, WorkCompletion};
 
-/// The sequence number of a work request on one send queue; selsig posts it as the
-/// `wr_id`, so a completion names the work request it belongs to.
+/// The sequence number of a work request on one send queue; it goes into the `wr_id`, so
+/// a completion names the work request it belongs to: a [`SendTracker`]'s caller posts it
+/// as the `wr_id` ([`Seq::wr_id`]), a [`SignaledQueue`](crate::SignaledQueue) with bit 63
+/// set ([`send_wr_id`](crate::send_wr_id)).
 ///
 /// Sequence numbers are `u64` and rise by one per work request; they never wrap (at a
 /// billion work requests a second that takes centuries). Providers may count in `u16`
@@ -21,7 +23,8 @@ use crate::wc::{WcStatus, WorkCompletion};
 pub struct Seq(pub u64);
 
 impl Seq {
-    /// The value posted as `wr_id`.
+    /// The value a [`SendTracker`]'s caller posts as `wr_id` (the number itself; a
+    /// [`SignaledQueue`](crate::SignaledQueue) posts [`send_wr_id`](crate::send_wr_id)).
     pub const fn wr_id(self) -> u64 {
         self.0
     }
@@ -164,6 +167,7 @@ pub struct TrackerConfig {
     policy: Policy,
     sq_sig_all: bool,
     first_seq: u64,
+    seq_end: u64,
     qp_num: Option<u32>,
     measure_lag: bool,
 }
@@ -179,6 +183,7 @@ impl TrackerConfig {
             policy: Policy::default(),
             sq_sig_all: false,
             first_seq: 1,
+            seq_end: u64::MAX,
             qp_num: None,
             measure_lag: true,
         }
@@ -208,6 +213,14 @@ impl TrackerConfig {
         self
     }
 
+    /// Sequence numbers stay below `end` (default `u64::MAX`): posts beyond are refused
+    /// with [`PostError::SeqExhausted`]. For a caller that keeps some bits of the `wr_id`
+    /// for itself ([`SignaledQueue`](crate::SignaledQueue) keeps bit 63).
+    pub fn seq_end(mut self, end: u64) -> Self {
+        self.seq_end = end;
+        self
+    }
+
     /// Completions must carry this QP number; others are refused.
     pub fn qp_num(mut self, qp_num: u32) -> Self {
         self.qp_num = Some(qp_num);
@@ -233,9 +246,13 @@ pub enum ConfigError {
     /// The completion queue has no slot.
     #[error("the completion queue capacity must be at least 1")]
     ZeroCqCapacity,
-    /// The first sequence number leaves no room to post.
-    #[error("the first sequence number must be below {}", u64::MAX)]
-    FirstSeqTooHigh,
+    /// The first sequence number leaves no room to post: it must be below the end of the
+    /// sequence numbers ([`TrackerConfig::seq_end`], default `u64::MAX`).
+    #[error("the first sequence number must be below {end}")]
+    FirstSeqTooHigh {
+        /// The end of the sequence numbers.
+        end: u64,
+    },
     /// The policy is invalid.
     #[error(transparent)]
     Policy(#[from] PolicyError),
@@ -284,8 +301,8 @@ pub enum PostError<T> {
         /// The caller's payload.
         payload: T,
     },
-    /// No sequence number is left (only reachable with a first sequence number near
-    /// `u64::MAX`).
+    /// No sequence number is left (only reachable with a first sequence number near the
+    /// end of the sequence numbers, [`TrackerConfig::seq_end`]).
     #[error("no sequence number left")]
     SeqExhausted {
         /// The caller's payload.
@@ -359,6 +376,16 @@ pub enum CompletionError {
         wr_id: u64,
         /// The next sequence number to be posted.
         next: Seq,
+    },
+    /// A completion of the queue's QP that is not one of the queue's sends (a receive, or
+    /// a work request posted on the QP around the queue): see
+    /// [`SignaledQueue::send_seq`](crate::SignaledQueue::send_seq).
+    #[error(
+        "completion for wr_id {wr_id} is not a send of this queue (a receive, or a work request posted around it)"
+    )]
+    NotASend {
+        /// The completion's `wr_id`.
+        wr_id: u64,
     },
     /// The work request was already retired by an earlier completion.
     #[error("completion for wr_id {wr_id}, which is already retired")]
@@ -478,6 +505,8 @@ struct Entry<T> {
 pub struct SendTracker<T> {
     ring: VecDeque<Entry<T>>,
     first_seq: u64,
+    /// Sequence numbers stay below this.
+    seq_end: u64,
     /// Sequence number of `ring[0]`.
     head_seq: u64,
     next_seq: u64,
@@ -519,8 +548,10 @@ impl<T> SendTracker<T> {
         if config.cq.capacity() == 0 {
             return Err(ConfigError::ZeroCqCapacity);
         }
-        if config.first_seq == u64::MAX {
-            return Err(ConfigError::FirstSeqTooHigh);
+        if config.first_seq >= config.seq_end {
+            return Err(ConfigError::FirstSeqTooHigh {
+                end: config.seq_end,
+            });
         }
         config.policy.validate()?;
         let run_limit = match &config.cq {
@@ -536,6 +567,7 @@ impl<T> SendTracker<T> {
         Ok(SendTracker {
             ring,
             first_seq: config.first_seq,
+            seq_end: config.seq_end,
             head_seq: config.first_seq,
             next_seq: config.first_seq,
             retired: 0,
@@ -941,7 +973,8 @@ impl<T> SendTracker<T> {
         let n = std::mem::take(&mut self.retired);
         let first = self.head_seq;
         self.head_seq += n as u64;
-        // (Not `(first..).zip(..)`: that steps past the last sequence number, u64::MAX - 1.)
+        // (Not `(first..).zip(..)`: that steps past the last sequence number, which can be
+        // u64::MAX - 1.)
         for (i, entry) in self.ring.drain(..n).enumerate() {
             if let Some(payload) = entry.payload {
                 f(Retired {
@@ -1037,7 +1070,7 @@ impl<T> SendTracker<T> {
         if outstanding >= self.sq_capacity {
             return Err(Refusal::Full(self.sq_capacity));
         }
-        if self.next_seq == u64::MAX {
+        if self.next_seq == self.seq_end {
             return Err(Refusal::SeqExhausted);
         }
         match &self.cq {
@@ -1089,7 +1122,7 @@ impl<T> SendTracker<T> {
             Some(SignalReason::Requested)
         } else if by_policy {
             Some(SignalReason::Policy)
-        } else if run_after >= self.run_limit || self.next_seq == u64::MAX - 1 {
+        } else if run_after >= self.run_limit || self.next_seq == self.seq_end - 1 {
             // The run limit, or the last sequence number: no later marker could confirm an
             // unsignaled run.
             Some(SignalReason::Deadlock)
@@ -1625,7 +1658,27 @@ mod tests {
         let config = TrackerConfig::new(4, 4).first_seq(u64::MAX);
         assert_eq!(
             SendTracker::<u8>::new(config, now).unwrap_err(),
-            ConfigError::FirstSeqTooHigh
+            ConfigError::FirstSeqTooHigh { end: u64::MAX }
+        );
+        // A lower end (a caller keeping bit 63 of the wr_id): the last sequence number
+        // before it is signaled, and nothing is posted beyond.
+        let end = 1 << 63;
+        let config = TrackerConfig::new(4, 4).first_seq(end - 2).seq_end(end);
+        let mut t: SendTracker<u8> = SendTracker::new(config, now).unwrap();
+        assert!(!t.post(1, Signal::Auto, now).unwrap().signaled());
+        let last = t.post(2, Signal::Auto, now).unwrap();
+        assert_eq!(
+            (last.seq, last.signal),
+            (Seq(end - 1), Some(SignalReason::Deadlock))
+        );
+        assert!(matches!(
+            t.post(3, Signal::Auto, now),
+            Err(PostError::SeqExhausted { payload: 3 })
+        ));
+        let config = TrackerConfig::new(4, 4).first_seq(end).seq_end(end);
+        assert_eq!(
+            SendTracker::<u8>::new(config, now).unwrap_err(),
+            ConfigError::FirstSeqTooHigh { end }
         );
     }
 

@@ -186,7 +186,8 @@ impl WcOpcode {
 /// In an error completion only `wr_id`, `status`, `qp_num` and `vendor_err` are valid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkCompletion {
-    /// The `wr_id` of the work request (selsig's sequence number on its send queues).
+    /// The `wr_id` of the work request (on a [`SignaledQueue`](crate::SignaledQueue)'s
+    /// sends, the sequence number with bit 63 set: [`send_wr_id`](crate::send_wr_id)).
     pub wr_id: u64,
     /// The completion status.
     pub status: WcStatus,
