@@ -406,18 +406,28 @@ impl CqInner {
         self.ring.set_consumed(st.consumer);
     }
 
-    /// NIC: appends a completion; `false` when the CQ has no room (it is then in the error
-    /// state) or was already in it.
-    pub(crate) fn push(&self, cqe: &Cqe) -> bool {
+    /// NIC: appends a completion. A CQ with no room goes to the error state, and every
+    /// later completion is lost.
+    pub(crate) fn push(&self, cqe: &Cqe) -> Pushed {
         if self.error.load(Ordering::Relaxed) {
-            return false;
+            return Pushed::Lost;
         }
         if !self.ring.push(cqe, &self.seen_consumer) {
             self.error.store(true, Ordering::Release);
-            return false;
+            return Pushed::Overrun;
         }
-        true
+        Pushed::Done
     }
+}
+
+/// What became of a completion the NIC appended to a CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    Done,
+    /// The CQ had no room: it went to the error state with this completion.
+    Overrun,
+    /// The CQ was in the error state already: the completion is lost.
+    Lost,
 }
 
 /// A completion queue of a software device.
@@ -605,7 +615,11 @@ impl SoftQp {
                 .lock()
                 .as_ref()
                 .is_some_and(|t| !t.is_finished());
-            if !running || start.elapsed() > Duration::from_secs(1) {
+            if !running {
+                // Nothing serves any QP any more.
+                return true;
+            }
+            if start.elapsed() > Duration::from_secs(1) {
                 return false;
             }
             if let Some(t) = self.dev.engine_thread.get() {
@@ -649,6 +663,10 @@ impl QueuePair for SoftQp {
 
     fn caps(&self) -> QpCaps {
         self.qp.caps
+    }
+
+    fn destroy_cleans_cq(&self) -> bool {
+        self.dev.config.personality == Personality::Mlx5
     }
 
     fn sq_sig_all(&self) -> bool {

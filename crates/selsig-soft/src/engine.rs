@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use selsig::{Access, AsyncEvent, QpState, WcOpcode, WcStatus};
 
-use crate::device::{DeviceInner, Personality, QpInner};
+use crate::device::{CqInner, DeviceInner, Personality, Pushed, QpInner};
 use crate::mem;
 use crate::mr::{MrInner, MrTable};
 use crate::ring::{Cqe, Wqe, op};
@@ -107,7 +107,11 @@ fn has_work(s: &Served) -> bool {
     let qp = &s.qp;
     let sq_pending = qp.sq.published() != qp.sq.executed();
     let blocked = match (s.rnr_wait, &s.peer) {
-        (Some(seen), Some(peer)) => peer.rq.published() == seen,
+        (Some(seen), Some(peer)) => {
+            peer.rq.published() == seen
+                && peer.state() != QpState::Err
+                && qp.state() != QpState::Err
+        }
         _ => false,
     };
     let rq_flush = qp.state() == QpState::Err && qp.rq.published() != qp.rq.consumed();
@@ -119,8 +123,10 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
     let qp = &*s.qp;
     let mut progress = false;
     if let (Some(seen), Some(peer)) = (s.rnr_wait, &s.peer) {
-        if peer.rq.published() == seen && peer.state() != QpState::Err {
-            return flush_rq_if_error(qp);
+        // Still waiting for a receive, unless either side went to the error state.
+        if peer.rq.published() == seen && peer.state() != QpState::Err && qp.state() != QpState::Err
+        {
+            return flush_rq_if_error(dev, qp);
         }
         s.rnr_wait = None;
     }
@@ -200,8 +206,7 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                     qp.times.stamp(stamped, exec);
                     stamped = exec;
                 }
-                if !qp.send_cq.push(&cqe) {
-                    overrun(dev, qp, qp.send_cq.id);
+                if !push(dev, qp, &qp.send_cq, &cqe) {
                     state = QpState::Err;
                 }
             }
@@ -215,7 +220,7 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
     if progress {
         qp.sq.set_executed(exec);
     }
-    flush_rq_if_error(qp) || progress
+    flush_rq_if_error(dev, qp) || progress
 }
 
 /// The completion in error of WQE `index`.
@@ -236,19 +241,26 @@ fn error_cqe(qp: &QpInner, index: u64, status: WcStatus) -> Cqe {
     }
 }
 
-/// A CQ found no room: it is in the error state (the completion is lost), the QP that
-/// reported to it goes to the error state, and both events are raised.
-fn overrun(dev: &DeviceInner, qp: &QpInner, cq: u32) {
-    let first = !qp.state().eq(&QpState::Err);
-    qp.set_error();
-    dev.push_event(AsyncEvent::CqErr { cq });
-    if first {
+/// Appends a completion of `qp` to `cq`; `false` when it is lost. A CQ that finds no room
+/// goes to the error state with `IBV_EVENT_CQ_ERR`, once; a QP whose completion is lost
+/// goes to the error state with `IBV_EVENT_QP_FATAL`, once.
+fn push(dev: &DeviceInner, qp: &QpInner, cq: &CqInner, cqe: &Cqe) -> bool {
+    let pushed = cq.push(cqe);
+    if pushed == Pushed::Done {
+        return true;
+    }
+    if pushed == Pushed::Overrun {
+        dev.push_event(AsyncEvent::CqErr { cq: cq.id });
+    }
+    if qp.state() != QpState::Err {
+        qp.set_error();
         dev.push_event(AsyncEvent::QpFatal { qp_num: qp.qpn });
     }
+    false
 }
 
 /// In the error state, every posted receive is flushed: one completion each.
-fn flush_rq_if_error(qp: &QpInner) -> bool {
+fn flush_rq_if_error(dev: &DeviceInner, qp: &QpInner) -> bool {
     if qp.state() != QpState::Err {
         return false;
     }
@@ -272,8 +284,9 @@ fn flush_rq_if_error(qp: &QpInner) -> bool {
             vendor_err: 0,
         };
         consumer += 1;
-        if !qp.recv_cq.push(&cqe) {
-            break;
+        if !push(dev, qp, &qp.recv_cq, &cqe) {
+            // The CQ is in the error state: the other flushes are lost as well.
+            consumer = producer;
         }
     }
     qp.rq.set_consumed(consumer);
@@ -419,9 +432,7 @@ fn no_receive(qp: &QpInner) -> Exec {
 }
 
 fn push_recv(dev: &DeviceInner, responder: &QpInner, cqe: &Cqe) {
-    if !responder.recv_cq.push(cqe) {
-        overrun(dev, responder, responder.recv_cq.id);
-    }
+    push(dev, responder, &responder.recv_cq, cqe);
 }
 
 fn execute(

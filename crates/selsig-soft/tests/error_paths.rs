@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use selsig::{
-    Access, ConnectOptions, Device, Local, MemoryRegion, Opcode, Outcome, Policy, QpCaps, QpInit,
-    QueuePair, RecvWr, SendWr, SignaledQueue, WcStatus, Work, connect_pair,
+    Access, AsyncEvent, CompletionQueue, ConnectOptions, CqBudget, CqCredits, Device, Local,
+    MemoryRegion, Opcode, Outcome, Policy, QpCaps, QpInit, QueueConfig, QueuePair, RecvWr, SendWr,
+    SignaledQueue, WcStatus, Work, connect_pair,
 };
-use selsig_soft::{SoftConfig, SoftDevice};
+use selsig_soft::{Personality, SoftConfig, SoftDevice};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -124,4 +125,184 @@ fn drain_after_to_error_with_a_receive_posted() {
     let mut done = Vec::new();
     let r = q.drain(WAIT, &mut done);
     assert!(r.is_ok(), "drain: {r:?}");
+}
+
+/// A receive flush that finds the CQ full overruns it (SEMANTICS 8: `IBV_EVENT_CQ_ERR`),
+/// like a send completion does; the soft NIC raises no event for it.
+#[test]
+fn a_receive_flush_overrun_raises_cq_err() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(2).unwrap(); // 3 entries
+    let other = dev.create_cq(64).unwrap();
+    let a = dev.create_qp(&pd, &other, &cq, &init(8)).unwrap();
+    let b = dev.create_qp(&pd, &other, &other, &init(8)).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let recvs: Vec<RecvWr> = (0..8)
+        .map(|i| RecvWr {
+            wr_id: i,
+            sge: None,
+        })
+        .collect();
+    a.post_recv(&recvs).unwrap();
+    a.to_error().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let events: Vec<AsyncEvent> = std::iter::from_fn(|| dev.poll_async_event()).collect();
+    let mut buf = [selsig::WorkCompletion::new(0, WcStatus::Success, 0); 16];
+    let polled = cq.poll(&mut buf);
+    let polled2 = cq.poll(&mut buf);
+    assert!(
+        events.contains(&AsyncEvent::CqErr { cq: cq.id() }),
+        "events {events:?}; polls {polled:?} then {polled2:?}"
+    );
+}
+
+/// One overrun, one `IBV_EVENT_CQ_ERR`: flushing a queue into an overrun CQ raises the
+/// event once per flushed work request.
+#[test]
+fn one_overrun_raises_one_cq_err() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(2).unwrap(); // 3 entries
+    let other = dev.create_cq(64).unwrap();
+    let a = dev.create_qp(&pd, &cq, &other, &init(64)).unwrap();
+    let b = dev.create_qp(&pd, &other, &other, &init(8)).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let data = [0u8; 8];
+    let wrs: Vec<SendWr> = (0..20)
+        .map(|i| SendWr {
+            wr_id: i,
+            opcode: Opcode::RdmaWrite,
+            local: Local::Inline(&data),
+            remote: selsig::RemoteAddr { addr: 0, rkey: 1 }, // bad rkey on every WR
+            imm_data: 0,
+            signaled: false,
+        })
+        .collect();
+    a.post_send(&wrs).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let events: Vec<AsyncEvent> = std::iter::from_fn(|| dev.poll_async_event()).collect();
+    let cq_errs = events
+        .iter()
+        .filter(|e| matches!(e, AsyncEvent::CqErr { .. }))
+        .count();
+    assert_eq!(cq_errs, 1, "{events:?}");
+}
+
+/// A QP whose send queue waits on RNR (the peer has no receive, `rnr_retry = 7`) goes to
+/// the error state when its receive CQ overruns (SEMANTICS 8: fatal; the QP goes to error,
+/// `QP_FATAL`). Its outstanding send work request must then be flushed (SEMANTICS 6), on
+/// its send CQ, which is healthy; the soft NIC never flushes it, so the drain hangs.
+#[test]
+fn a_qp_waiting_on_rnr_is_flushed_when_it_goes_to_error() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let send_cq = Arc::new(dev.create_cq(64).unwrap());
+    let recv_cq = dev.create_cq(1).unwrap(); // 1 entry
+    let cq_b = dev.create_cq(64).unwrap();
+    let a = dev.create_qp(&pd, &send_cq, &recv_cq, &init(16)).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init(16)).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    a.post_recv(&[
+        RecvWr {
+            wr_id: 1,
+            sge: None,
+        },
+        RecvWr {
+            wr_id: 2,
+            sge: None,
+        },
+    ])
+    .unwrap();
+    let mut q: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::new(a, Arc::clone(&send_cq), Policy::Every(1)).unwrap();
+    q.post(Work::send_inline(&[1; 8], 1)).unwrap(); // waits: b has no receive
+    std::thread::sleep(Duration::from_millis(50));
+    // b's two zero-length SENDs complete a's two receives: the second overruns a's
+    // receive CQ, and a goes to the error state.
+    let sends: Vec<SendWr> = (0..2)
+        .map(|i| SendWr {
+            wr_id: i,
+            opcode: Opcode::Send,
+            local: Local::Empty,
+            remote: Default::default(),
+            imm_data: 0,
+            signaled: true,
+        })
+        .collect();
+    b.post_send(&sends).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(q.qp().state(), selsig::QpState::Err);
+    let mut done = Vec::new();
+    let r = q.drain(Duration::from_secs(2), &mut done);
+    let outcomes: Vec<(u32, Outcome)> = done.iter().map(|c| (c.user, c.outcome)).collect();
+    assert!(r.is_ok(), "drain: {r:?}; outcomes {outcomes:?}");
+    assert_eq!(outcomes, [(1, Outcome::Flushed)]);
+}
+
+/// rxe leaves a destroyed QP's unpolled completions in its CQ: a queue dropped with work
+/// outstanding keeps those credits of the shared pool taken, so another queue cannot post
+/// more than the CQ can hold (it overran when they were given back). mlx5 removes them
+/// from the CQ, and the credits come back.
+#[test]
+fn a_queue_dropped_with_work_outstanding_keeps_its_credits_where_its_completions_stay() {
+    for personality in [Personality::Rxe, Personality::Mlx5] {
+        dropped_queue_credits(personality);
+    }
+}
+
+fn dropped_queue_credits(personality: Personality) {
+    let rxe = personality == Personality::Rxe;
+    let dev = SoftDevice::open(SoftConfig::with_personality(personality)).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let shared = Arc::new(dev.create_cq(if rxe { 4 } else { 7 }).unwrap());
+    let other = dev.create_cq(64).unwrap();
+    assert_eq!(shared.capacity(), 7);
+    let a = dev.create_qp(&pd, &shared, &other, &init(8)).unwrap();
+    let c = dev.create_qp(&pd, &shared, &other, &init(8)).unwrap();
+    let b = dev.create_qp(&pd, &other, &other, &init(8)).unwrap();
+    let d = dev.create_qp(&pd, &other, &other, &init(8)).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    connect_pair(&c, &d, &ConnectOptions::default()).unwrap();
+    let remote = dev
+        .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let pool = CqCredits::new(shared.capacity());
+    let config = || QueueConfig {
+        cq: Some(CqBudget::Shared(pool.clone())),
+        ..QueueConfig::with_policy(Policy::Always)
+    };
+    let mut qa: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::with_config(a, Arc::clone(&shared), config()).unwrap();
+    for user in 0..4 {
+        qa.post(Work::write_inline(&[1; 8], remote.remote(0), user))
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50)); // 4 completions sit in the CQ
+    drop(qa); // destroys QP a; rxe leaves its 4 completions, mlx5 removes them
+    assert_eq!(pool.available(), if rxe { 3 } else { 7 });
+    let mut qc: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::with_config(c, Arc::clone(&shared), config()).unwrap();
+    let mut accepted = 0;
+    for user in 0..7 {
+        if qc
+            .post(Work::write_inline(&[2; 8], remote.remote(0), user))
+            .is_ok()
+        {
+            accepted += 1;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let events: Vec<AsyncEvent> = std::iter::from_fn(|| dev.poll_async_event()).collect();
+    let mut done = Vec::new();
+    let r = qc.drain(WAIT, &mut done);
+    assert_eq!(accepted, if rxe { 3 } else { 7 });
+    assert!(
+        !events.contains(&AsyncEvent::CqErr { cq: shared.id() }),
+        "{personality:?}: accepted {accepted} posts: {events:?}, drain: {r:?}"
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(done.len(), accepted);
+    // rxe: QP a's four completions are polled as another QP's.
+    assert_eq!(qc.take_unclaimed().len(), if rxe { 4 } else { 0 });
 }

@@ -574,6 +574,16 @@ pub trait QueuePair: Send + Sync + 'static {
     /// Posts receive work requests; on failure, reports the first one not posted.
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError>;
 
+    /// Whether destroying (dropping) this QP removes its completions that were not polled
+    /// yet from its CQs, as mlx5 does (`mlx5_destroy_qp` → `__mlx5_cq_clean`); rxe leaves
+    /// them to be polled (as completions of an unknown QP). The default is `false`, the
+    /// safe answer: a [`SignaledQueue`](crate::SignaledQueue) dropped with work requests
+    /// outstanding then keeps their CQ credits of a shared pool taken, as its completions
+    /// may still be in the CQ.
+    fn destroy_cleans_cq(&self) -> bool {
+        false
+    }
+
     /// Starts (`true`) or stops recording when the NIC finishes each send work request,
     /// signaled or not, for [`executed_at`](Self::executed_at). Returns whether the
     /// provider can: the default cannot, as a real NIC reports nothing for an unsignaled

@@ -353,6 +353,14 @@ pub enum DrainError {
 /// ```
 ///
 /// (`crates/selsig-soft/tests/compile_fail.rs` checks the exact compiler error.)
+///
+/// Dropping the queue destroys its QP. [`drain`](Self::drain) it first, so that every work
+/// request is retired and every CQ credit of a shared pool comes back: a queue dropped
+/// with work outstanding gives those credits back only where the provider removes the
+/// destroyed QP's completions from the CQ ([`QueuePair::destroy_cleans_cq`], mlx5);
+/// elsewhere (rxe) its completions may still be in the CQ, so their credits stay taken
+/// (a caller that polls such a completion may give its credit back,
+/// [`CqCredits::release`](crate::CqCredits::release)).
 pub struct SignaledQueue<D: Device, U> {
     qp: D::Qp,
     cq: Arc<D::Cq>,
@@ -366,6 +374,17 @@ pub struct SignaledQueue<D: Device, U> {
     /// Whether to read the clock ([`QueueConfig::measure_lag`]).
     clock: bool,
     epoch: Instant,
+}
+
+impl<D: Device, U> Drop for SignaledQueue<D, U> {
+    fn drop(&mut self) {
+        // The QP is destroyed next (its field drops first), then the tracker gives the
+        // outstanding work requests' credits of a shared pool back: only if the provider
+        // removes the QP's completions from the CQ. Otherwise they may still be there.
+        if !self.qp.destroy_cleans_cq() {
+            self.tracker.keep_credits_on_drop();
+        }
+    }
 }
 
 /// Bit 63 of the `wr_id` of every work request a [`SignaledQueue`] posts: its `wr_id` is

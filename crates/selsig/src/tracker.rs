@@ -507,6 +507,8 @@ pub struct SendTracker<T> {
     first_seq: u64,
     /// Sequence numbers stay below this.
     seq_end: u64,
+    /// Outstanding credits stay taken when dropped ([`Self::keep_credits_on_drop`]).
+    keep_credits: bool,
     /// Sequence number of `ring[0]`.
     head_seq: u64,
     next_seq: u64,
@@ -568,6 +570,7 @@ impl<T> SendTracker<T> {
             ring,
             first_seq: config.first_seq,
             seq_end: config.seq_end,
+            keep_credits: false,
             head_seq: config.first_seq,
             next_seq: config.first_seq,
             retired: 0,
@@ -1173,6 +1176,14 @@ impl<T> SendTracker<T> {
         }
     }
 
+    /// When the tracker is dropped, its outstanding work requests keep their credits of a
+    /// shared pool taken, instead of giving them back: for a QP whose completions may still
+    /// reach (or stay in) the CQ, such as a QP not destroyed, or destroyed on a provider
+    /// that leaves its completions in the CQ (rxe).
+    pub fn keep_credits_on_drop(&mut self) {
+        self.keep_credits = true;
+    }
+
     fn release_credits(&mut self, n: u32) {
         if let CqBudget::Shared(pool) = &self.cq {
             pool.release(n);
@@ -1182,9 +1193,12 @@ impl<T> SendTracker<T> {
 
 impl<T> Drop for SendTracker<T> {
     fn drop(&mut self) {
-        // Outstanding work requests of a shared pool give their credits back.
-        let outstanding = self.outstanding();
-        self.release_credits(outstanding);
+        // Outstanding work requests of a shared pool give their credits back, unless
+        // their completions may still come.
+        if !self.keep_credits {
+            let outstanding = self.outstanding();
+            self.release_credits(outstanding);
+        }
     }
 }
 
