@@ -253,6 +253,16 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         text.push_str(&event.line());
         text.push('\n');
     }
+    if let Some(e) = result.error {
+        // The trace up to the failed step goes where the trace goes, unless that is a
+        // file (replaced only by a complete run).
+        if trace_file.is_none() && !args.quiet {
+            let _ = std::io::stdout().write_all(text.as_bytes());
+        }
+        return Err(Failure::of_run(
+            e.context(format!("scenario {}", args.file.display())),
+        ));
+    }
     match trace_file {
         Some(file) => file.write(&text)?,
         None if !args.quiet => {

@@ -8,8 +8,8 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use selsig::{
     Access, AsyncEvent, CompletionQueue, ConnectOptions, CqBudget, CqCredits, Device, DrainMarker,
     MemoryRegion, Opcode, Outcome, PostError, QpCaps, QpInit, QueueConfig, QueuePair,
-    QueuePostError, RecvWr, RemoteAddr, Sge, Signal, SignaledQueue, WcOpcode, WcStatus, Work,
-    WorkCompletion,
+    QueuePostError, QueueState, RecvWr, RemoteAddr, Sge, Signal, SignaledQueue, WcOpcode, WcStatus,
+    Work, WorkCompletion,
 };
 
 use crate::common::{DeviceInfo, OnDevice, fnv1a64, pattern};
@@ -29,6 +29,8 @@ pub struct RunResult {
     pub checked: Vec<String>,
     /// Why the expectations for rxe were used (the scenario's `differs.rxe`).
     pub differs: Option<String>,
+    /// The step that failed (the trace ends there; expectations were not checked).
+    pub error: Option<anyhow::Error>,
 }
 
 /// What a queue keeps per work request: its number in the step order.
@@ -212,8 +214,16 @@ impl<'a, D: Device> Runner<'a, D> {
                 n: n + 1,
                 kind: action.kind(),
             });
-            self.step(action)
-                .with_context(|| format!("step {} ({})", n + 1, action.kind()))?;
+            if let Err(e) = self.step(action) {
+                // The trace so far shows what led there.
+                return Ok(RunResult {
+                    trace: self.trace,
+                    failures: Vec::new(),
+                    checked: Vec::new(),
+                    differs: None,
+                    error: Some(e.context(format!("step {} ({})", n + 1, action.kind()))),
+                });
+            }
         }
         // Events that arrived since the last poll.
         let mut events = Vec::new();
@@ -235,6 +245,7 @@ impl<'a, D: Device> Runner<'a, D> {
             failures,
             checked,
             differs: None,
+            error: None,
         })
     }
 
@@ -477,7 +488,10 @@ impl<'a, D: Device> Runner<'a, D> {
                 if max == 0 {
                     break;
                 }
-                let k = self.poll_cq(cq, max, &mut events)?;
+                let k = match self.poll_cq(cq, max, &mut events) {
+                    Ok(k) => k,
+                    Err(e) => return Err(self.failed(events, e)),
+                };
                 got += k as u64;
                 progress += k;
             }
@@ -487,7 +501,7 @@ impl<'a, D: Device> Runner<'a, D> {
                     // completion (an error or a flush gives one even to an unsignaled one).
                     let possible = self.completions_possible();
                     if got + possible < n {
-                        bail!(
+                        let e = anyhow!(
                             "only {got} of {n} completions arrived and no more can: {}",
                             if possible == 0 {
                                 "nothing is outstanding".to_string()
@@ -498,10 +512,12 @@ impl<'a, D: Device> Runner<'a, D> {
                                 )
                             }
                         );
+                        return Err(self.failed(events, e));
                     }
                 }
                 if start.elapsed() > WAIT {
-                    bail!("{}", self.stuck(n, got));
+                    let e = anyhow!("{}", self.stuck(n, got));
+                    return Err(self.failed(events, e));
                 }
                 std::thread::yield_now();
             } else {
@@ -512,6 +528,14 @@ impl<'a, D: Device> Runner<'a, D> {
         canonical(&mut events, self.sc);
         self.trace.extend(events);
         Ok(())
+    }
+
+    /// A poll step failed: what it saw so far goes into the trace, in canonical order.
+    fn failed(&mut self, mut events: Vec<Event>, e: anyhow::Error) -> anyhow::Error {
+        self.async_events(&mut events);
+        canonical(&mut events, self.sc);
+        self.trace.extend(events);
+        e
     }
 
     fn stuck(&self, n: Option<u64>, got: u64) -> String {
@@ -532,10 +556,24 @@ impl<'a, D: Device> Runner<'a, D> {
             .zip(&self.sides)
             .filter(|(_, s)| !s.queue.tracker().is_idle() || s.peer_recvs > s.peer_recv_done)
             .map(|(q, s)| {
+                let outstanding = s.queue.outstanding();
+                // Unsignaled work requests after the last signaled one complete silently:
+                // only a later signaled one (or an error) can confirm them.
+                let tail = if outstanding > 0
+                    && s.queue.tracker().unsignaled_run() == outstanding
+                    && s.queue.state() == QueueState::Ready
+                {
+                    format!(
+                        " (all of them an unsignaled tail, which no completion confirms: \
+                         `confirm = {0:?}` or `drain = {0:?}` before polling)",
+                        q.name
+                    )
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{}: {} work requests, {} receives outstanding",
+                    "{}: {outstanding} work requests{tail}, {} receives outstanding",
                     q.name,
-                    s.queue.outstanding(),
                     s.peer_recvs - s.peer_recv_done
                 )
             })

@@ -613,10 +613,23 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     ));
                 }
             };
+            let access = self.access(&r.access, span.clone())?;
+            if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+                && !access.contains(Access::LOCAL_WRITE)
+            {
+                return Err(self.err(
+                    span,
+                    format!(
+                        "region {:?}: remote_write and remote_atomic need local_write too (as \
+                         ibv_reg_mr)",
+                        r.name
+                    ),
+                ));
+            }
             regions.push(Region {
                 name: r.name.clone(),
                 size: r.size as usize,
-                access: self.access(&r.access, span)?,
+                access,
                 fill,
                 other_pd,
             });
@@ -1086,7 +1099,7 @@ fill = "pattern"
 [[region]]
 name = "dst"
 size = 128
-access = ["remote_write"]
+access = ["local_write", "remote_write"]
 [[step]]
 post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 2 }
 [[step]]
@@ -1136,6 +1149,14 @@ poll = "idle"
         assert!(e.contains("expected \"idle\""), "{e}");
         let e = error(&format!("{OK}\n[[step]]\nconfirm = \"a\"\ndrain = \"a\"\n"));
         assert!(e.contains("exactly one of"), "{e}");
+        // Registration rules are checked with the file, not when the region is registered.
+        let e = error(&OK.replace("[\"local_write\", \"remote_write\"]", "[\"remote_write\"]"));
+        assert!(
+            e.starts_with(
+                "x.toml:9:1: region \"dst\": remote_write and remote_atomic need local_write too"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -300,6 +300,34 @@ fn failed_expectations_fail_the_run() {
 }
 
 #[test]
+fn a_step_that_fails_shows_the_trace_so_far_and_an_unsignaled_tail_is_named() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-tail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Six WRITEs every fourth signaled: WR5 and WR6 are an unsignaled tail that no
+    // completion confirms, so `poll = "idle"` waits out its 20 s.
+    let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
+    let path = dir.join("tail.toml");
+    std::fs::write(&path, seed.replace("count = 8", "count = 6")).unwrap();
+    let o = selsig(&["run", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(
+            "step 2 (poll): not idle (no completion for 20s): a: 2 work requests (all of them \
+             an unsignaled tail, which no completion confirms: `confirm = \"a\"` or \
+             `drain = \"a\"` before polling), 0 receives outstanding"
+        ),
+        "{err}"
+    );
+    // The trace up to the failure: six posts, the completion of WR4, four retirements.
+    let out = stdout(&o);
+    assert_eq!(out.matches("\"event\":\"post\"").count(), 6, "{out}");
+    assert_eq!(out.matches("\"event\":\"cqe\"").count(), 1, "{out}");
+    assert_eq!(out.matches("\"event\":\"retire\"").count(), 4, "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn bad_scenarios_name_file_line_and_problem() {
     let dir = std::env::temp_dir().join(format!("selsig-cli-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
