@@ -101,8 +101,8 @@ pub struct BenchArgs {
     /// (the table is then not printed).
     #[arg(long, value_name = "FILE")]
     pub json: Option<String>,
-    /// Draw throughput and confirmation lag (and, on the soft provider, the NIC-to-
-    /// application gap) against the signal interval into an SVG file.
+    /// Draw throughput and confirmation lag (and, on the soft provider, the
+    /// NIC-to-application gap) against the signal interval into an SVG file.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<std::path::PathBuf>,
     /// Write into the memory of `selsig serve` on HOST or HOST:PORT (another process or
@@ -312,7 +312,8 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         post_list,
         inline: args.inline,
         region: args.region,
-        nic_times: !args.no_nic_times,
+        // perftest mode reads no clock in its loop, as perftest.
+        nic_times: !args.no_nic_times && !perftest,
         perftest,
         connect: args.connect.clone(),
     })
@@ -674,7 +675,10 @@ fn run_point<D: Device>(
         if plan.inline {
             format!("cannot create a queue pair for {size}-byte inline WRITEs (--inline)")
         } else {
-            "cannot create the queue pair".to_string()
+            format!(
+                "cannot create the queue pair of --tx-depth {}",
+                plan.tx_depth
+            )
         }
     })?;
     if plan.inline && qp.caps().max_inline_data < size as u32 {

@@ -52,10 +52,13 @@ pub struct ProviderArgs {
     /// soft: the name given to the software device, default soft0).
     #[arg(long, short = 'd')]
     pub device: Option<String>,
-    /// The software NIC's personality (soft provider only; default mlx5, or the scenario's).
+    /// The software NIC's personality (soft provider only; default mlx5; `run`: the
+    /// scenario's, if it names one).
     #[arg(long, value_enum)]
     pub personality: Option<PersonalityArg>,
-    /// The GID index for RoCE (verbs provider only; perftest's -x).
+    /// The GID index for RoCE (verbs provider only; perftest's -x). Default: 0 on an
+    /// Ethernet (RoCE) port, none on InfiniBand (LID routing). RoCE v2 addresses are often
+    /// at 1 or 3: see `ibv_devinfo -v` or `show_gids`.
     #[arg(long = "gid-index", short = 'x')]
     pub gid_index: Option<u8>,
 }
@@ -85,6 +88,8 @@ pub trait OnDevice {
 #[derive(Debug)]
 pub struct BadOption(pub &'static str);
 
+impl std::error::Error for BadOption {}
+
 impl std::fmt::Display for BadOption {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.0)
@@ -101,6 +106,11 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
             if let Some(name) = &args.device {
                 config.name = name.clone();
             }
+            if args.gid_index.is_some() {
+                return Err(anyhow::Error::new(BadOption(
+                    "--gid-index is for the verbs provider (the soft NIC has no GIDs)",
+                )));
+            }
             let dev = SoftDevice::open(config).context("cannot open the software device")?;
             let info = DeviceInfo {
                 provider: ProviderKind::Soft,
@@ -113,9 +123,9 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
         }
         ProviderKind::Verbs => {
             if args.personality.is_some() {
-                anyhow::bail!(
-                    "--personality is for the soft provider; the verbs provider has the device's own"
-                );
+                return Err(anyhow::Error::new(BadOption(
+                    "--personality is for the soft provider; the verbs provider has the device's own",
+                )));
             }
             let options = selsig_verbs::VerbsOptions {
                 device: args.device.clone(),

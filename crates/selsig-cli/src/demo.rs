@@ -12,7 +12,9 @@ use selsig::{
 };
 use serde::Serialize;
 
-use crate::common::{DeviceInfo, OnDevice, ProviderArgs, parse_size, pattern, span, with_device};
+use crate::common::{
+    DeviceInfo, OnDevice, ProviderArgs, ProviderKind, parse_size, pattern, span, with_device,
+};
 use crate::remote::Peer;
 
 /// Largest memory the demo registers on each side.
@@ -47,8 +49,8 @@ pub struct DemoArgs {
     /// Print one JSON object instead of the drawing (see docs/demo-json.md).
     #[arg(long)]
     pub json: bool,
-    /// Write into the memory of `selsig serve` on HOST or HOST:PORT (another process or host)
-    /// instead of a peer QP in this process.
+    /// Write into the memory of `selsig serve` on HOST or HOST:PORT (another process or host;
+    /// verbs provider) instead of a peer QP in this process.
     #[arg(long, value_name = "HOST")]
     pub connect: Option<String>,
     #[command(flatten)]
@@ -147,6 +149,12 @@ pub fn demo(args: &DemoArgs) -> Result<Report> {
 /// Checks the options (errors here are the user's input).
 pub fn validate(args: &DemoArgs) -> Result<()> {
     ensure!(args.wrs >= 1, "--wrs must be at least 1");
+    if let Some(host) = &args.connect {
+        ensure!(
+            args.provider.provider == ProviderKind::Verbs,
+            "--connect {host}: needs --provider verbs (the soft NIC connects queue pairs of one process only)"
+        );
+    }
     ensure!(
         args.wrs <= MAX_WRS,
         "--wrs {}: the demo runs at most {MAX_WRS} WRITEs",
@@ -208,9 +216,12 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         },
         sq_sig_all: false,
     };
-    let qp = dev
-        .create_qp(&pd, &cq, &cq, &init)
-        .context("cannot create the queue pair")?;
+    let qp = dev.create_qp(&pd, &cq, &cq, &init).with_context(|| {
+        format!(
+            "cannot create the queue pair of --tx-depth {}",
+            args.tx_depth
+        )
+    })?;
     let options = ConnectOptions {
         gid_index: info.gid_index,
         ..ConnectOptions::default()

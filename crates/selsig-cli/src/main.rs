@@ -82,8 +82,9 @@ fn main() -> ExitCode {
         Command::Demo(args) => run_demo(&args),
         Command::Run(args) => run_scenario(&args),
         Command::Bench(args) => run_bench(&args),
-        Command::Serve(args) => common::with_device(&args.provider, &args)
-            .map_err(Failure::of_run)
+        Command::Serve(args) => remote::validate(&args)
+            .map_err(Failure::Input)
+            .and_then(|()| common::with_device(&args.provider, &args).map_err(Failure::of_run))
             .map(|ok| {
                 if ok {
                     ExitCode::SUCCESS

@@ -336,11 +336,22 @@ pub struct ServeArgs {
     /// The address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: String,
-    /// Serve one client, then exit (with the check's result).
+    /// Serve one session, then exit: 0 if its check passed, 1 otherwise. A demo is one
+    /// session; a bench sweep opens one for its warm-up and one per point (serve it
+    /// without --once), a perftest-mode bench one.
     #[arg(long)]
     pub once: bool,
     #[command(flatten)]
     pub provider: ProviderArgs,
+}
+
+/// `selsig serve` serves RDMA clients in other processes: the verbs provider only.
+pub fn validate(args: &ServeArgs) -> Result<()> {
+    ensure!(
+        args.provider.provider == crate::common::ProviderKind::Verbs,
+        "selsig serve needs --provider verbs (the soft NIC connects queue pairs of one process only)"
+    );
+    Ok(())
 }
 
 impl OnDevice for &ServeArgs {

@@ -159,6 +159,8 @@ fn demo_options_size_cq_mod_policy_personality() {
 
 #[test]
 fn demo_bad_input_is_an_error_not_a_panic() {
+    let seed = scenarios().join("seed.toml");
+    let seed = seed.to_str().unwrap();
     for (args, text) in [
         (vec!["demo", "--wrs", "0"], "--wrs must be at least 1"),
         (vec!["demo", "--fail-at", "9"], "--fail-at 9 names no WRITE"),
@@ -174,6 +176,27 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             vec!["demo", "--wrs", "1073741824", "--size", "0"],
             "--wrs 1073741824: the demo runs at most 1048576 WRITEs",
         ),
+        // Options of the other provider.
+        (
+            vec!["demo", "--connect", "127.0.0.1"],
+            "--connect 127.0.0.1: needs --provider verbs",
+        ),
+        (
+            vec!["serve", "--once"],
+            "selsig serve needs --provider verbs",
+        ),
+        (
+            vec!["demo", "--provider", "verbs", "--personality", "rxe"],
+            "--personality is for the soft provider",
+        ),
+        (
+            vec!["demo", "-x", "3"],
+            "--gid-index is for the verbs provider",
+        ),
+        (
+            vec!["run", seed, "-q", "-x", "1"],
+            "--gid-index is for the verbs provider",
+        ),
     ] {
         let o = selsig(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
@@ -182,6 +205,17 @@ fn demo_bad_input_is_an_error_not_a_panic() {
         assert!(err.contains(text), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+#[test]
+fn a_device_limit_names_the_option_that_crossed_it() {
+    let o = selsig(&["demo", "--tx-depth", "100000"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot create the queue pair of --tx-depth 100000"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
