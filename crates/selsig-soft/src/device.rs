@@ -665,6 +665,10 @@ impl QueuePair for SoftQp {
         self.qp.caps
     }
 
+    fn recv_cq_is_send_cq(&self) -> bool {
+        Arc::ptr_eq(&self.qp.recv_cq, &self.qp.send_cq)
+    }
+
     fn destroy_cleans_cq(&self) -> bool {
         self.dev.config.personality == Personality::Mlx5
     }

@@ -306,3 +306,72 @@ fn dropped_queue_credits(personality: Personality) {
     // rxe: QP a's four completions are polled as another QP's.
     assert_eq!(qc.take_unclaimed().len(), if rxe { 4 } else { 0 });
 }
+
+/// Every receive completes (if only flushed), so where a QP's receive completions share
+/// the CQ of its sends, a queue with a CQ of its own leaves their slots free: with the
+/// receive queue full and the send queue as full as the queue allows, moving the QP to the
+/// error state flushes everything into the CQ without overrunning it (SEMANTICS 8).
+#[test]
+fn receives_on_the_send_cq_keep_their_room_in_it() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = Arc::new(dev.create_cq(15).unwrap());
+    let other = dev.create_cq(64).unwrap();
+    let mut init = init(16);
+    init.caps.max_recv_wr = 8;
+    let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let b = dev.create_qp(&pd, &other, &other, &init).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let receives = a.caps().max_recv_wr;
+    let recvs: Vec<RecvWr> = (0..u64::from(receives))
+        .map(|i| RecvWr {
+            wr_id: i,
+            sge: None,
+        })
+        .collect();
+    a.post_recv(&recvs).unwrap();
+    let remote = dev
+        .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let mut q: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::new(a, Arc::clone(&cq), Policy::Never).unwrap();
+    let mut accepted = 0;
+    while q
+        .post(Work::write_inline(&[1; 8], remote.remote(0), accepted))
+        .is_ok()
+    {
+        accepted += 1;
+    }
+    assert_eq!(accepted, cq.capacity() - receives);
+    q.qp().to_error().unwrap();
+    let mut done = Vec::new();
+    q.drain(WAIT, &mut done).unwrap();
+    assert_eq!(done.len() as u32, accepted);
+    let events: Vec<AsyncEvent> = std::iter::from_fn(|| dev.poll_async_event()).collect();
+    assert!(
+        !events.contains(&AsyncEvent::CqErr { cq: cq.id() }),
+        "{events:?}"
+    );
+    let flushed_recvs = q.take_unclaimed();
+    assert_eq!(flushed_recvs.len() as u32, receives);
+    assert!(
+        flushed_recvs
+            .iter()
+            .all(|wc| wc.status == WcStatus::WrFlushErr)
+    );
+
+    // A receive queue that alone fills the CQ leaves no room for sends.
+    let small = Arc::new(dev.create_cq(7).unwrap());
+    assert!(small.capacity() <= receives);
+    let c = dev.create_qp(&pd, &small, &small, &init).unwrap();
+    let e = SignaledQueue::<SoftDevice, u32>::new(c, Arc::clone(&small), Policy::Never)
+        .err()
+        .unwrap();
+    assert_eq!(
+        e,
+        selsig::ConfigError::NoCqRoomForSends {
+            capacity: small.capacity(),
+            receives
+        }
+    );
+}

@@ -784,6 +784,10 @@ impl QueuePair for VerbsQp {
         self.caps
     }
 
+    fn recv_cq_is_send_cq(&self) -> bool {
+        Arc::ptr_eq(&self._send_cq, &self._recv_cq)
+    }
+
     fn sq_sig_all(&self) -> bool {
         self.sq_sig_all
     }

@@ -574,6 +574,14 @@ pub trait QueuePair: Send + Sync + 'static {
     /// Posts receive work requests; on failure, reports the first one not posted.
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError>;
 
+    /// Whether the QP's receive completions go to the CQ of its sends (one CQ for both).
+    /// The default is `true`, the safe answer: a
+    /// [`SignaledQueue`](crate::SignaledQueue) with a CQ of its own then leaves room in it
+    /// for a completion per receive slot (every receive completes, if only flushed).
+    fn recv_cq_is_send_cq(&self) -> bool {
+        true
+    }
+
     /// Whether destroying (dropping) this QP removes its completions that were not polled
     /// yet from its CQs, as mlx5 does (`mlx5_destroy_qp` → `__mlx5_cq_clean`); rxe leaves
     /// them to be polled (as completions of an unknown QP). The default is `false`, the

@@ -208,7 +208,10 @@ pub struct Completion<M, U> {
 pub struct QueueConfig {
     /// The signaling policy.
     pub policy: Policy,
-    /// The CQ budget; `None` for a CQ of the queue's own (its real capacity).
+    /// The CQ budget; `None` for a CQ of the queue's own: its real capacity, less the
+    /// receive queue's capacity when the QP's receive completions go to it too
+    /// ([`QueuePair::recv_cq_is_send_cq`]). A shared pool must leave room for receives
+    /// itself.
     pub cq: Option<CqBudget>,
     /// The first sequence number (below 2^63: see [`SEND_WR_ID_BIT`]).
     pub first_seq: u64,
@@ -426,9 +429,19 @@ impl<D: Device, U> SignaledQueue<D, U> {
         config: QueueConfig,
     ) -> Result<Self, ConfigError> {
         let poll_limit = (cq.capacity() as usize).max(1);
-        let budget = config
-            .cq
-            .unwrap_or_else(|| CqBudget::Exclusive(cq.capacity()));
+        let budget = match config.cq {
+            Some(budget) => budget,
+            // Every receive completes (if only flushed): where they share the CQ, their
+            // slots are not the sends'.
+            None if qp.recv_cq_is_send_cq() => {
+                let (capacity, receives) = (cq.capacity(), qp.caps().max_recv_wr);
+                if capacity <= receives {
+                    return Err(ConfigError::NoCqRoomForSends { capacity, receives });
+                }
+                CqBudget::Exclusive(capacity - receives)
+            }
+            None => CqBudget::Exclusive(cq.capacity()),
+        };
         if !config.measure_lag && matches!(config.policy, Policy::Adaptive { .. }) {
             return Err(ConfigError::AdaptiveNeedsClock);
         }

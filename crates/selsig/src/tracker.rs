@@ -263,6 +263,17 @@ pub enum ConfigError {
     /// The tracker's ring for a send queue of this capacity cannot be allocated.
     #[error("cannot allocate the tracker's ring for a send queue of {0} work requests")]
     TooLarge(u32),
+    /// The QP's receive completions go to the same CQ, and its receive queue alone can
+    /// fill it: no room is left for the completions of sends.
+    #[error(
+        "the completion queue ({capacity} entries) has no room for send completions beside the {receives} of the receive queue that shares it"
+    )]
+    NoCqRoomForSends {
+        /// The CQ's capacity.
+        capacity: u32,
+        /// The QP's receive queue capacity.
+        receives: u32,
+    },
 }
 
 /// Why a post was refused. The payload is handed back untouched.

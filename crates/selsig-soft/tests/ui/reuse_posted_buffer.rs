@@ -8,7 +8,7 @@ use selsig_soft::{SoftConfig, SoftDevice};
 fn main() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
     let pd = dev.alloc_pd().unwrap();
-    let cq = Arc::new(dev.create_cq(16).unwrap());
+    let cq = Arc::new(dev.create_cq(256).unwrap());
     let init = QpInit { caps: QpCaps::default(), sq_sig_all: false };
     let qp = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
     let remote = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
