@@ -40,7 +40,7 @@ const struct selsig_layout_entry selsig_verbs_layout[] = {
 	SIZE(ibv_device_attr), OFF(ibv_device_attr, max_mr_size), OFF(ibv_device_attr, max_qp_wr),
 	OFF(ibv_device_attr, max_sge), OFF(ibv_device_attr, max_cqe), OFF(ibv_device_attr, atomic_cap),
 	OFF(ibv_device_attr, max_srq_sge), OFF(ibv_device_attr, phys_port_cnt),
-	SIZE(ibv_port_attr), OFF(ibv_port_attr, active_mtu), OFF(ibv_port_attr, gid_tbl_len),
+	OFF(ibv_port_attr, active_mtu), OFF(ibv_port_attr, gid_tbl_len),
 	OFF(ibv_port_attr, lid), OFF(ibv_port_attr, link_layer), OFF(ibv_port_attr, port_cap_flags2),
 	SIZE(ibv_sge), OFF(ibv_sge, length), OFF(ibv_sge, lkey),
 	SIZE(ibv_send_wr), ALIGN(ibv_send_wr), OFF(ibv_send_wr, next), OFF(ibv_send_wr, sg_list),

@@ -21,7 +21,7 @@ use std::fmt;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use selsig::{
@@ -35,10 +35,24 @@ use sys::Verbs;
 /// Work requests of one post kept on the stack (more spill to the heap).
 const POST_INLINE: usize = 16;
 
-/// The first work request whose inline data is longer than an `ibv_sge` can say.
-fn oversized_inline(wrs: &[SendWr<'_>]) -> Option<usize> {
-    wrs.iter()
-        .position(|w| matches!(w.local, Local::Inline(d) if too_long_for_an_sge(d.len())))
+/// The first work request that is refused before the provider sees it, and why: inline
+/// data longer than the QP's `max_inline_data` (mlx5 answers `ENOMEM`, which reads as a
+/// full queue; rxe `EINVAL`; and data of 4 GiB or more would be cut short by the 32-bit
+/// `ibv_sge` length), or an inline RDMA READ (`IBV_SEND_INLINE` is for SEND and RDMA
+/// WRITE only, `ibv_post_send(3)`).
+fn refused_up_front(wrs: &[SendWr<'_>], max_inline: u32) -> Option<(usize, &'static str)> {
+    wrs.iter().enumerate().find_map(|(i, w)| match w.local {
+        Local::Inline(_) if w.opcode == Opcode::RdmaRead => {
+            Some((i, "an RDMA READ cannot be inline"))
+        }
+        Local::Inline(d) if too_long_for_an_sge(d.len()) => {
+            Some((i, "inline data of 4 GiB or more"))
+        }
+        Local::Inline(d) if d.len() > max_inline as usize => {
+            Some((i, "inline data longer than the QP's max_inline_data"))
+        }
+        _ => None,
+    })
 }
 
 /// Whether `len` bytes are more than an `ibv_sge` length (32 bits) can say.
@@ -207,12 +221,14 @@ fn mtu_bytes(mtu: u32) -> u32 {
     }
 }
 
+/// The largest MTU enum of at most `bytes` (256 at least): a path MTU asked for is a
+/// ceiling (1500 gives 1024, not 2048).
 fn mtu_enum(bytes: u32) -> u32 {
     match bytes {
-        0..=256 => 1,
-        257..=512 => 2,
-        513..=1024 => 3,
-        1025..=2048 => 4,
+        0..=511 => 1,
+        512..=1023 => 2,
+        1024..=2047 => 3,
+        2048..=4095 => 4,
         _ => 5,
     }
 }
@@ -501,6 +517,9 @@ impl MemoryRegion for VerbsMr {
 struct CqInner {
     cq: NonNull<sys::ibv_cq>,
     ctx: Arc<Context>,
+    /// A failure of `poll_cq` after completions of the same call were handed over: the
+    /// next poll reports it (0: none).
+    failed: AtomicI32,
 }
 
 // SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers.
@@ -564,6 +583,10 @@ impl CompletionQueue for VerbsCq {
             return Err(CqError::Os(io::Error::other("the provider has no poll_cq")));
         };
         // Polled through a buffer on the stack, a chunk at a time: no lock, no allocation.
+        let failed = self.inner.failed.swap(0, Ordering::Relaxed);
+        if failed != 0 {
+            return Err(poll_failure(failed));
+        }
         let mut raw = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_CHUNK];
         let mut polled = 0;
         while polled < out.len() {
@@ -574,10 +597,12 @@ impl CompletionQueue for VerbsCq {
             let n = unsafe { poll(cq, want as c_int, raw.as_mut_ptr().cast()) };
             if n < 0 {
                 if polled > 0 {
-                    // Hand over what was polled; the error comes back on the next call.
+                    // Hand over what was polled; the next call reports the failure (mlx5
+                    // consumed the completion it could not parse: it would not fail again).
+                    self.inner.failed.store(n, Ordering::Relaxed);
                     break;
                 }
-                return Err(CqError::Os(io::Error::from_raw_os_error(-n)));
+                return Err(poll_failure(n));
             }
             let n = (n as usize).min(want);
             for (o, w) in out[polled..].iter_mut().zip(&raw[..n]) {
@@ -591,6 +616,14 @@ impl CompletionQueue for VerbsCq {
         }
         Ok(polled)
     }
+}
+
+/// A negative return of `poll_cq`: `ibv_poll_cq(3)` promises only "negative", not an
+/// errno (mlx5 returns -2 for a completion it cannot parse).
+fn poll_failure(n: c_int) -> CqError {
+    CqError::Os(io::Error::other(format!(
+        "ibv_poll_cq failed (returned {n})"
+    )))
 }
 
 /// Completions polled per call to the provider's `poll_cq`.
@@ -673,6 +706,26 @@ impl VerbsQp {
         }
     }
 
+    /// The endpoint advertises the GID of the index the device was opened with, so the
+    /// path must start from that one: a different `gid_index` in `options` is refused
+    /// (the peer's `dgid` would name another address than the packets come from).
+    fn check_gid_index(&self, options: &ConnectOptions) -> Result<(), ProviderError> {
+        match options.gid_index {
+            Some(i) if Some(i) != self.dev.gid_index => Err(ProviderError::Invalid {
+                what: "GID index",
+                why: format!(
+                    "{} was opened with GID index {}, whose GID the endpoint advertises; \
+                     connect with that index (or open the device with {i})",
+                    self.dev.name(),
+                    self.dev
+                        .gid_index
+                        .map_or("none (LID routing)".to_string(), |g| g.to_string())
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Posts `wrs` as one `ibv_post_send` list built in `sges` and `raw` (at least
     /// `wrs.len()` entries each).
     fn post_send_in(
@@ -705,8 +758,12 @@ impl VerbsQp {
             };
             let sg_list = match sge {
                 Some(sge) => {
-                    sges[i].write(sge);
-                    sge_base.wrapping_add(i)
+                    let at = sge_base.wrapping_add(i);
+                    // SAFETY: `i < wrs.len() <= sges.len()`: `at` is in `sges`, written
+                    // through the pointer the list keeps (not through the slice, which
+                    // would retag the memory the list points at).
+                    unsafe { at.write(sge) };
+                    at
                 }
                 None => std::ptr::null_mut(),
             };
@@ -724,27 +781,31 @@ impl VerbsQp {
             if inline {
                 flags |= sys::IBV_SEND_INLINE;
             }
-            raw[i].write(sys::ibv_send_wr {
-                wr_id: wr.wr_id,
-                next: if i + 1 < wrs.len() {
-                    base.wrapping_add(i + 1)
-                } else {
-                    std::ptr::null_mut()
-                },
-                sg_list,
-                num_sge: i32::from(sge.is_some()),
-                opcode,
-                send_flags: flags,
-                imm_data: wr.imm_data.to_be(),
-                wr: sys::ibv_send_wr_wr {
-                    rdma: sys::ibv_rdma_info {
-                        remote_addr: wr.remote.addr,
-                        rkey: wr.remote.rkey,
+            // SAFETY: `i < wrs.len() <= raw.len()`, written through the list's base pointer
+            // as the sges above.
+            unsafe {
+                base.wrapping_add(i).write(sys::ibv_send_wr {
+                    wr_id: wr.wr_id,
+                    next: if i + 1 < wrs.len() {
+                        base.wrapping_add(i + 1)
+                    } else {
+                        std::ptr::null_mut()
                     },
-                },
-                _qp_type: 0,
-                _bind_mw_or_tso: [0; 6],
-            });
+                    sg_list,
+                    num_sge: i32::from(sge.is_some()),
+                    opcode,
+                    send_flags: flags,
+                    imm_data: wr.imm_data.to_be(),
+                    wr: sys::ibv_send_wr_wr {
+                        rdma: sys::ibv_rdma_info {
+                            remote_addr: wr.remote.addr,
+                            rkey: wr.remote.rkey,
+                        },
+                    },
+                    _qp_type: 0,
+                    _bind_mw_or_tso: [0; 6],
+                });
+            }
         }
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         let qp = self.qp.as_ptr();
@@ -817,6 +878,7 @@ impl QueuePair for VerbsQp {
                 ),
             });
         }
+        self.check_gid_index(options)?;
         Ok(Endpoint {
             qp_num: self.qp_num(),
             psn: self.local_psn(),
@@ -843,6 +905,7 @@ impl QueuePair for VerbsQp {
             QpState::Init,
             &format!("pkey_index 0, port {port}, access {}", options.access),
         )?;
+        self.check_gid_index(options)?;
         let gid_index = options.gid_index.or(self.dev.gid_index);
         let mtu = options.mtu.min(self.dev.active_mtu);
         let mut a = sys::ibv_qp_attr {
@@ -926,13 +989,24 @@ impl QueuePair for VerbsQp {
         if wrs.is_empty() {
             return Ok(());
         }
-        if let Some(bad) = oversized_inline(wrs) {
-            // An `ibv_sge` length is 32 bits: such data would be posted cut short. What
-            // comes before it is posted, as a provider's `bad_wr` would leave it.
+        // libibverbs' cached state, which `ibv_modify_qp` keeps: below RTS a send queue
+        // takes nothing (rxe would queue the work requests and run them after RTS while
+        // the post reports them refused).
+        // SAFETY: the QP is valid until `Drop`.
+        let cached = state_name(unsafe { (*self.qp.as_ptr()).state });
+        if matches!(cached, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(PostWrError {
+                index: 0,
+                failure: PostFailure::State(cached),
+                source: None,
+            });
+        }
+        if let Some((bad, why)) = refused_up_front(wrs, self.caps.max_inline_data) {
+            // What comes before it is posted, as a provider's `bad_wr` would leave it.
             self.post_send(&wrs[..bad])?;
             return Err(PostWrError {
                 index: bad,
-                failure: PostFailure::Invalid("inline data of 4 GiB or more"),
+                failure: PostFailure::Invalid(why),
                 source: None,
             });
         }
@@ -1045,10 +1119,12 @@ fn post_error(
     queue: Queue,
     state: impl FnOnce() -> QpState,
 ) -> PostWrError {
-    let code = if rc > 0 {
-        rc
-    } else {
-        errno.filter(|&e| e > 0).unwrap_or(libc::EINVAL)
+    let code = match rc {
+        // The errno itself (rxe, mlx5), or its negation (siw, erdma, bnxt_re).
+        1.. => rc,
+        ..-1 => rc.saturating_neg(),
+        // -1: the errno is in `errno`.
+        _ => errno.filter(|&e| e > 0).unwrap_or(libc::EINVAL),
     };
     let index = bad.map_or(0, |i| i.clamp(0, len as isize - 1) as usize);
     let failure = match code {
@@ -1186,6 +1262,7 @@ impl Device for VerbsDevice {
             inner: Arc::new(CqInner {
                 cq,
                 ctx: Arc::clone(&self.ctx),
+                failed: AtomicI32::new(0),
             }),
         })
     }
@@ -1289,7 +1366,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn inline_data_an_sge_cannot_describe_is_found() {
+    fn inline_work_requests_the_provider_must_not_see_are_found() {
         assert!(!too_long_for_an_sge(u32::MAX as usize));
         assert!(too_long_for_an_sge(u32::MAX as usize + 1));
         let small = [1u8; 8];
@@ -1301,7 +1378,20 @@ mod tests {
             imm_data: 0,
             signaled: false,
         };
-        assert_eq!(oversized_inline(&[wr, wr]), None);
+        assert_eq!(refused_up_front(&[wr, wr], 8), None);
+        let (i, why) = refused_up_front(&[wr, wr], 7).unwrap();
+        assert_eq!(
+            (i, why),
+            (0, "inline data longer than the QP's max_inline_data")
+        );
+        let read = SendWr {
+            opcode: selsig::Opcode::RdmaRead,
+            ..wr
+        };
+        assert_eq!(
+            refused_up_front(&[wr, read], 64),
+            Some((1, "an RDMA READ cannot be inline"))
+        );
     }
 
     fn errno_of(e: &PostWrError) -> Option<i32> {
@@ -1340,6 +1430,12 @@ mod tests {
             let e = post_error(-1, Some(0), None, 2, queue, || QpState::Rts);
             assert_eq!(errno_of(&e), Some(libc::EINVAL));
             assert!(matches!(e.failure, PostFailure::Invalid(_)), "{e:?}");
+            // Others (siw, erdma, bnxt_re) return the errno negated; errno is stale then.
+            let e = post_error(-libc::ENOMEM, Some(libc::EAGAIN), Some(1), 2, queue, never);
+            assert_eq!(
+                (e.index, e.failure, errno_of(&e)),
+                (1, PostFailure::Full, Some(libc::ENOMEM))
+            );
         }
     }
 
@@ -1397,6 +1493,10 @@ mod tests {
             assert_eq!(mtu_bytes(e), bytes);
         }
         assert_eq!(mtu_enum(9000), 5);
+        // A ceiling: rounded down.
+        assert_eq!(mtu_enum(1500), 3);
+        assert_eq!(mtu_enum(4095), 4);
+        assert_eq!(mtu_enum(100), 1);
     }
 
     #[test]

@@ -201,7 +201,10 @@ pub struct ibv_qp_attr {
     pub rate_limit: u32,
 }
 
-/// `struct ibv_port_attr`.
+/// The prefix of `struct ibv_port_attr` up to `flags`: what the exported `ibv_query_port`
+/// fills (libibverbs' `_compat_ibv_port_attr`). The fields after it (`port_cap_flags2`,
+/// and from rdma-core 50 `active_speed_ex`) are never written by that call, and the
+/// struct's size changes across versions: the prefix does not.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ibv_port_attr {
@@ -226,7 +229,6 @@ pub struct ibv_port_attr {
     pub phys_state: u8,
     pub link_layer: u8,
     pub flags: u8,
-    pub port_cap_flags2: u16,
 }
 
 /// `struct ibv_device_attr`.
@@ -660,12 +662,15 @@ mod layout {
             off!(ibv_device_attr, atomic_cap),
             off!(ibv_device_attr, max_srq_sge),
             off!(ibv_device_attr, phys_port_cnt),
-            size!(ibv_port_attr),
             off!(ibv_port_attr, active_mtu),
             off!(ibv_port_attr, gid_tbl_len),
             off!(ibv_port_attr, lid),
             off!(ibv_port_attr, link_layer),
-            off!(ibv_port_attr, port_cap_flags2),
+            // The prefix ends where `port_cap_flags2` starts.
+            (
+                "offset ibv_port_attr.port_cap_flags2".into(),
+                size_of::<ibv_port_attr>(),
+            ),
             size!(ibv_sge),
             off!(ibv_sge, length),
             off!(ibv_sge, lkey),

@@ -483,3 +483,100 @@ fn one_poll_returns_more_completions_than_a_provider_call_does() {
     );
     quiet(&cq_a);
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn posts_the_provider_must_not_see_are_refused_up_front() {
+    let p = pair(16);
+    // Before RTS a send queue takes nothing (rxe would keep the work requests and run them
+    // once connected, while reporting them refused).
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let cq_f = p.dev.create_cq(16).unwrap();
+    let fresh = p.dev.create_qp(&p.pd, &cq_f, &cq_f, &init).unwrap();
+    let marker = |wr_id| SendWr {
+        wr_id,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Empty,
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: true,
+    };
+    let e = fresh.post_send(&[marker(1)]).unwrap_err();
+    assert_eq!(
+        (e.index, e.failure),
+        (0, PostFailure::State(QpState::Reset))
+    );
+    // Once connected, only what is posted then runs.
+    let peer = p.dev.create_qp(&p.pd, &cq_f, &cq_f, &init).unwrap();
+    let options = ConnectOptions {
+        gid_index: p.dev.gid_index(),
+        ..ConnectOptions::default()
+    };
+    connect_pair(&fresh, &peer, &options).unwrap();
+    fresh.post_send(&[marker(2)]).unwrap();
+    let wcs = poll_n(&cq_f, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (2, WcStatus::Success));
+    quiet(&cq_f);
+
+    // Inline data beyond max_inline_data (mlx5 would say ENOMEM: "full") and an inline
+    // READ are refused at their position; what comes before is posted.
+    let remote = p.dev.reg_mr(&p.pd, 4096, RW).unwrap();
+    let max = p.a.caps().max_inline_data as usize;
+    let small = [7u8; 8];
+    let big = vec![1u8; max + 1];
+    let inline = |wr_id, opcode, data: &'static [u8]| SendWr {
+        wr_id,
+        opcode,
+        local: Local::Inline(data),
+        remote: remote.remote(0),
+        imm_data: 0,
+        signaled: true,
+    };
+    let big: &'static [u8] = Box::leak(big.into_boxed_slice());
+    let small: &'static [u8] = Box::leak(Box::new(small));
+    for (second, why) in [
+        (
+            inline(11, Opcode::RdmaWrite, big),
+            "inline data longer than the QP's max_inline_data",
+        ),
+        (
+            inline(11, Opcode::RdmaRead, small),
+            "an RDMA READ cannot be inline",
+        ),
+    ] {
+        let e =
+            p.a.post_send(&[inline(10, Opcode::RdmaWrite, small), second])
+                .unwrap_err();
+        assert_eq!((e.index, e.failure), (1, PostFailure::Invalid(why)));
+        let wcs = poll_n(&p.cq_a, 1);
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (10, WcStatus::Success));
+        quiet(&p.cq_a);
+    }
+    assert_eq!(p.a.state(), QpState::Rts);
+
+    // A connection from another GID index than the one the endpoint advertises.
+    let c = p.dev.create_qp(&p.pd, &p.cq_a, &p.cq_a, &init).unwrap();
+    let other = if p.dev.gid_index() == Some(0) { 1 } else { 0 };
+    let options = ConnectOptions {
+        gid_index: Some(other),
+        ..ConnectOptions::default()
+    };
+    let e = c.endpoint(&options).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProviderError::Invalid {
+                what: "GID index",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
