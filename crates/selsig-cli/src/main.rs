@@ -34,7 +34,7 @@ enum Command {
     /// Run a scenario file and print its canonical trace (JSON lines) on stdout.
     Run(RunArgs),
     /// Hold a target region and queue pair for `selsig demo --connect` and `selsig bench
-    /// --connect` from another process or host.
+    /// --connect` from another process or host (needs --provider verbs)
     Serve(remote::ServeArgs),
     /// Measure throughput, completions, CPU time and confirmation lag against the signal
     /// interval and message size; with --cq-mod, what perftest's ib_write_bw measures.

@@ -101,16 +101,14 @@ impl<'a, D: Device> Runner<'a, D> {
                     .with_context(|| format!("cannot create cq {:?}", c.name))?,
             ));
         }
-        // A CQ several send queues report to gets one pool of credits.
-        let pools: Vec<Option<CqCredits>> = sc
-            .cqs
-            .iter()
-            .zip(&cqs)
-            .map(|(c, cq)| (c.senders > 1).then(|| CqCredits::new(cq.capacity())))
-            .collect();
-        let mut sides = Vec::new();
+        // Every queue pair and its peer, connected.
+        let mut pairs = Vec::new();
         let mut qpns = BTreeMap::new();
+        // Receive slots of the peers reporting to each CQ: every receive completes there
+        // (if only flushed), so their entries are not the senders'.
+        let mut recv_slots = vec![0u32; cqs.len()];
         for (index, q) in sc.qps.iter().enumerate() {
+            // The requester posts no receives: one slot, whose completions never come.
             let init = QpInit {
                 caps: QpCaps {
                     max_send_wr: q.depth,
@@ -154,9 +152,37 @@ impl<'a, D: Device> Runner<'a, D> {
                 .with_context(|| format!("cannot connect qp {:?}.peer", q.name))?;
             qpns.insert(qp.qp_num(), QpRef { index, peer: false });
             qpns.insert(peer.qp_num(), QpRef { index, peer: true });
+            recv_slots[q.peer_cq] = recv_slots[q.peer_cq].saturating_add(peer.caps().max_recv_wr);
+            pairs.push((qp, peer));
+        }
+        // What each CQ leaves for send completions.
+        let mut room = Vec::new();
+        for ((c, cq), recvs) in sc.cqs.iter().zip(&cqs).zip(&recv_slots) {
+            let capacity = cq.capacity();
+            ensure!(
+                c.senders == 0 || capacity > *recvs,
+                "cq {:?}: its {capacity} entries leave no room for send completions beside the \
+                 {recvs} receive slots of the peers that report to it",
+                c.name
+            );
+            room.push(capacity.saturating_sub(*recvs));
+        }
+        // A CQ several send queues report to gets one pool of credits.
+        let pools: Vec<Option<CqCredits>> = sc
+            .cqs
+            .iter()
+            .zip(&room)
+            .map(|(c, room)| (c.senders > 1).then(|| CqCredits::new(*room)))
+            .collect();
+        let mut sides = Vec::new();
+        for (q, (qp, peer)) in sc.qps.iter().zip(pairs) {
+            let send_cq = &cqs[q.send_cq];
             let config = QueueConfig {
                 policy: q.policy,
-                cq: pools[q.send_cq].clone().map(CqBudget::Shared),
+                cq: Some(match &pools[q.send_cq] {
+                    Some(pool) => CqBudget::Shared(pool.clone()),
+                    None => CqBudget::Exclusive(room[q.send_cq]),
+                }),
                 ..QueueConfig::default()
             };
             let queue = SignaledQueue::with_config(qp, Arc::clone(send_cq), config)

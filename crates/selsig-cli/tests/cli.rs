@@ -824,3 +824,57 @@ fn bench_inline_writes_need_no_buffers() {
     );
     assert_eq!(v["settings"]["inline"], true);
 }
+
+#[test]
+fn a_cq_keeps_room_for_the_peer_receives_that_report_to_it() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-room-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let scenario = |peer_cq: &str| {
+        format!(
+            r#"description = "A CQ of one entry, every WRITE signaled."
+[[cq]]
+name = "c"
+size = 1
+[[qp]]
+name = "a"
+depth = 4
+policy = "always"
+send_cq = "c"
+{peer_cq}
+peer_depth = 4
+[[region]]
+name = "src"
+size = 64
+access = ["local_write"]
+[[region]]
+name = "dst"
+size = 64
+access = ["local_write", "remote_write"]
+[[step]]
+post = {{ qp = "a", op = "write", local = "src", remote = "dst", size = 8, count = 3 }}
+[[step]]
+poll = "idle"
+[expect]
+outcomes = {{ a = ["1-3 completed"] }}
+"#
+        )
+    };
+    let path = dir.join("one.toml");
+    // The requester's own receive queue is never posted to: all of a one-entry CQ is
+    // the sends'.
+    std::fs::write(&path, scenario("")).unwrap();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The peer's four receive slots on the same CQ: nothing is left for the sends.
+    std::fs::write(&path, scenario("peer_cq = \"c\"")).unwrap();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "cq \"c\": its 1 entries leave no room for send completions beside the 4 receive slots"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -14,8 +14,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = SoftDevice::open(SoftConfig::default())?;
     let pd = dev.alloc_pd()?;
     let cq = Arc::new(dev.create_cq(16)?);
+    // RDMA WRITEs only: one receive slot (every receive would complete on this CQ too).
     let init = QpInit {
-        caps: QpCaps::default(),
+        caps: QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
         sq_sig_all: false,
     };
     let qp = dev.create_qp(&pd, &cq, &cq, &init)?;

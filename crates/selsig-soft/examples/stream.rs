@@ -25,6 +25,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let init = QpInit {
         caps: QpCaps {
             max_send_wr: depth,
+            // RDMA WRITEs only: one receive slot (every receive would complete on this CQ).
+            max_recv_wr: 1,
             ..QpCaps::default()
         },
         sq_sig_all: false,

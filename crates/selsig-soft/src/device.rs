@@ -601,8 +601,9 @@ impl Drop for SoftQp {
 
 impl SoftQp {
     /// Waits until the NIC thread took a list of QPs of `version` or later (so it no
-    /// longer serves this QP). `false` if the thread is gone or does not get there within
-    /// a second (a turn busy with a huge copy): the completions are then left in place.
+    /// longer serves this QP), or is gone (then nothing serves it). `false` only if a
+    /// running NIC thread does not get there within a minute (it no longer turns): the
+    /// completions are then left in place, and `destroy_cleans_cq` was wrong.
     fn wait_unserved(&self, version: u64) -> bool {
         let start = Instant::now();
         loop {
@@ -619,7 +620,9 @@ impl SoftQp {
                 // Nothing serves any QP any more.
                 return true;
             }
-            if start.elapsed() > Duration::from_secs(1) {
+            // A turn of the NIC is bounded work (one copy of up to 2 GiB is its longest
+            // step); a minute means a NIC thread that no longer turns.
+            if start.elapsed() > Duration::from_secs(60) {
                 return false;
             }
             if let Some(t) = self.dev.engine_thread.get() {

@@ -31,7 +31,8 @@ fn init(send_wr: u32) -> QpInit {
 /// receive (`LOC_LEN_ERR`), which moves `a` to the error state: `a`'s three SENDs never
 /// executed, so each must end `Flushed`. The receive's error completion (opcode
 /// meaningless, `ibv_poll_cq(3)`) carries `a`'s qp_num and a `wr_id` of the receive
-/// queue's own numbering; the driver takes it for a send completion.
+/// queue's own numbering: the queue tells it from its sends by bit 63 of the `wr_id`
+/// (it took it for a send completion, and retired SENDs that never ran as completed).
 #[test]
 fn a_receive_error_completion_is_not_a_send_completion() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
@@ -99,7 +100,8 @@ fn a_receive_error_completion_is_not_a_send_completion() {
 }
 
 /// The simpler form: the application moves the QP to the error state and drains, as the
-/// docs prescribe; `a` has a receive posted on its (single) CQ. The drain fails.
+/// docs prescribe; `a` has a receive posted on its (single) CQ. The drain ends (it failed
+/// on the receive's flush).
 #[test]
 fn drain_after_to_error_with_a_receive_posted() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
@@ -128,7 +130,7 @@ fn drain_after_to_error_with_a_receive_posted() {
 }
 
 /// A receive flush that finds the CQ full overruns it (SEMANTICS 8: `IBV_EVENT_CQ_ERR`),
-/// like a send completion does; the soft NIC raises no event for it.
+/// like a send completion does (the soft NIC raised no event for it).
 #[test]
 fn a_receive_flush_overrun_raises_cq_err() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
@@ -157,8 +159,8 @@ fn a_receive_flush_overrun_raises_cq_err() {
     );
 }
 
-/// One overrun, one `IBV_EVENT_CQ_ERR`: flushing a queue into an overrun CQ raises the
-/// event once per flushed work request.
+/// One overrun, one `IBV_EVENT_CQ_ERR`, however many flushes the CQ then loses (it was
+/// raised once per lost completion).
 #[test]
 fn one_overrun_raises_one_cq_err() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
@@ -192,7 +194,7 @@ fn one_overrun_raises_one_cq_err() {
 /// A QP whose send queue waits on RNR (the peer has no receive, `rnr_retry = 7`) goes to
 /// the error state when its receive CQ overruns (SEMANTICS 8: fatal; the QP goes to error,
 /// `QP_FATAL`). Its outstanding send work request must then be flushed (SEMANTICS 6), on
-/// its send CQ, which is healthy; the soft NIC never flushes it, so the drain hangs.
+/// its send CQ, which is healthy (the soft NIC never flushed it, and the drain hung).
 #[test]
 fn a_qp_waiting_on_rnr_is_flushed_when_it_goes_to_error() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
@@ -373,5 +375,37 @@ fn receives_on_the_send_cq_keep_their_room_in_it() {
             capacity: small.capacity(),
             receives
         }
+    );
+}
+
+/// A completion the queue refuses is named by the `wr_id` it carried (the sequence number
+/// with bit 63), not by the sequence number.
+#[test]
+fn a_refused_completion_names_the_wr_id_it_carried() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = Arc::new(dev.create_cq(256).unwrap());
+    let a = dev.create_qp(&pd, &cq, &cq, &init(16)).unwrap();
+    let b = dev.create_qp(&pd, &cq, &cq, &init(16)).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let remote = dev
+        .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let mut q: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::new(a, Arc::clone(&cq), Policy::Always).unwrap();
+    q.post(Work::write_inline(&[1; 8], remote.remote(0), 1))
+        .unwrap();
+    let mut wcs = [selsig::WorkCompletion::new(0, WcStatus::Success, 0); 4];
+    let start = Instant::now();
+    let mut n = 0;
+    while n == 0 && start.elapsed() < WAIT {
+        n = cq.poll(&mut wcs).unwrap();
+    }
+    let wc = wcs[0];
+    assert_eq!(wc.wr_id, selsig::send_wr_id(selsig::Seq(1)));
+    q.handle_completion(&wc).unwrap();
+    assert_eq!(
+        q.handle_completion(&wc),
+        Err(selsig::CompletionError::AlreadyRetired { wr_id: wc.wr_id })
     );
 }

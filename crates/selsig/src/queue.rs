@@ -191,7 +191,7 @@ pub struct Payload<M, U> {
 /// A retired work request: its buffer and context back, with its outcome.
 #[derive(Debug)]
 pub struct Completion<M, U> {
-    /// Its sequence number (the `wr_id` it was posted with).
+    /// Its sequence number (it was posted with `wr_id` [`send_wr_id`]`(seq)`).
     pub seq: Seq,
     /// The buffer, for work requests that had one: the NIC no longer uses it.
     pub buffer: Option<Buffer<M>>,
@@ -405,6 +405,21 @@ pub const fn send_wr_id(seq: Seq) -> u64 {
     seq.0 | SEND_WR_ID_BIT
 }
 
+/// A refusal of the tracker, which saw the sequence number, with the `wr_id` the
+/// completion carried.
+fn with_wr_id(e: CompletionError, wr_id: u64) -> CompletionError {
+    use CompletionError as E;
+    match e {
+        E::Unknown { next, .. } => E::Unknown { wr_id, next },
+        E::NotASend { .. } => E::NotASend { wr_id },
+        E::AlreadyRetired { .. } => E::AlreadyRetired { wr_id },
+        E::Unsignaled { .. } => E::Unsignaled { wr_id },
+        E::OutOfOrder { expected, .. } => E::OutOfOrder { wr_id, expected },
+        E::SuccessAfterError { first, .. } => E::SuccessAfterError { wr_id, first },
+        other => other,
+    }
+}
+
 /// `wc` with its `wr_id` replaced by the tracker's sequence number.
 #[inline(always)]
 fn with_seq(wc: &WorkCompletion, seq: Seq) -> WorkCompletion {
@@ -517,7 +532,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
         self.tracker.state()
     }
 
-    /// Completions of other QPs seen while polling a shared CQ, for the caller to route.
+    /// Completions polled that are not this queue's sends ([`send_seq`](Self::send_seq) is
+    /// `None`: another QP's on a shared CQ, this QP's receives, a send posted around the
+    /// queue), for the caller to route.
     pub fn take_unclaimed(&mut self) -> Vec<WorkCompletion> {
         std::mem::take(&mut self.unclaimed)
     }
@@ -677,7 +694,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// appends the retired work requests to `out`, in posting order. Returns how many
     /// completions were polled.
     ///
-    /// Completions of other QPs (a shared CQ) are kept for
+    /// Completions that are not this queue's sends (another QP's on a shared CQ, this QP's
+    /// receives) are kept for
     /// [`take_unclaimed`](Self::take_unclaimed). An impossible completion of this QP is
     /// reported after the rest of the batch was handled.
     pub fn poll(&mut self, out: &mut Vec<Completion<D::Mr, U>>) -> Result<usize, PollError> {
@@ -732,7 +750,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
     pub fn handle_completion(&mut self, wc: &WorkCompletion) -> Result<Handled, CompletionError> {
         let now = self.now();
         match self.send_seq(wc) {
-            Some(seq) => self.tracker.handle_completion(&with_seq(wc, seq), now),
+            Some(seq) => self
+                .tracker
+                .handle_completion(&with_seq(wc, seq), now)
+                .map_err(|e| with_wr_id(e, wc.wr_id)),
             None if wc.qp_num != self.qp.qp_num() => self.tracker.handle_completion(wc, now),
             None => Err(CompletionError::NotASend { wr_id: wc.wr_id }),
         }
@@ -741,7 +762,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// The sequence number of the work request `wc` completes, if it is a completion of
     /// one of this queue's sends: this QP's number, bit 63 of the `wr_id` set
     /// ([`SEND_WR_ID_BIT`]) and not a receive opcode. Everything else (another QP's
-    /// completion, a receive's, a send posted on the QP around the queue) is `None`.
+    /// completion, a receive's, a send posted on the QP around the queue with bit 63 of its
+    /// `wr_id` clear) is `None`.
     ///
     /// An error completion's opcode is undefined (`ibv_poll_cq(3)`: only `wr_id`, `status`,
     /// `qp_num` and `vendor_err` are), so on a QP whose receive completions go to the same
@@ -760,7 +782,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
             Some(seq) => self
                 .tracker
                 .handle_completion(&with_seq(wc, seq), now)
-                .map(|_| ()),
+                .map(|_| ())
+                .map_err(|e| with_wr_id(e, wc.wr_id)),
             None => {
                 self.unclaimed.push(*wc);
                 Ok(())

@@ -80,11 +80,12 @@ impl SignalReason {
     }
 }
 
-/// The decision for one posted work request: its sequence number (post it as `wr_id`)
+/// The decision for one posted work request: its sequence number (post it as `wr_id`; a
+/// [`SignaledQueue`](crate::SignaledQueue) posts [`send_wr_id`](crate::send_wr_id)`(seq)`)
 /// and whether to set `IBV_SEND_SIGNALED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Posted {
-    /// The sequence number, to be posted as `wr_id`.
+    /// The sequence number, to be posted as `wr_id` (by a `SignaledQueue`, with bit 63).
     pub seq: Seq,
     /// `Some(why)` when the work request must be posted signaled.
     pub signal: Option<SignalReason>,
