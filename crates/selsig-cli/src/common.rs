@@ -56,9 +56,9 @@ pub struct ProviderArgs {
     /// scenario's, if it names one).
     #[arg(long, value_enum)]
     pub personality: Option<PersonalityArg>,
-    /// The GID index for RoCE (verbs provider only; perftest's -x). Default: 0 on an
-    /// Ethernet (RoCE) port, none on InfiniBand (LID routing). RoCE v2 addresses are often
-    /// at 1 or 3: see `ibv_devinfo -v` or `show_gids`.
+    /// The GID index for RoCE (verbs provider only; perftest's -x). Default on an Ethernet
+    /// (RoCE) port: its RoCE v2 GID with an IPv4 address, else its first RoCE v2 GID, else
+    /// 0; none on InfiniBand (LID routing). See `show_gids` or `ibv_devinfo -v`.
     #[arg(long = "gid-index", short = 'x')]
     pub gid_index: Option<u8>,
 }

@@ -157,8 +157,9 @@ pub struct VerbsOptions {
     pub device: Option<String>,
     /// The port, 1-based (default 1).
     pub port: Option<u8>,
-    /// The GID index (RoCE, or global routing on InfiniBand); default 0 on Ethernet,
-    /// none (LID routing) on InfiniBand.
+    /// The GID index (RoCE, or global routing on InfiniBand); by default, on Ethernet, the
+    /// port's RoCE v2 GID with an IPv4 address, else its first RoCE v2 GID, else 0 (GID
+    /// types read from sysfs); none (LID routing) on InfiniBand.
     pub gid_index: Option<u8>,
 }
 
@@ -174,6 +175,42 @@ pub struct VerbsDevice {
     lid: u16,
     active_mtu: u32,
     ethernet: bool,
+    /// Destroying a QP removes its unpolled completions from its CQs (mlx4, mlx5).
+    cleans_cq: bool,
+}
+
+/// The GID index to use on an Ethernet (RoCE) port when none is given, from the port's
+/// GIDs and their types (`(index, type, gid)`, the type as sysfs names it, `None` where it
+/// cannot be read): the first RoCE v2 GID holding an IPv4-mapped address (routable: what
+/// `rdma_cm` picks for an IPv4 address), else the first RoCE v2 GID, else 0. mlx5 lists
+/// each address twice, as RoCE v1 then v2, so its index 0 is a link-local RoCE v1 GID,
+/// which no IP router forwards and rxe does not speak.
+fn default_roce_gid<'a>(gids: impl IntoIterator<Item = (u8, Option<&'a str>, [u8; 16])>) -> u8 {
+    let mut first_v2 = None;
+    for (index, kind, gid) in gids {
+        if kind.map(str::trim) != Some("RoCE v2") || gid == [0; 16] {
+            continue;
+        }
+        if gid[..10] == [0; 10] && gid[10..12] == [0xff, 0xff] {
+            return index;
+        }
+        first_v2.get_or_insert(index);
+    }
+    first_v2.unwrap_or(0)
+}
+
+/// Whether the kernel driver behind device `name` is one whose provider removes a
+/// destroyed QP's completions from its CQs (`mlx5_destroy_qp` and `mlx4_destroy_qp` call
+/// their `__mlx*_cq_clean`; rxe does not), from the driver's name in sysfs.
+fn driver_cleans_cq(driver: Option<&str>) -> bool {
+    matches!(driver, Some("mlx5_core" | "mlx4_core"))
+}
+
+/// The kernel driver of device `name` (`/sys/class/infiniband/NAME/device/driver`; rxe has
+/// none).
+fn driver_of(name: &str) -> Option<String> {
+    let link = std::fs::read_link(format!("/sys/class/infiniband/{name}/device/driver")).ok()?;
+    Some(link.file_name()?.to_string_lossy().into_owned())
 }
 
 impl fmt::Debug for VerbsDevice {
@@ -326,8 +363,36 @@ impl VerbsDevice {
             });
         }
         let ethernet = attr.link_layer == sys::IBV_LINK_LAYER_ETHERNET;
-        let gid_index = options.gid_index.or(ethernet.then_some(0));
-        let mut gid = sys::ibv_gid::default();
+        let query_gid = |index: u8| {
+            let mut gid = sys::ibv_gid::default();
+            // SAFETY: `gid` is a valid `union ibv_gid` to fill; the context is open.
+            let rc =
+                unsafe { (v.fns.query_gid)(ctx.ctx.as_ptr(), port, c_int::from(index), &mut gid) };
+            (rc == 0).then_some(gid.raw)
+        };
+        let gid_index = match options.gid_index {
+            Some(i) => Some(i),
+            None if ethernet => {
+                let types = format!(
+                    "/sys/class/infiniband/{}/ports/{port}/gid_attrs/types",
+                    ctx.name
+                );
+                let entries = attr.gid_tbl_len.clamp(0, 256) as usize;
+                let gids: Vec<(u8, Option<String>, [u8; 16])> = (0..entries)
+                    .map(|i| i as u8)
+                    .filter_map(|i| {
+                        let gid = query_gid(i)?;
+                        let kind = std::fs::read_to_string(format!("{types}/{i}")).ok();
+                        Some((i, kind, gid))
+                    })
+                    .collect();
+                Some(default_roce_gid(
+                    gids.iter().map(|(i, k, g)| (*i, k.as_deref(), *g)),
+                ))
+            }
+            None => None,
+        };
+        let mut gid = [0; 16];
         if let Some(index) = gid_index {
             if i32::from(index) >= attr.gid_tbl_len {
                 return Err(ProviderError::Invalid {
@@ -338,10 +403,8 @@ impl VerbsDevice {
                     ),
                 });
             }
-            // SAFETY: `gid` is a valid `union ibv_gid` to fill.
-            let rc =
-                unsafe { (v.fns.query_gid)(ctx.ctx.as_ptr(), port, c_int::from(index), &mut gid) };
-            if rc != 0 || gid.raw == [0; 16] {
+            gid = query_gid(index).unwrap_or([0; 16]);
+            if gid == [0; 16] {
                 return Err(ProviderError::Invalid {
                     what: "GID index",
                     why: format!(
@@ -351,15 +414,17 @@ impl VerbsDevice {
                 });
             }
         }
+        let cleans_cq = driver_cleans_cq(driver_of(&ctx.name).as_deref());
         Ok(VerbsDevice {
             ctx,
             limits,
             port,
             gid_index,
-            gid: gid.raw,
+            gid,
             lid: attr.lid,
             active_mtu: mtu_bytes(attr.active_mtu),
             ethernet,
+            cleans_cq,
         })
     }
 
@@ -420,10 +485,14 @@ pub struct VerbsMr {
     len: usize,
     access: Access,
     pd: Arc<PdInner>,
+    /// Held by `read` and `write`: two threads copying to or from the same bytes at once
+    /// would be a data race (the NIC's own accesses are DMA, outside the program).
+    cpu: std::sync::Mutex<()>,
 }
 
 // SAFETY: the region's memory is only accessed through raw-pointer copies (`read`,
-// `write`), never through references, and the MR handle through thread-safe verbs.
+// `write`, one at a time under `cpu`), never through references, and the MR handle
+// through thread-safe verbs.
 unsafe impl Send for VerbsMr {}
 // SAFETY: as above.
 unsafe impl Sync for VerbsMr {}
@@ -493,8 +562,10 @@ impl MemoryRegion for VerbsMr {
     }
     fn write(&self, offset: usize, data: &[u8]) -> Result<(), ProviderError> {
         self.check(offset, data.len())?;
+        let _one_at_a_time = self.cpu.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the range is inside the allocation (checked); no Rust reference to the
-        // region's memory exists, and the copy goes through raw pointers.
+        // region's memory exists, the copy goes through raw pointers, and no other copy
+        // runs meanwhile (`cpu`).
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.mem.as_ptr().add(offset), data.len());
         }
@@ -502,6 +573,7 @@ impl MemoryRegion for VerbsMr {
     }
     fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), ProviderError> {
         self.check(offset, buf.len())?;
+        let _one_at_a_time = self.cpu.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: as in `write`.
         unsafe {
             std::ptr::copy_nonoverlapping(
@@ -843,6 +915,10 @@ impl QueuePair for VerbsQp {
 
     fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    fn destroy_cleans_cq(&self) -> bool {
+        self.dev.cleans_cq
     }
 
     fn recv_cq_is_send_cq(&self) -> bool {
@@ -1228,6 +1304,7 @@ impl Device for VerbsDevice {
             len,
             access,
             pd: Arc::clone(&pd.inner),
+            cpu: std::sync::Mutex::new(()),
         })
     }
 
@@ -1484,6 +1561,54 @@ mod tests {
         for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
             assert!(matches!(recv(state), PostFailure::Invalid(_)), "{state:?}");
         }
+    }
+
+    #[test]
+    fn the_default_roce_gid_is_a_v2_one_with_an_ipv4_address_if_there_is_one() {
+        let link_local = {
+            let mut g = [0u8; 16];
+            g[0] = 0xfe;
+            g[1] = 0x80;
+            g[15] = 1;
+            g
+        };
+        let ipv4 = {
+            let mut g = [0u8; 16];
+            g[10] = 0xff;
+            g[11] = 0xff;
+            g[12..].copy_from_slice(&[10, 77, 0, 1]);
+            g
+        };
+        let (v1, v2) = (Some("IB/RoCE v1\n"), Some("RoCE v2\n"));
+        // mlx5: each address as RoCE v1, then v2.
+        let mlx5 = [
+            (0, v1, link_local),
+            (1, v2, link_local),
+            (2, v1, ipv4),
+            (3, v2, ipv4),
+        ];
+        assert_eq!(default_roce_gid(mlx5), 3);
+        // rxe: RoCE v2 only.
+        assert_eq!(default_roce_gid([(0, v2, link_local), (1, v2, ipv4)]), 1);
+        // No IPv4 address: the first RoCE v2 GID; no types readable: 0.
+        assert_eq!(
+            default_roce_gid([(0, v1, link_local), (1, v2, link_local)]),
+            1
+        );
+        assert_eq!(
+            default_roce_gid([(0, None, link_local), (1, None, ipv4)]),
+            0
+        );
+        // Empty entries are skipped.
+        assert_eq!(default_roce_gid([(0, v2, [0; 16]), (1, v2, link_local)]), 1);
+    }
+
+    #[test]
+    fn mlx4_and_mlx5_clean_a_destroyed_qps_completions() {
+        assert!(driver_cleans_cq(Some("mlx5_core")));
+        assert!(driver_cleans_cq(Some("mlx4_core")));
+        assert!(!driver_cleans_cq(Some("bnxt_en")));
+        assert!(!driver_cleans_cq(None)); // rxe: no device behind it
     }
 
     #[test]
