@@ -32,6 +32,9 @@ pub struct Wire {
     pub lid: u16,
     /// The GID, 32 hex digits.
     pub gid: String,
+    /// The largest path MTU the sender takes (0 or absent: not known).
+    #[serde(default)]
+    pub mtu: u32,
 }
 
 impl Wire {
@@ -41,6 +44,7 @@ impl Wire {
             psn: e.psn,
             lid: e.lid,
             gid: e.gid.iter().map(|b| format!("{b:02x}")).collect(),
+            mtu: e.mtu,
         }
     }
 
@@ -60,6 +64,7 @@ impl Wire {
             psn: self.psn,
             lid: self.lid,
             gid,
+            mtu: self.mtu,
         })
     }
 }
@@ -541,7 +546,23 @@ mod tests {
             psn: 0,
             lid: 0,
             gid: gid.to_string(),
+            mtu: 0,
         }
+    }
+
+    #[test]
+    fn the_mtu_travels_and_an_older_peer_without_it_reads_as_unknown() {
+        let w: Wire = serde_json::from_str(
+            r#"{"qp_num":1,"psn":2,"lid":0,"gid":"000000000000000000000000000000ff"}"#,
+        )
+        .unwrap();
+        assert_eq!(w.endpoint().unwrap().mtu, 0);
+        let mut e = w.endpoint().unwrap();
+        e.mtu = 1024;
+        let back: Wire =
+            serde_json::from_str(&serde_json::to_string(&Wire::from_endpoint(&e)).unwrap())
+                .unwrap();
+        assert_eq!(back.endpoint().unwrap(), e);
     }
 
     #[test]
@@ -565,6 +586,7 @@ mod tests {
             psn: 0,
             lid: 0,
             gid,
+            mtu: 0,
         };
         let mut link_local = [0u8; 16];
         link_local[..2].copy_from_slice(&[0xfe, 0x80]);

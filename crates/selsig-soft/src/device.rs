@@ -696,6 +696,8 @@ impl QueuePair for SoftQp {
             psn: random_u32() & 0x00ff_ffff,
             lid: 0,
             gid: self.dev.gid,
+            // Nothing is split into packets.
+            mtu: 0,
         })
     }
 

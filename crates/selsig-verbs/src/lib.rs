@@ -738,6 +738,22 @@ fn state_name(s: u32) -> QpState {
 }
 
 impl VerbsQp {
+    /// The path MTU the QP uses, in bytes (`ibv_query_qp`); `None` if it cannot be read.
+    pub fn path_mtu(&self) -> Option<u32> {
+        let mut attr = sys::ibv_qp_attr::default();
+        // SAFETY: `init` is a valid `ibv_qp_init_attr` to fill; `attr` likewise.
+        let rc = unsafe {
+            let mut init: sys::ibv_qp_init_attr = std::mem::zeroed();
+            (self.dev.v().fns.query_qp)(
+                self.qp.as_ptr(),
+                &mut attr,
+                sys::IBV_QP_PATH_MTU,
+                &mut init,
+            )
+        };
+        (rc == 0).then(|| mtu_bytes(attr.path_mtu))
+    }
+
     fn modify(
         &self,
         attr: &mut sys::ibv_qp_attr,
@@ -960,6 +976,7 @@ impl QueuePair for VerbsQp {
             psn: self.local_psn(),
             lid: self.dev.lid,
             gid: self.dev.gid,
+            mtu: options.mtu.min(self.dev.active_mtu),
         })
     }
 
@@ -983,7 +1000,15 @@ impl QueuePair for VerbsQp {
         )?;
         self.check_gid_index(options)?;
         let gid_index = options.gid_index.or(self.dev.gid_index);
-        let mtu = options.mtu.min(self.dev.active_mtu);
+        // The smaller of what both sides take (the peer's 0: not known).
+        let mtu = options
+            .mtu
+            .min(self.dev.active_mtu)
+            .min(if remote.mtu == 0 {
+                u32::MAX
+            } else {
+                remote.mtu
+            });
         let mut a = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_RTR,
             path_mtu: mtu_enum(mtu),

@@ -597,3 +597,34 @@ fn posts_the_provider_must_not_see_are_refused_up_front() {
         "{e}"
     );
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn the_path_mtu_is_the_smallest_both_sides_take() {
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let options = ConnectOptions {
+        gid_index: dev.gid_index(),
+        ..ConnectOptions::default()
+    };
+    let ea = a.endpoint(&options).unwrap();
+    let mut eb = b.endpoint(&options).unwrap();
+    assert_eq!(ea.mtu, dev.active_mtu());
+    // b takes at most 256 bytes a packet: a sends no larger ones.
+    eb.mtu = 256;
+    a.connect(&eb, &options).unwrap();
+    b.connect(&ea, &options).unwrap();
+    assert_eq!(a.path_mtu(), Some(256));
+    assert_eq!(b.path_mtu(), Some(dev.active_mtu()));
+}

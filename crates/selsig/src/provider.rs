@@ -157,6 +157,10 @@ pub struct Endpoint {
     pub lid: u16,
     /// The GID (RoCE, or global routing on InfiniBand).
     pub gid: [u8; 16],
+    /// The largest path MTU this side takes, in bytes (its port's active MTU, or less if
+    /// asked); 0 when not known. The peer uses at most this: a larger packet would be
+    /// dropped.
+    pub mtu: u32,
 }
 
 /// Connection parameters of the local side.
