@@ -57,8 +57,9 @@ pub struct ProviderArgs {
     #[arg(long, value_enum)]
     pub personality: Option<PersonalityArg>,
     /// The GID index for RoCE (verbs provider only; perftest's -x). Default on an Ethernet
-    /// (RoCE) port: its RoCE v2 GID with an IPv4 address, else its first RoCE v2 GID, else
-    /// 0; none on InfiniBand (LID routing). See `show_gids` or `ibv_devinfo -v`.
+    /// (RoCE) port: its RoCE v2 GID with an IPv4 address, else one with a global IPv6
+    /// address, else its first RoCE v2 GID, else 0; none on InfiniBand (LID routing). See
+    /// `show_gids` or `ibv_devinfo -v`.
     #[arg(long = "gid-index", short = 'x')]
     pub gid_index: Option<u8>,
 }

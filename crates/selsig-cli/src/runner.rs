@@ -161,8 +161,8 @@ impl<'a, D: Device> Runner<'a, D> {
             let capacity = cq.capacity();
             ensure!(
                 c.senders == 0 || capacity > *recvs,
-                "cq {:?}: its {capacity} entries leave no room for send completions beside the \
-                 {recvs} receive slots of the peers that report to it",
+                "cq {:?} holds {capacity} completions, no more than the {recvs} receive slots of \
+                 the peers that report to it: none is left for send completions",
                 c.name
             );
             room.push(capacity.saturating_sub(*recvs));

@@ -871,7 +871,8 @@ outcomes = {{ a = ["1-3 completed"] }}
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains(
-            "cq \"c\": its 1 entries leave no room for send completions beside the 4 receive slots"
+            "cq \"c\" holds 1 completions, no more than the 4 receive slots of the peers \
+             that report to it: none is left for send completions"
         ),
         "{}",
         stderr(&o)

@@ -49,7 +49,7 @@ fn refused_up_front(wrs: &[SendWr<'_>], max_inline: u32) -> Option<(usize, &'sta
             Some((i, "inline data of 4 GiB or more"))
         }
         Local::Inline(d) if d.len() > max_inline as usize => {
-            Some((i, "inline data longer than the QP's max_inline_data"))
+            Some((i, "inline data longer than max_inline_data"))
         }
         _ => None,
     })
@@ -158,8 +158,9 @@ pub struct VerbsOptions {
     /// The port, 1-based (default 1).
     pub port: Option<u8>,
     /// The GID index (RoCE, or global routing on InfiniBand); by default, on Ethernet, the
-    /// port's RoCE v2 GID with an IPv4 address, else its first RoCE v2 GID, else 0 (GID
-    /// types read from sysfs); none (LID routing) on InfiniBand.
+    /// port's RoCE v2 GID with an IPv4 address, else one with a global IPv6 address, else
+    /// its first RoCE v2 GID, else 0 (GID types read from sysfs); none (LID routing) on
+    /// InfiniBand.
     pub gid_index: Option<u8>,
 }
 
@@ -181,22 +182,28 @@ pub struct VerbsDevice {
 
 /// The GID index to use on an Ethernet (RoCE) port when none is given, from the port's
 /// GIDs and their types (`(index, type, gid)`, the type as sysfs names it, `None` where it
-/// cannot be read): the first RoCE v2 GID holding an IPv4-mapped address (routable: what
-/// `rdma_cm` picks for an IPv4 address), else the first RoCE v2 GID, else 0. mlx5 lists
-/// each address twice, as RoCE v1 then v2, so its index 0 is a link-local RoCE v1 GID,
-/// which no IP router forwards and rxe does not speak.
-fn default_roce_gid<'a>(gids: impl IntoIterator<Item = (u8, Option<&'a str>, [u8; 16])>) -> u8 {
-    let mut first_v2 = None;
+/// cannot be read): the first RoCE v2 GID holding an IPv4-mapped address (what `rdma_cm`
+/// picks for an IPv4 address), else the first RoCE v2 GID that is not link-local (a global
+/// IPv6 address), else the first RoCE v2 GID, else 0. mlx5 lists each address twice, as
+/// RoCE v1 then v2, so its index 0 is a link-local RoCE v1 GID, which no IP router
+/// forwards and rxe does not speak. Stops at the first IPv4-mapped one.
+fn default_roce_gid<K: AsRef<str>>(
+    gids: impl IntoIterator<Item = (u8, Option<K>, [u8; 16])>,
+) -> u8 {
+    let (mut routable, mut any) = (None, None);
     for (index, kind, gid) in gids {
-        if kind.map(str::trim) != Some("RoCE v2") || gid == [0; 16] {
+        if kind.as_ref().map(|k| k.as_ref().trim()) != Some("RoCE v2") || gid == [0; 16] {
             continue;
         }
         if gid[..10] == [0; 10] && gid[10..12] == [0xff, 0xff] {
             return index;
         }
-        first_v2.get_or_insert(index);
+        if gid[..2] != [0xfe, 0x80] {
+            routable.get_or_insert(index);
+        }
+        any.get_or_insert(index);
     }
-    first_v2.unwrap_or(0)
+    routable.or(any).unwrap_or(0)
 }
 
 /// Whether the kernel driver behind device `name` is one whose provider removes a
@@ -378,17 +385,14 @@ impl VerbsDevice {
                     ctx.name
                 );
                 let entries = attr.gid_tbl_len.clamp(0, 256) as usize;
-                let gids: Vec<(u8, Option<String>, [u8; 16])> = (0..entries)
-                    .map(|i| i as u8)
-                    .filter_map(|i| {
-                        let gid = query_gid(i)?;
-                        let kind = std::fs::read_to_string(format!("{types}/{i}")).ok();
-                        Some((i, kind, gid))
-                    })
-                    .collect();
-                Some(default_roce_gid(
-                    gids.iter().map(|(i, k, g)| (*i, k.as_deref(), *g)),
-                ))
+                // Read lazily: the scan stops at the first IPv4-mapped RoCE v2 GID, and
+                // an empty entry's type is not read.
+                let gids = (0..entries).map(|i| i as u8).filter_map(|i| {
+                    let gid = query_gid(i).filter(|g| *g != [0; 16])?;
+                    let kind = std::fs::read_to_string(format!("{types}/{i}")).ok();
+                    Some((i, kind, gid))
+                });
+                Some(default_roce_gid(gids))
             }
             None => None,
         };
@@ -486,7 +490,9 @@ pub struct VerbsMr {
     access: Access,
     pd: Arc<PdInner>,
     /// Held by `read` and `write`: two threads copying to or from the same bytes at once
-    /// would be a data race (the NIC's own accesses are DMA, outside the program).
+    /// would be a data race (the NIC's own accesses are DMA, outside the program). It
+    /// serializes CPU copies into one region, disjoint ones too (buffers split from one
+    /// region); posting and polling never take it.
     cpu: std::sync::Mutex<()>,
 }
 
@@ -765,7 +771,7 @@ impl VerbsQp {
         // SAFETY: `attr` is a valid `ibv_qp_attr` whose fields named by `mask` are set.
         let rc = unsafe { (self.dev.v().fns.modify_qp)(self.qp.as_ptr(), attr, mask) };
         if rc != 0 {
-            let code = if rc > 0 { rc } else { libc::EINVAL };
+            let code = errno_of(rc, io::Error::last_os_error().raw_os_error());
             return Err(ProviderError::Transition {
                 qp_num: self.qp_num(),
                 from,
@@ -981,6 +987,8 @@ impl QueuePair for VerbsQp {
     }
 
     fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<(), ProviderError> {
+        // Refused as bad input before anything changes.
+        self.check_gid_index(options)?;
         let port = self.dev.port;
         let mut a = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_INIT,
@@ -998,7 +1006,6 @@ impl QueuePair for VerbsQp {
             QpState::Init,
             &format!("pkey_index 0, port {port}, access {}", options.access),
         )?;
-        self.check_gid_index(options)?;
         let gid_index = options.gid_index.or(self.dev.gid_index);
         // The smaller of what both sides take (the peer's 0: not known).
         let mtu = options
@@ -1041,7 +1048,8 @@ impl QueuePair for VerbsQp {
                 | sys::IBV_QP_MIN_RNR_TIMER,
             QpState::Rtr,
             &format!(
-                "path_mtu {mtu}, dest_qp_num {:#x}, rq_psn {:#x}, address vector (dlid {}, {})",
+                "path_mtu {}, dest_qp_num {:#x}, rq_psn {:#x}, address vector (dlid {}, {})",
+                mtu_bytes(mtu_enum(mtu)),
                 remote.qp_num,
                 remote.psn,
                 remote.lid,
@@ -1207,6 +1215,17 @@ fn post_result<T>(
     Err(post_error(rc, errno, offset, len, queue, state))
 }
 
+/// The errno of a verb that failed with `rc`: the errno itself (rxe, mlx5), its negation
+/// (siw, erdma, bnxt_re), or -1 with the errno in `errno` (read right after the call);
+/// EINVAL where none is given.
+fn errno_of(rc: i32, errno: Option<i32>) -> i32 {
+    match rc {
+        1.. => rc,
+        ..-1 => rc.saturating_neg(),
+        _ => errno.filter(|&e| e > 0).unwrap_or(libc::EINVAL),
+    }
+}
+
 /// The error of a failed `ibv_post_send` / `ibv_post_recv`: `rc` is what the provider
 /// returned (rxe and mlx5 return the errno; others may return -1 and set `errno`, read
 /// right after the call), `bad` the position of `bad_wr` in the list of `len` work
@@ -1220,13 +1239,7 @@ fn post_error(
     queue: Queue,
     state: impl FnOnce() -> QpState,
 ) -> PostWrError {
-    let code = match rc {
-        // The errno itself (rxe, mlx5), or its negation (siw, erdma, bnxt_re).
-        1.. => rc,
-        ..-1 => rc.saturating_neg(),
-        // -1: the errno is in `errno`.
-        _ => errno.filter(|&e| e > 0).unwrap_or(libc::EINVAL),
-    };
+    let code = errno_of(rc, errno);
     let index = bad.map_or(0, |i| i.clamp(0, len as isize - 1) as usize);
     let failure = match code {
         libc::ENOMEM | libc::ENOSPC => PostFailure::Full,
@@ -1482,10 +1495,7 @@ mod tests {
         };
         assert_eq!(refused_up_front(&[wr, wr], 8), None);
         let (i, why) = refused_up_front(&[wr, wr], 7).unwrap();
-        assert_eq!(
-            (i, why),
-            (0, "inline data longer than the QP's max_inline_data")
-        );
+        assert_eq!((i, why), (0, "inline data longer than max_inline_data"));
         let read = SendWr {
             opcode: selsig::Opcode::RdmaRead,
             ..wr
@@ -1621,11 +1631,25 @@ mod tests {
             1
         );
         assert_eq!(
-            default_roce_gid([(0, None, link_local), (1, None, ipv4)]),
+            default_roce_gid([(0, None::<&str>, link_local), (1, None, ipv4)]),
             0
         );
         // Empty entries are skipped.
         assert_eq!(default_roce_gid([(0, v2, [0; 16]), (1, v2, link_local)]), 1);
+        // No IPv4 address: a global IPv6 one before a link-local one.
+        let global = {
+            let mut g = [0u8; 16];
+            g[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+            g[15] = 1;
+            g
+        };
+        let ipv6 = [
+            (0, v1, link_local),
+            (1, v2, link_local),
+            (2, v1, global),
+            (3, v2, global),
+        ];
+        assert_eq!(default_roce_gid(ipv6), 3);
     }
 
     #[test]

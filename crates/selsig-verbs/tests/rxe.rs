@@ -561,7 +561,7 @@ fn posts_the_provider_must_not_see_are_refused_up_front() {
     for (second, why) in [
         (
             inline(11, Opcode::RdmaWrite, big),
-            "inline data longer than the QP's max_inline_data",
+            "inline data longer than max_inline_data",
         ),
         (
             inline(11, Opcode::RdmaRead, small),
