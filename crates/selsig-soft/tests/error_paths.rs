@@ -10,9 +10,23 @@ use selsig::{
     MemoryRegion, Opcode, Outcome, Policy, QpCaps, QpInit, QueueConfig, QueuePair, RecvWr, SendWr,
     SignaledQueue, WcStatus, Work, connect_pair,
 };
-use selsig_soft::{Personality, SoftConfig, SoftDevice};
+use selsig_soft::{Personality, SoftConfig, SoftCq, SoftDevice, SoftPd, SoftQp};
 
 const WAIT: Duration = Duration::from_secs(5);
+
+/// QP `a`, its sends on `send` and receives on `recv`, connected to a peer whose
+/// completions go to `peer_cq`; both created with `init`.
+fn connected(
+    dev: &SoftDevice,
+    pd: &SoftPd,
+    (send, recv, peer_cq): (&SoftCq, &SoftCq, &SoftCq),
+    init: &QpInit,
+) -> (SoftQp, SoftQp) {
+    let a = dev.create_qp(pd, send, recv, init).unwrap();
+    let b = dev.create_qp(pd, peer_cq, peer_cq, init).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    (a, b)
+}
 
 fn init(send_wr: u32) -> QpInit {
     QpInit {
@@ -39,9 +53,7 @@ fn a_receive_error_completion_is_not_a_send_completion() {
     let pd = dev.alloc_pd().unwrap();
     let cq_a = Arc::new(dev.create_cq(64).unwrap());
     let cq_b = dev.create_cq(64).unwrap();
-    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init(16)).unwrap();
-    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init(16)).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let (a, b) = connected(&dev, &pd, (&cq_a, &cq_a, &cq_b), &init(16));
     let small = dev.reg_mr(&pd, 8, Access::LOCAL_WRITE).unwrap();
     // Receive wr_ids counted from 1, as applications (and selsig's scenarios) do.
     a.post_recv(&[RecvWr {
@@ -108,9 +120,7 @@ fn drain_after_to_error_with_a_receive_posted() {
     let pd = dev.alloc_pd().unwrap();
     let cq_a = Arc::new(dev.create_cq(64).unwrap());
     let cq_b = dev.create_cq(64).unwrap();
-    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init(16)).unwrap();
-    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init(16)).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let (a, _b) = connected(&dev, &pd, (&cq_a, &cq_a, &cq_b), &init(16));
     let remote = dev
         .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
@@ -137,9 +147,7 @@ fn a_receive_flush_overrun_raises_cq_err() {
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(2).unwrap(); // 3 entries
     let other = dev.create_cq(64).unwrap();
-    let a = dev.create_qp(&pd, &other, &cq, &init(8)).unwrap();
-    let b = dev.create_qp(&pd, &other, &other, &init(8)).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let (a, _b) = connected(&dev, &pd, (&other, &cq, &other), &init(8));
     let recvs: Vec<RecvWr> = (0..8)
         .map(|i| RecvWr {
             wr_id: i,
@@ -167,9 +175,7 @@ fn one_overrun_raises_one_cq_err() {
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(2).unwrap(); // 3 entries
     let other = dev.create_cq(64).unwrap();
-    let a = dev.create_qp(&pd, &cq, &other, &init(64)).unwrap();
-    let b = dev.create_qp(&pd, &other, &other, &init(8)).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let (a, _b) = connected(&dev, &pd, (&cq, &other, &other), &init(64));
     let data = [0u8; 8];
     let wrs: Vec<SendWr> = (0..20)
         .map(|i| SendWr {
@@ -202,9 +208,7 @@ fn a_qp_waiting_on_rnr_is_flushed_when_it_goes_to_error() {
     let send_cq = Arc::new(dev.create_cq(64).unwrap());
     let recv_cq = dev.create_cq(1).unwrap(); // 1 entry
     let cq_b = dev.create_cq(64).unwrap();
-    let a = dev.create_qp(&pd, &send_cq, &recv_cq, &init(16)).unwrap();
-    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init(16)).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let (a, b) = connected(&dev, &pd, (&send_cq, &recv_cq, &cq_b), &init(16));
     a.post_recv(&[
         RecvWr {
             wr_id: 1,
@@ -260,12 +264,8 @@ fn dropped_queue_credits(personality: Personality) {
     let shared = Arc::new(dev.create_cq(if rxe { 4 } else { 7 }).unwrap());
     let other = dev.create_cq(64).unwrap();
     assert_eq!(shared.capacity(), 7);
-    let a = dev.create_qp(&pd, &shared, &other, &init(8)).unwrap();
-    let c = dev.create_qp(&pd, &shared, &other, &init(8)).unwrap();
-    let b = dev.create_qp(&pd, &other, &other, &init(8)).unwrap();
-    let d = dev.create_qp(&pd, &other, &other, &init(8)).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
-    connect_pair(&c, &d, &ConnectOptions::default()).unwrap();
+    let (a, _b) = connected(&dev, &pd, (&shared, &other, &other), &init(8));
+    let (c, _d) = connected(&dev, &pd, (&shared, &other, &other), &init(8));
     let remote = dev
         .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
@@ -321,9 +321,7 @@ fn receives_on_the_send_cq_keep_their_room_in_it() {
     let other = dev.create_cq(64).unwrap();
     let mut init = init(16);
     init.caps.max_recv_wr = 8;
-    let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
-    let b = dev.create_qp(&pd, &other, &other, &init).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let (a, _b) = connected(&dev, &pd, (&cq, &cq, &other), &init);
     let receives = a.caps().max_recv_wr;
     let recvs: Vec<RecvWr> = (0..u64::from(receives))
         .map(|i| RecvWr {
@@ -385,9 +383,7 @@ fn a_refused_completion_names_the_wr_id_it_carried() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let cq = Arc::new(dev.create_cq(256).unwrap());
-    let a = dev.create_qp(&pd, &cq, &cq, &init(16)).unwrap();
-    let b = dev.create_qp(&pd, &cq, &cq, &init(16)).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let (a, _b) = connected(&dev, &pd, (&cq, &cq, &cq), &init(16));
     let remote = dev
         .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
