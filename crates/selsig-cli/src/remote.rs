@@ -35,6 +35,9 @@ pub struct Wire {
     /// The largest path MTU the sender takes (0 or absent: not known).
     #[serde(default)]
     pub mtu: u32,
+    /// How many RDMA READs the sender's QP serves at once (0 or absent: not known).
+    #[serde(default)]
+    pub rd_atomic: u8,
 }
 
 impl Wire {
@@ -45,6 +48,7 @@ impl Wire {
             lid: e.lid,
             gid: e.gid.iter().map(|b| format!("{b:02x}")).collect(),
             mtu: e.mtu,
+            rd_atomic: e.rd_atomic,
         }
     }
 
@@ -65,6 +69,7 @@ impl Wire {
             lid: self.lid,
             gid,
             mtu: self.mtu,
+            rd_atomic: self.rd_atomic,
         })
     }
 }
@@ -547,18 +552,21 @@ mod tests {
             lid: 0,
             gid: gid.to_string(),
             mtu: 0,
+            rd_atomic: 0,
         }
     }
 
     #[test]
-    fn the_mtu_travels_and_an_older_peer_without_it_reads_as_unknown() {
+    fn the_mtu_and_read_depth_travel_and_an_older_peer_without_them_reads_as_unknown() {
         let w: Wire = serde_json::from_str(
             r#"{"qp_num":1,"psn":2,"lid":0,"gid":"000000000000000000000000000000ff"}"#,
         )
         .unwrap();
         assert_eq!(w.endpoint().unwrap().mtu, 0);
+        assert_eq!(w.endpoint().unwrap().rd_atomic, 0);
         let mut e = w.endpoint().unwrap();
         e.mtu = 1024;
+        e.rd_atomic = 16;
         let back: Wire =
             serde_json::from_str(&serde_json::to_string(&Wire::from_endpoint(&e)).unwrap())
                 .unwrap();
@@ -587,6 +595,7 @@ mod tests {
             lid: 0,
             gid,
             mtu: 0,
+            rd_atomic: 0,
         };
         let mut link_local = [0u8; 16];
         link_local[..2].copy_from_slice(&[0xfe, 0x80]);

@@ -698,6 +698,9 @@ impl QueuePair for SoftQp {
             gid: self.dev.gid,
             // Nothing is split into packets.
             mtu: 0,
+            // Not limited: the soft NIC serves every READ at once (only soft QPs connect
+            // to it, and they do not read this).
+            rd_atomic: 0,
         })
     }
 

@@ -240,6 +240,10 @@ struct Limits {
     max_sge: u32,
     max_cqe: u32,
     max_mr_size: u64,
+    /// RDMA READs and atomics a QP serves at once as the responder.
+    max_qp_rd_atom: u32,
+    /// RDMA READs and atomics a QP keeps in flight as the requester.
+    max_qp_init_rd_atom: u32,
 }
 
 impl Limits {
@@ -250,8 +254,25 @@ impl Limits {
             max_sge: count(attr.max_sge),
             max_cqe: count(attr.max_cqe),
             max_mr_size: attr.max_mr_size,
+            max_qp_rd_atom: count(attr.max_qp_rd_atom),
+            max_qp_init_rd_atom: count(attr.max_qp_init_rd_atom),
         }
     }
+}
+
+/// The RDMA READs and atomics a QP serves at once as the responder (`max_dest_rd_atomic`,
+/// what its endpoint advertises): the device's `max_qp_rd_atom`, at most 255 (the
+/// attribute's width), at least 1; 1 when the device does not say.
+fn responder_depth(limits: Option<&Limits>) -> u8 {
+    limits.map_or(1, |l| l.max_qp_rd_atom.clamp(1, 255) as u8)
+}
+
+/// The RDMA READs and atomics a QP keeps in flight (`max_rd_atomic`): the device's
+/// `max_qp_init_rd_atom`, and no more than the peer serves (`remote`; 0, not known, reads
+/// as 1), at least 1.
+fn initiator_depth(limits: Option<&Limits>, remote: u8) -> u8 {
+    let local = limits.map_or(1, |l| l.max_qp_init_rd_atom.clamp(1, 255) as u8);
+    local.min(remote.max(1))
 }
 
 fn mtu_bytes(mtu: u32) -> u32 {
@@ -760,6 +781,24 @@ impl VerbsQp {
         (rc == 0).then(|| mtu_bytes(attr.path_mtu))
     }
 
+    /// How many RDMA READs and atomics the QP keeps in flight and serves at once
+    /// (`max_rd_atomic`, `max_dest_rd_atomic`, from `ibv_query_qp`; a provider may round
+    /// them up); `None` if they cannot be read.
+    pub fn rd_atomic(&self) -> Option<(u8, u8)> {
+        let mut attr = sys::ibv_qp_attr::default();
+        // SAFETY: `init` is a valid `ibv_qp_init_attr` to fill; `attr` likewise.
+        let rc = unsafe {
+            let mut init: sys::ibv_qp_init_attr = std::mem::zeroed();
+            (self.dev.v().fns.query_qp)(
+                self.qp.as_ptr(),
+                &mut attr,
+                sys::IBV_QP_MAX_QP_RD_ATOMIC | sys::IBV_QP_MAX_DEST_RD_ATOMIC,
+                &mut init,
+            )
+        };
+        (rc == 0).then_some((attr.max_rd_atomic, attr.max_dest_rd_atomic))
+    }
+
     fn modify(
         &self,
         attr: &mut sys::ibv_qp_attr,
@@ -983,6 +1022,7 @@ impl QueuePair for VerbsQp {
             lid: self.dev.lid,
             gid: self.dev.gid,
             mtu: options.mtu.min(self.dev.active_mtu),
+            rd_atomic: responder_depth(self.dev.limits.as_ref()),
         })
     }
 
@@ -1016,12 +1056,14 @@ impl QueuePair for VerbsQp {
             } else {
                 remote.mtu
             });
+        let responder = responder_depth(self.dev.limits.as_ref());
+        let initiator = initiator_depth(self.dev.limits.as_ref(), remote.rd_atomic);
         let mut a = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_RTR,
             path_mtu: mtu_enum(mtu),
             dest_qp_num: remote.qp_num,
             rq_psn: remote.psn & 0x00ff_ffff,
-            max_dest_rd_atomic: 1,
+            max_dest_rd_atomic: responder,
             min_rnr_timer: 12,
             ah_attr: sys::ibv_ah_attr {
                 grh: sys::ibv_global_route {
@@ -1048,7 +1090,8 @@ impl QueuePair for VerbsQp {
                 | sys::IBV_QP_MIN_RNR_TIMER,
             QpState::Rtr,
             &format!(
-                "path_mtu {}, dest_qp_num {:#x}, rq_psn {:#x}, address vector (dlid {}, {})",
+                "path_mtu {}, dest_qp_num {:#x}, rq_psn {:#x}, max_dest_rd_atomic {responder}, \
+                 address vector (dlid {}, {})",
                 mtu_bytes(mtu_enum(mtu)),
                 remote.qp_num,
                 remote.psn,
@@ -1065,7 +1108,7 @@ impl QueuePair for VerbsQp {
             retry_cnt: options.retry_cnt,
             rnr_retry: options.rnr_retry,
             sq_psn: self.local_psn(),
-            max_rd_atomic: 1,
+            max_rd_atomic: initiator,
             ..Default::default()
         };
         self.modify(
@@ -1078,7 +1121,7 @@ impl QueuePair for VerbsQp {
                 | sys::IBV_QP_MAX_QP_RD_ATOMIC,
             QpState::Rts,
             &format!(
-                "timeout 14, retry_cnt {}, rnr_retry {}, sq_psn {:#x}",
+                "timeout 14, retry_cnt {}, rnr_retry {}, sq_psn {:#x}, max_rd_atomic {initiator}",
                 options.retry_cnt,
                 options.rnr_retry,
                 self.local_psn()
@@ -1479,6 +1522,32 @@ impl Device for VerbsDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_in_flight_are_what_the_device_allows_and_the_peer_serves() {
+        let limits = |rd: u32, init: u32| Limits {
+            max_qp_wr: 1,
+            max_sge: 1,
+            max_cqe: 1,
+            max_mr_size: 1,
+            max_qp_rd_atom: rd,
+            max_qp_init_rd_atom: init,
+        };
+        // mlx5 reports 16 and 16, rxe 128 and 128.
+        let mlx5 = limits(16, 16);
+        assert_eq!(responder_depth(Some(&mlx5)), 16);
+        assert_eq!(initiator_depth(Some(&mlx5), 128), 16);
+        assert_eq!(initiator_depth(Some(&mlx5), 4), 4);
+        // A peer that does not say serves one.
+        assert_eq!(initiator_depth(Some(&mlx5), 0), 1);
+        // The attributes are a byte wide; a device that does not say, or says 0, gets 1.
+        assert_eq!(responder_depth(Some(&limits(1000, 1000))), 255);
+        assert_eq!(initiator_depth(Some(&limits(1000, 1000)), 255), 255);
+        assert_eq!(responder_depth(None), 1);
+        assert_eq!(initiator_depth(None, 16), 1);
+        assert_eq!(responder_depth(Some(&limits(0, 0))), 1);
+        assert_eq!(initiator_depth(Some(&limits(0, 0)), 16), 1);
+    }
 
     #[test]
     fn inline_work_requests_the_provider_must_not_see_are_found() {

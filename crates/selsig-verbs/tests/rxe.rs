@@ -628,3 +628,59 @@ fn the_path_mtu_is_the_smallest_both_sides_take() {
     assert_eq!(a.path_mtu(), Some(256));
     assert_eq!(b.path_mtu(), Some(dev.active_mtu()));
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn reads_in_flight_are_what_the_device_allows_and_the_peer_serves() {
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    let cq_a = dev.create_cq(32).unwrap();
+    let cq_b = dev.create_cq(32).unwrap();
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 32,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
+    let options = ConnectOptions {
+        gid_index: dev.gid_index(),
+        ..ConnectOptions::default()
+    };
+    let ea = a.endpoint(&options).unwrap();
+    let mut eb = b.endpoint(&options).unwrap();
+    // The device's own depth (rxe: 128, mlx5: 16), not the one READ of a QP's default.
+    let depth = ea.rd_atomic;
+    assert!(depth > 4, "max_qp_rd_atom {depth}");
+    // b serves 4 at once: a keeps no more in flight.
+    eb.rd_atomic = 4;
+    a.connect(&eb, &options).unwrap();
+    b.connect(&ea, &options).unwrap();
+    assert_eq!(a.rd_atomic(), Some((4, depth)));
+    assert_eq!(b.rd_atomic(), Some((depth, depth)));
+    // Sixteen READs in one list, the last signaled: all land.
+    let remote = dev.reg_mr(&pd, 16 * 64, RW).unwrap();
+    let local = dev.reg_mr(&pd, 16 * 64, Access::LOCAL_WRITE).unwrap();
+    let pattern: Vec<u8> = (0..16 * 64).map(|i| (i % 251) as u8).collect();
+    remote.write(0, &pattern).unwrap();
+    let reads: Vec<SendWr<'_>> = (0..16)
+        .map(|i| SendWr {
+            wr_id: i,
+            opcode: Opcode::RdmaRead,
+            local: Local::Sge(local.sge(i as usize * 64, 64)),
+            remote: remote.remote(i as usize * 64),
+            imm_data: 0,
+            signaled: i == 15,
+        })
+        .collect();
+    a.post_send(&reads).unwrap();
+    let done = poll_n(&cq_a, 1);
+    assert_eq!((done[0].wr_id, done[0].status), (15, WcStatus::Success));
+    let mut got = vec![0u8; 16 * 64];
+    local.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern);
+    quiet(&cq_a);
+}

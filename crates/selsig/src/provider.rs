@@ -161,6 +161,10 @@ pub struct Endpoint {
     /// asked); 0 when not known. The peer uses at most this: a larger packet would be
     /// dropped.
     pub mtu: u32,
+    /// How many RDMA READs and atomics this side's QP serves at once as the responder
+    /// (its `max_dest_rd_atomic`); 0 when not known, which the peer reads as 1. The peer
+    /// keeps at most this many in flight (its `max_rd_atomic`): more would be refused.
+    pub rd_atomic: u8,
 }
 
 /// Connection parameters of the local side.
