@@ -58,27 +58,51 @@ const MIB: f64 = 1_048_576.0;
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Signal intervals to sweep, comma-separated, and `adaptive` for the adaptive policy
-    /// (default: 1, 2, 4, ... up to the send queue depth, and adaptive).
-    #[arg(long, short = 'e', value_delimiter = ',', value_name = "LIST")]
+    /// (default: 1, 2, 4, ... up to the send queue depth, or the number of buffers if
+    /// --region holds fewer, and adaptive).
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        short = 'e',
+        value_delimiter = ',',
+        value_name = "LIST"
+    )]
     pub every: Vec<IntervalArg>,
     /// perftest-compatible mode: one interval (perftest's --cq-mod), one size, one WRITE
     /// per post, `-n` iterations (default 5000) with the last one signaled.
-    #[arg(long, short = 'Q', conflicts_with = "every", value_name = "N")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        short = 'Q',
+        conflicts_with = "every",
+        value_name = "N"
+    )]
     pub cq_mod: Option<u32>,
     /// Message sizes, comma-separated (default 64,4K,64K).
-    #[arg(long = "size", short = 's', value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
+    #[arg(allow_negative_numbers = true, long = "size", short = 's', value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
     pub sizes: Vec<u64>,
     /// WRITEs per point (perftest's -n).
-    #[arg(long, short = 'n', value_name = "N", conflicts_with = "duration")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        short = 'n',
+        value_name = "N",
+        conflicts_with = "duration"
+    )]
     pub iters: Option<u64>,
     /// Time per point: 500ms, 2s, or seconds as a number (perftest's -D); default 500ms.
-    #[arg(long, short = 'D', value_parser = parse_duration, value_name = "TIME")]
+    #[arg(allow_negative_numbers = true, long, short = 'D', value_parser = parse_duration, value_name = "TIME")]
     pub duration: Option<Duration>,
     /// Send queue depth: at most this many WRITEs outstanding (perftest's -t).
-    #[arg(long = "tx-depth", short = 't', default_value_t = DEFAULT_TX_DEPTH, value_name = "N")]
+    #[arg(allow_negative_numbers = true, long = "tx-depth", short = 't', default_value_t = DEFAULT_TX_DEPTH, value_name = "N")]
     pub tx_depth: u32,
     /// WRITEs posted per doorbell (perftest's -l; default 16 in a sweep, 1 with --cq-mod).
-    #[arg(long = "post-list", short = 'l', value_name = "N")]
+    #[arg(
+        allow_negative_numbers = true,
+        long = "post-list",
+        short = 'l',
+        value_name = "N"
+    )]
     pub post_list: Option<u32>,
     /// Send the data inline in the work request (no local buffer; sizes up to the
     /// device's inline limit).
@@ -102,7 +126,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<String>,
     /// Draw throughput and confirmation lag (and, on the soft provider, the
-    /// NIC-to-application gap) against the signal interval into an SVG file.
+    /// NIC-to-application gap) against the signal interval into an SVG file, or to stdout
+    /// with `-` (the table is then not printed).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<std::path::PathBuf>,
     /// Write into the memory of `selsig serve` on HOST or HOST:PORT (another process or
@@ -200,7 +225,14 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
             vec![64, 4096, 65536]
         }
     } else {
-        args.sizes.clone()
+        // Each size once, in the order given (4K and 4096 are one size).
+        let mut v: Vec<u64> = Vec::new();
+        for &size in &args.sizes {
+            if !v.contains(&size) {
+                v.push(size);
+            }
+        }
+        v
     };
     if perftest {
         ensure!(
@@ -246,11 +278,22 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
             max_lag: Duration::from_micros(20),
         },
     };
-    if let Policy::Adaptive { max_unsignaled, .. } = adaptive {
+    let adaptive_point =
+        !perftest && (args.every.is_empty() || args.every.contains(&IntervalArg::Adaptive));
+    if let Some(given) = args.adaptive {
         ensure!(
-            max_unsignaled <= depth,
-            "--adaptive {adaptive}: {max_unsignaled} unsignaled WRITEs in a row is more than the send queue holds (--tx-depth {depth})"
+            adaptive_point,
+            "--adaptive {given}: no `adaptive` point to apply it to (add `adaptive` to --every; --cq-mod has none)"
         );
+    }
+    if let Policy::Adaptive { max_unsignaled, .. } = adaptive {
+        // As an interval of `every:N`: at most the queue depth, and at most the buffers.
+        check_interval(
+            &format!("--adaptive {adaptive}:"),
+            max_unsignaled,
+            depth,
+            outstanding,
+        )?;
     }
     adaptive
         .validate()
@@ -295,9 +338,12 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         (None, None) if perftest => Stop::Iters(PERFTEST_ITERS),
         (None, None) => Stop::Duration(DEFAULT_DURATION),
     };
-    let post_list = args
-        .post_list
-        .unwrap_or(if perftest { 1 } else { SWEEP_POST_LIST });
+    // The default fits any queue: 16 (1 with --cq-mod), or the depth if smaller.
+    let post_list = args.post_list.unwrap_or(if perftest {
+        1
+    } else {
+        SWEEP_POST_LIST.min(depth)
+    });
     ensure!(post_list >= 1, "--post-list must be at least 1");
     ensure!(
         post_list <= depth,
@@ -450,6 +496,10 @@ pub struct Settings {
     pub buffers_per_size: Vec<(u64, u32)>,
     /// `selsig serve`'s address with `--connect`; null for a peer QP in this process.
     pub remote: Option<String>,
+    /// The most memory registered on each side (`--region`), in bytes.
+    pub region: u64,
+    /// The GID index in use (verbs on RoCE or with global routing); null otherwise.
+    pub gid_index: Option<u8>,
 }
 
 /// Runs the sweep (call [`plan`] first); `progress` is drawn on stderr.
@@ -544,6 +594,8 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
             nic_times: plan.nic_times,
             buffers_per_size,
             remote: plan.connect.clone(),
+            region: plan.region,
+            gid_index: info.gid_index,
         },
         points,
     })
@@ -1066,10 +1118,10 @@ pub fn render(report: &Report) -> String {
         };
         let _ = write!(
             out,
-            "{:>6} {:>18} {:>8.2} {:>7.2} {:>8.1} {:>6} {:>25}",
+            "{:>6} {:>18} {:>8} {:>7.2} {:>8.1} {:>6} {:>25}",
             human_size(p.size),
             p.policy,
-            p.wr_per_sec / 1e6,
+            rate(p.wr_per_sec / 1e6),
             p.gbit_per_sec,
             p.cqes_per_1000,
             human_ns(p.cpu_ns_per_wr),
@@ -1106,6 +1158,17 @@ pub fn render(report: &Report) -> String {
     }
     out.push('\n');
     out
+}
+
+/// Two decimals, or three significant digits below 0.01 (large WRITEs: 16 MiB ones run at
+/// about 0.0002 M WR/s).
+fn rate(x: f64) -> String {
+    if x >= 0.01 || x <= 0.0 || !x.is_finite() {
+        format!("{x:.2}")
+    } else {
+        let decimals = (2.0 - x.log10().floor()) as usize;
+        format!("{x:.decimals$}")
+    }
 }
 
 /// perftest's report lines, for comparing with `ib_write_bw`.
@@ -1251,5 +1314,12 @@ mod tests {
         assert_eq!(human_size(4096), "4KiB");
         assert_eq!(human_size(1 << 20), "1MiB");
         assert_eq!(human_size(1000), "1000B");
+        // M WR/s: two decimals, three significant digits for large WRITEs' small rates.
+        assert_eq!(rate(54.104), "54.10");
+        assert_eq!(rate(0.2), "0.20");
+        assert_eq!(rate(0.01), "0.01");
+        assert_eq!(rate(0.00234), "0.00234");
+        assert_eq!(rate(0.000_2), "0.000200");
+        assert_eq!(rate(0.0), "0.00");
     }
 }

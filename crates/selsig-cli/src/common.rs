@@ -173,10 +173,31 @@ pub fn cq_entries(depth: u32) -> Result<u32> {
 /// Parses a byte count: `64`, `4K`, `4KiB`, `1M`, `64KiB` (K, M, G are binary, as in
 /// perftest).
 pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
-    parse_size::Config::new()
-        .with_binary()
-        .parse_size(text.trim())
-        .map_err(|e| format!("invalid size {text:?}: {e} (examples: 64, 4K, 64KiB, 1M)"))
+    let config = parse_size::Config::new().with_binary();
+    let invalid = |e: &dyn std::fmt::Display| {
+        format!("invalid size {text:?}: {e} (examples: 64, 4K, 1.5K, 64KiB, 1M)")
+    };
+    let trimmed = text.trim();
+    let size = config.parse_size(trimmed).map_err(|e| invalid(&e))?;
+    // A fraction must come to whole bytes (1.5K is 1536): the parser would round 1.3 to 1.
+    let number_len = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(number_len);
+    if number.contains('.') {
+        let unit = if unit.trim().is_empty() {
+            1
+        } else {
+            config
+                .parse_size(format!("1{unit}"))
+                .map_err(|e| invalid(&e))?
+        };
+        let exact = number.parse::<f64>().map_err(|e| invalid(&e))? * unit as f64;
+        if exact.fract() != 0.0 {
+            return Err(invalid(&format!("{exact} is not a whole number of bytes")));
+        }
+    }
+    Ok(size)
 }
 
 /// The bytes work request `wr` (1-based) writes: recognisable and different for every
@@ -220,6 +241,20 @@ mod tests {
         let e = parse_size("lots").unwrap_err();
         assert!(e.contains("\"lots\"") && e.contains("4K"), "{e}");
         assert!(parse_size("-1").is_err());
+    }
+
+    #[test]
+    fn a_fraction_must_come_to_whole_bytes() {
+        assert_eq!(parse_size("1.5K"), Ok(1536));
+        assert_eq!(parse_size("0.5KiB"), Ok(512));
+        assert_eq!(parse_size("2.0"), Ok(2));
+        for text in ["1.3", "100.7", "0.4", "1.0001K"] {
+            let e = parse_size(text).unwrap_err();
+            assert!(
+                e.contains(&format!("{text:?}")) && e.contains("whole number of bytes"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

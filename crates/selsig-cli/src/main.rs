@@ -111,15 +111,29 @@ fn run_demo(args: &demo::DemoArgs) -> Result<ExitCode, Failure> {
     let report = demo::demo(args).map_err(Failure::of_run)?;
     if args.json {
         let json = serde_json::to_string_pretty(&report).map_err(|e| Failure::Run(e.into()))?;
-        println!("{json}");
+        print_out(&(json + "\n"))?;
     } else {
-        print!("{}", demo::render(&report));
+        print_out(&demo::render(&report))?;
     }
     Ok(if report.remote_verified {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Writes `text` to standard output. A write that fails is an error (a full disk, say),
+/// except a closed pipe: the reader stopped reading (`| head`), and the command goes on.
+fn print_out(text: &str) -> Result<(), Failure> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure::Run(
+            anyhow::Error::new(e).context("cannot write to standard output"),
+        )),
+    }
 }
 
 /// A file named on the command line for a command's output: opened before the command
@@ -199,38 +213,63 @@ impl Drop for OutputFile {
 fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
     let plan = bench::plan(args).map_err(Failure::Input)?;
     let json_to_stdout = args.json.as_deref() == Some("-");
+    let svg_to_stdout = args.svg.as_deref() == Some(Path::new("-"));
+    if let (Some(json), Some(svg)) = (&args.json, &args.svg) {
+        if same_file(Path::new(json), svg) {
+            return Err(Failure::Input(anyhow::anyhow!(
+                "--json {json} and --svg {}: {}",
+                svg.display(),
+                if json_to_stdout {
+                    "both to standard output, where the JSON and the SVG would be mixed"
+                } else {
+                    "the same file, which would keep only one of them"
+                }
+            )));
+        }
+    }
     let json_file = match &args.json {
         Some(to) if !json_to_stdout => Some(OutputFile::open("--json", Path::new(to))?),
         _ => None,
     };
     let svg_file = match &args.svg {
-        Some(path) => Some(OutputFile::open("--svg", path)?),
-        None => None,
+        Some(path) if !svg_to_stdout => Some(OutputFile::open("--svg", path)?),
+        _ => None,
     };
     let report = bench::bench(args, &plan).map_err(Failure::of_run)?;
     if args.json.is_some() {
         let json = serde_json::to_string_pretty(&report).map_err(|e| Failure::Run(e.into()))?;
         match json_file {
             Some(file) => file.write(&(json + "\n"))?,
-            None => println!("{json}"),
+            None => print_out(&(json + "\n"))?,
         }
     }
-    if let Some(file) = svg_file {
+    if args.svg.is_some() {
         let svg = chart::render(&report).map_err(Failure::Run)?;
-        file.write(&svg)?;
+        match svg_file {
+            Some(file) => file.write(&svg)?,
+            None => print_out(&svg)?,
+        }
     }
-    if !json_to_stdout {
-        print!("{}", bench::render(&report));
+    if !json_to_stdout && !svg_to_stdout {
+        print_out(&bench::render(&report))?;
         if plan.perftest {
-            println!();
-            print!("{}", bench::render_perftest(&report));
+            print_out(&format!("\n{}", bench::render_perftest(&report)))?;
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// Whether two output paths name one file: the same path, or one existing file (links
+/// resolved).
+fn same_file(a: &Path, b: &Path) -> bool {
+    a == b
+        || matches!(
+            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
 fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
-    use std::io::Write as _;
     let scenario = scenario::load(&args.file).map_err(|e| Failure::Input(e.into()))?;
     let trace_file = match &args.trace {
         Some(path) => Some(OutputFile::open("--trace", path)?),
@@ -258,7 +297,8 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         // The trace up to the failed step goes where the trace goes, unless that is a
         // file (replaced only by a complete run).
         if trace_file.is_none() && !args.quiet {
-            let _ = std::io::stdout().write_all(text.as_bytes());
+            // The step's error is the one to report.
+            let _ = print_out(&text);
         }
         return Err(Failure::of_run(
             e.context(format!("scenario {}", args.file.display())),
@@ -266,9 +306,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     }
     match trace_file {
         Some(file) => file.write(&text)?,
-        None if !args.quiet => {
-            let _ = std::io::stdout().write_all(text.as_bytes());
-        }
+        None if !args.quiet => print_out(&text)?,
         None => {}
     }
     if let Some(why) = &result.differs {

@@ -182,6 +182,29 @@ fn excerpt(text: &str) -> String {
     text.chars().take(200).collect()
 }
 
+/// `host[:port]` with the default port added where none is given: `host`, `host:port`,
+/// an IPv4 address, an IPv6 address bare (`fe80::1`) or in brackets (`[::1]`,
+/// `[::1]:9000`).
+fn with_port(host: &str) -> String {
+    use std::net::{IpAddr, SocketAddr};
+    let host = host.trim();
+    if host.parse::<SocketAddr>().is_ok() {
+        return host.to_string();
+    }
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return SocketAddr::new(ip, DEFAULT_PORT).to_string();
+    }
+    if host.matches(':').count() == 1 {
+        host.to_string()
+    } else {
+        format!("{host}:{DEFAULT_PORT}")
+    }
+}
+
 /// The client side: a connection to a server, its region, and the check at the end.
 pub struct RemotePeer {
     reader: BufReader<TcpStream>,
@@ -195,12 +218,7 @@ pub struct RemotePeer {
 impl RemotePeer {
     /// Connects to `host[:port]` and exchanges addresses; `local` is this side's QP.
     pub fn connect(host: &str, local: &Endpoint, wrs: u32, size: u64) -> Result<RemotePeer> {
-        let address =
-            if host.contains(':') && !host.starts_with('[') && host.matches(':').count() == 1 {
-                host.to_string()
-            } else {
-                format!("{host}:{DEFAULT_PORT}")
-            };
+        let address = with_port(host);
         let addrs: Vec<_> = address
             .to_socket_addrs()
             .with_context(|| format!("cannot resolve {address}"))?
@@ -554,6 +572,17 @@ mod tests {
             mtu: 0,
             rd_atomic: 0,
         }
+    }
+
+    #[test]
+    fn the_default_port_is_added_where_none_is_given() {
+        assert_eq!(with_port("target"), "target:18515");
+        assert_eq!(with_port("target:9000"), "target:9000");
+        assert_eq!(with_port("10.77.0.1"), "10.77.0.1:18515");
+        assert_eq!(with_port("10.77.0.1:9000"), "10.77.0.1:9000");
+        assert_eq!(with_port("::1"), "[::1]:18515");
+        assert_eq!(with_port("[::1]"), "[::1]:18515");
+        assert_eq!(with_port("[::1]:9000"), "[::1]:9000");
     }
 
     #[test]

@@ -668,6 +668,40 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
             &["bench", "--region", "64G", "-s", "1G"],
             "--region 68719476736: the bench registers at most 4294967296 bytes",
         ),
+        // The adaptive point's unsignaled run is an interval like any other: within the
+        // buffers (16 of 64 B in 1 KiB), not only within the queue.
+        (
+            &[
+                "bench",
+                "-s",
+                "64",
+                "--region",
+                "1K",
+                "-e",
+                "adaptive",
+                "--adaptive",
+                "adaptive:64,1ms",
+            ],
+            "--adaptive adaptive:64,1ms: 64 with --size 64: only 16 WRITEs",
+        ),
+        (
+            &["bench", "-e", "1,2", "--adaptive", "adaptive:4,1us"],
+            "--adaptive adaptive:4,1us: no `adaptive` point",
+        ),
+        (
+            &["bench", "--cq-mod", "4", "--adaptive", "adaptive:4,1us"],
+            "no `adaptive` point",
+        ),
+        (
+            &["bench", "-s", "1.3"],
+            "1.3 is not a whole number of bytes",
+        ),
+        (&["bench", "-D", "-1"], "invalid duration \"-1\""),
+        (&["bench", "-e", "-1"], "invalid signal interval \"-1\""),
+        (
+            &["bench", "--json", "-", "--svg", "-"],
+            "both to standard output",
+        ),
     ] {
         let o = selsig(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
@@ -812,6 +846,56 @@ fn bench_keeps_the_signal_interval_within_the_buffers_the_region_holds() {
     for p in v["points"].as_array().unwrap() {
         assert_eq!(p["wrs"].as_u64(), Some(200), "{p}");
     }
+}
+
+#[test]
+fn bench_output_options_and_small_queues() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // --json and --svg to one file: refused before the run, the file left as it was.
+    let same = dir.join("same.out");
+    std::fs::write(&same, "old\n").unwrap();
+    let same = same.to_str().unwrap();
+    let o = selsig(&[
+        "bench", "-n", "100", "-s", "64", "-e", "1", "--json", same, "--svg", same,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the same file"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(same).unwrap(), "old\n");
+    // --svg - draws on stdout, without the table.
+    let o = selsig(&["bench", "-n", "100", "-s", "64", "-e", "1", "--svg", "-"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with("<svg") && out.trim_end().ends_with("</svg>"),
+        "{out}"
+    );
+    // A send queue shallower than the default post list takes its depth per post.
+    let v = bench_json(&["-t", "8", "-s", "64", "-e", "1", "-n", "100"]);
+    assert_eq!(v["settings"]["post_list"], 8);
+    assert_eq!(v["points"][0]["wrs"], 100);
+    // A size given twice runs once; the JSON has the region and the GID index.
+    let v = bench_json(&["-s", "4K,4096", "-e", "1", "-n", "100"]);
+    assert_eq!(v["points"].as_array().unwrap().len(), 1);
+    assert_eq!(v["settings"]["region"], 256 << 20);
+    assert!(v["settings"]["gid_index"].is_null());
+    // Standard output that cannot be written is an error, not a panic.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("Linux has /dev/full");
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["bench", "-n", "100", "-s", "64", "-e", "1"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot write to standard output"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
