@@ -405,3 +405,37 @@ fn a_refused_completion_names_the_wr_id_it_carried() {
         Err(selsig::CompletionError::AlreadyRetired { wr_id: wc.wr_id })
     );
 }
+
+/// A batch whose second work request the tracker refuses (no sequence number left) and
+/// whose first the provider refuses (the QP is not connected): both payloads come back,
+/// in posting order; none is dropped.
+#[test]
+fn a_batch_refused_twice_gives_every_payload_back() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = Arc::new(dev.create_cq(64).unwrap());
+    let qp = dev.create_qp(&pd, &cq, &cq, &init(16)).unwrap();
+    let config = QueueConfig {
+        first_seq: selsig::SEND_WR_ID_BIT - 1,
+        ..QueueConfig::with_policy(Policy::Every(4))
+    };
+    let mut queue: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::with_config(qp, cq, config).unwrap();
+    let remote = selsig::RemoteAddr::default();
+    let mut works = vec![
+        Work::write_empty(remote, 1),
+        Work::write_empty(remote, 2),
+        Work::write_empty(remote, 3),
+    ]
+    .into_iter();
+    match queue.post_batch(&mut works) {
+        Err(selsig::QueuePostError::Provider { returned, .. }) => {
+            let users: Vec<u32> = returned.iter().map(|p| p.user).collect();
+            assert_eq!(users, [1, 2]);
+        }
+        other => panic!("expected the provider's refusal, got {other:?}"),
+    }
+    // The third was never taken from the iterator.
+    assert_eq!(works.count(), 1);
+    assert_eq!(queue.outstanding(), 0);
+}

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::provider::{MemoryRegion, ProviderError, Sge};
+use crate::provider::{MemoryRegion, ProviderError, RemoteAddr, Sge};
 
 /// The result of [`Buffer::split_into`]: the parts and what is left, or the buffer back.
 pub type SplitInto<M> = Result<(Vec<Buffer<M>>, Buffer<M>), Buffer<M>>;
@@ -32,9 +32,22 @@ impl<M: MemoryRegion> Buffer<M> {
         }
     }
 
-    /// The region the buffer belongs to.
-    pub fn region(&self) -> &M {
-        &self.mr
+    /// The address of the buffer's first byte.
+    ///
+    /// The region itself is not reachable through a buffer: through it any part of the
+    /// region could be written, a posted sibling's among them.
+    pub fn addr(&self) -> u64 {
+        self.mr.addr().wrapping_add(self.offset as u64)
+    }
+
+    /// The local key of the buffer's region.
+    pub fn lkey(&self) -> u32 {
+        self.mr.lkey()
+    }
+
+    /// The buffer as the target of a peer's RDMA: its first byte, its region's remote key.
+    pub fn remote(&self) -> RemoteAddr {
+        self.mr.remote(self.offset)
     }
 
     /// The buffer's offset in its region.

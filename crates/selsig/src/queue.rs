@@ -158,9 +158,9 @@ fn local_of<M: MemoryRegion>(
         Data::Buffer(b) => match u32::try_from(b.len()) {
             Ok(length) => (
                 Local::Sge(Sge {
-                    addr: b.region().addr().wrapping_add(b.offset() as u64),
+                    addr: b.addr(),
                     length,
-                    lkey: b.region().lkey(),
+                    lkey: b.lkey(),
                 }),
                 Some(b),
             ),
@@ -592,8 +592,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
     ///
     /// A work request the tracker refuses (error state, draining, or a full CQ budget:
     /// with a shared pool, other queues may take its credits while the batch is built;
-    /// poll and post the rest again) comes back in the error (those before it are posted). If the provider refuses one, the tracker forgets it and
-    /// every later one, and their payloads come back in the error.
+    /// poll and post the rest again) comes back in the error (those before it are
+    /// posted). If the provider refuses one, the tracker forgets it and every later one,
+    /// and their payloads come back in the error's `returned`, followed by the one the
+    /// tracker refused, if any.
     pub fn post_batch<'a, I>(
         &mut self,
         works: &mut I,
@@ -662,10 +664,17 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 let first = self.staged[e.index].wr_id & !SEND_WR_ID_BIT;
                 // The work requests from `first` on were staged by this call and are
                 // outstanding, so the rollback is accepted.
-                let returned: Vec<_> = match self.tracker.rollback(Seq(first)) {
+                let mut returned: Vec<_> = match self.tracker.rollback(Seq(first)) {
                     Ok(items) => items.collect(),
                     Err(_) => Vec::new(),
                 };
+                // The work request refused before the post comes after them.
+                match refused {
+                    Some(QueuePostError::Refused(e)) => returned.push(e.into_payload()),
+                    Some(QueuePostError::Invalid { work, .. }) => returned.push(work),
+                    Some(QueuePostError::Provider { returned: r, .. }) => returned.extend(r),
+                    None => {}
+                }
                 return Err(QueuePostError::Provider {
                     returned,
                     source: e,
