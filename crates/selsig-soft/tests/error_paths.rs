@@ -439,3 +439,46 @@ fn a_batch_refused_twice_gives_every_payload_back() {
     assert_eq!(works.count(), 1);
     assert_eq!(queue.outstanding(), 0);
 }
+
+/// Two queues share a CQ and its pool of credits. B's completion holds the last credit;
+/// A's drain polls it (it is B's to handle) and needs a credit for its marker: it says so
+/// at once instead of waiting out its time, and drains once the completion is routed.
+#[test]
+fn a_drain_that_needs_a_credit_held_by_another_queue_says_so() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = Arc::new(dev.create_cq(2).unwrap());
+    let (recv_cq, peer_cq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+    let (a, _pa) = connected(&dev, &pd, (&cq, &recv_cq, &peer_cq), &init(8));
+    let (b, _pb) = connected(&dev, &pd, (&cq, &recv_cq, &peer_cq), &init(8));
+    let pool = CqCredits::new(cq.capacity());
+    let config = QueueConfig {
+        cq: Some(CqBudget::Shared(pool.clone())),
+        ..QueueConfig::with_policy(Policy::Never)
+    };
+    let mut qa: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::with_config(a, Arc::clone(&cq), config.clone()).unwrap();
+    let mut qb: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::with_config(b, Arc::clone(&cq), config).unwrap();
+    let remote = selsig::RemoteAddr::default();
+    for i in 1..cq.capacity() {
+        assert!(!qa.post(Work::write_empty(remote, i)).unwrap().signaled());
+    }
+    // The last credit: signaled, so that a completion is on its way.
+    assert!(qb.post(Work::write_empty(remote, 100)).unwrap().signaled());
+    assert_eq!(pool.available(), 0);
+    let mut done = Vec::new();
+    let start = Instant::now();
+    match qa.drain(WAIT, &mut done) {
+        Err(selsig::DrainError::Unrouted { completions: 1 }) => {}
+        other => panic!("expected Unrouted, got {other:?}"),
+    }
+    assert!(start.elapsed() < WAIT, "it waited out its time");
+    for wc in qa.take_unclaimed() {
+        assert_eq!(qb.handle_completion(&wc).unwrap().retired, 1);
+    }
+    qa.drain(WAIT, &mut done).unwrap();
+    let users: Vec<u32> = done.iter().map(|c| c.user).collect();
+    assert_eq!(users, (1..cq.capacity()).collect::<Vec<_>>());
+    assert!(done.iter().all(|c| c.outcome == Outcome::Completed));
+}

@@ -322,6 +322,17 @@ pub enum DrainError {
     /// The marker could not be posted.
     #[error("the drain marker could not be posted")]
     Marker(#[source] QueuePostError<()>),
+    /// The marker needs a credit of the shared completion-queue pool that completions of
+    /// other queues hold: this queue polled them from the shared CQ, and they wait in
+    /// [`take_unclaimed`](SignaledQueue::take_unclaimed). Hand them to their queues
+    /// ([`handle_completion`](SignaledQueue::handle_completion)), then drain again.
+    #[error(
+        "the drain marker needs a completion-queue credit held by other queues: {completions} of their completions, polled from the shared CQ, wait in take_unclaimed for their queues"
+    )]
+    Unrouted {
+        /// How many completions of other queue pairs wait in `take_unclaimed`.
+        completions: usize,
+    },
 }
 
 /// A queue pair of a [`Device`] with selective signaling done right: a [`SendTracker`]
@@ -534,7 +545,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
 
     /// Completions polled that are not this queue's sends ([`send_seq`](Self::send_seq) is
     /// `None`: another QP's on a shared CQ, this QP's receives, a send posted around the
-    /// queue), for the caller to route.
+    /// queue), for the caller to route. Another queue's completion keeps its credit of a
+    /// shared pool taken until that queue handles it
+    /// ([`handle_completion`](Self::handle_completion)), so route them promptly.
     pub fn take_unclaimed(&mut self) -> Vec<WorkCompletion> {
         std::mem::take(&mut self.unclaimed)
     }
@@ -881,6 +894,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// error state: every outstanding work request is flushed by the NIC; a signaled marker
     /// is posted behind them as well (like the kernel's `ib_drain_sq`), so that the drain
     /// ends even if flush completions were lost. The queue accepts no more posts.
+    ///
+    /// On a CQ shared with other queues, completions of theirs that this drain polls wait
+    /// in [`take_unclaimed`](Self::take_unclaimed); when the marker needs a credit of a
+    /// shared pool that those completions hold, the drain ends with
+    /// [`DrainError::Unrouted`]: route them, and drain again.
     pub fn drain(
         &mut self,
         timeout: Duration,
@@ -895,6 +913,15 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     self.post_drain_marker().map_err(DrainError::Marker)?,
                     DrainMarker::NoRoom
                 );
+                // No room, and completions of other queues that hold credits of a shared
+                // pool parked here: only their queues can give those credits back.
+                let own = self.qp.qp_num();
+                let foreign = self.unclaimed.iter().filter(|wc| wc.qp_num != own).count();
+                if !marker_posted && foreign > 0 {
+                    return Err(DrainError::Unrouted {
+                        completions: foreign,
+                    });
+                }
             }
             self.poll(out)?;
             if self.tracker.is_idle() {
