@@ -22,6 +22,7 @@ pub enum Policy {
     /// unsignaled work requests would reach `max_unsignaled`, or when the oldest work
     /// request of that run was posted `max_lag` or longer ago. A caller with nothing more to
     /// post confirms the run at [`SendTracker::next_deadline`](crate::SendTracker::next_deadline).
+    /// A `max_lag` of zero signals every work request.
     Adaptive {
         /// Signal at the latest every `max_unsignaled`-th work request.
         max_unsignaled: u32,

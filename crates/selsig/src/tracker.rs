@@ -1125,7 +1125,10 @@ impl<T> SendTracker<T> {
                 max_unsignaled,
                 max_lag,
             } => {
+                // A lag bound of zero: a work request posted unsignaled would already be
+                // past it.
                 run_after >= max_unsignaled
+                    || max_lag.is_zero()
                     || (self.run > 0
                         && u128::from(now_ns.saturating_sub(self.run_start_ns))
                             >= max_lag.as_nanos())
@@ -1566,6 +1569,21 @@ mod tests {
             posted[7].signaled() && posted[..7].iter().all(|p| !p.signaled()),
             "budget"
         );
+    }
+
+    #[test]
+    fn adaptive_with_no_lag_allowed_signals_every_work_request() {
+        let (mut t, t0) = tracker(
+            64,
+            64,
+            Policy::Adaptive {
+                max_unsignaled: 8,
+                max_lag: Duration::ZERO,
+            },
+        );
+        let posted = post_n(&mut t, t0, 4);
+        assert!(posted.iter().all(|p| p.signaled()), "{posted:?}");
+        assert_eq!(t.next_deadline(), None);
     }
 
     #[test]
