@@ -674,7 +674,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
         let count = self.staged.len();
         if count > 0 {
             if let Err(e) = self.submit(&inline) {
-                let first = self.staged[e.index].wr_id & !SEND_WR_ID_BIT;
+                // An index beyond the list (a provider breaking its contract) is taken as
+                // the last work request's: the rest is handed back, nothing panics.
+                let failed = e.index.min(count - 1);
+                let first = self.staged[failed].wr_id & !SEND_WR_ID_BIT;
                 // The work requests from `first` on were staged by this call and are
                 // outstanding, so the rollback is accepted.
                 let mut returned: Vec<_> = match self.tracker.rollback(Seq(first)) {
@@ -744,7 +747,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
     where
         F: FnMut(Completion<D::Mr, U>),
     {
-        let n = self.cq.poll(&mut self.wcs)?;
+        // A count beyond the buffer (a provider breaking its contract) is cut to it.
+        let n = self.cq.poll(&mut self.wcs)?.min(self.wcs.len());
         let mut first_error = None;
         if n > 0 {
             let now = self.now();
