@@ -6,9 +6,9 @@
 //! Every test needs a device, so every test is `#[ignore]`d with the reason; the script
 //! runs them with `--ignored`.
 
+use std::io::{BufRead as _, BufReader, Read as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
 
 use serde_json::Value;
 
@@ -84,29 +84,61 @@ fn demo_on_the_device_shows_only_cqe4_and_cqe8() {
 }
 
 /// Starts `selsig serve` on `port` (with `extra` options) and gives its HOST:PORT.
-fn serve(port: &str, extra: &[&str]) -> (Child, String) {
+/// A `selsig serve` process, listening.
+struct Server {
+    child: Child,
+    stderr: BufReader<ChildStderr>,
+    /// What it printed before listening.
+    log: String,
+}
+
+impl Server {
+    /// Ends it (if it has not ended) and returns its exit status and everything it printed.
+    fn finish(mut self, kill: bool) -> (std::process::ExitStatus, String) {
+        if kill {
+            let _ = self.child.kill();
+        }
+        let status = self.child.wait().expect("selsig serve ends");
+        let mut log = self.log;
+        self.stderr.read_to_string(&mut log).unwrap();
+        (status, log)
+    }
+}
+
+/// Starts `selsig serve` and waits until it listens (it can take seconds to start in an
+/// emulated VM: a client started earlier finds nobody, and a `--once` server then waits
+/// for ever).
+fn serve(port: &str, extra: &[&str]) -> (Server, String) {
     let address = std::env::var("SELSIG_SERVE_ADDR").unwrap_or_else(|_| "127.0.0.1".to_string());
     let mut args = vec!["serve", "--port", port, "--provider", "verbs"];
     args.extend_from_slice(extra);
     let g = gid();
     args.extend(g.iter().map(String::as_str));
-    let server = Command::new(env!("CARGO_BIN_EXE_selsig"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_selsig"))
         .args(&args)
         .stderr(Stdio::piped())
         .spawn()
         .expect("selsig serve starts");
-    std::thread::sleep(Duration::from_millis(500));
-    (server, format!("{address}:{port}"))
+    let mut stderr = BufReader::new(child.stderr.take().expect("piped"));
+    let mut log = String::new();
+    // Ends at the listening line, or at the end of its output if it failed to start.
+    while stderr.read_line(&mut log).unwrap() > 0 && !log.contains("listening") {}
+    assert!(
+        log.contains("listening"),
+        "selsig serve did not start: {log}"
+    );
+    (Server { child, stderr, log }, format!("{address}:{port}"))
 }
 
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn two_processes_serve_and_connect() {
-    let (mut server, target) = serve("18631", &["--once"]);
+    let (server, target) = serve("18631", &["--once"]);
     let o = verbs(&["demo", "--connect", &target, "--wrs", "12", "--json"]);
-    let status = server.wait().expect("selsig serve ends");
+    // A client that failed leaves a `--once` server waiting: it is stopped.
+    let (status, log) = server.finish(!o.status.success());
     assert!(o.status.success(), "client: {}", text(&o.stderr));
-    assert!(status.success(), "the server's check failed");
+    assert!(status.success(), "the server's check failed: {log}");
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["remote_verified"], true);
     assert!(v["target"].as_str().unwrap().contains("18631"));
@@ -116,7 +148,7 @@ fn two_processes_serve_and_connect() {
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn bench_writes_into_serve_and_the_server_checks_the_bytes() {
-    let (mut server, target) = serve("18632", &[]);
+    let (server, target) = serve("18632", &[]);
     // A sweep (every slot written), a run shorter than the queue (only some slots written:
     // the others must stay untouched), and perftest mode (not checked: one page rewritten).
     let sweep = verbs(&[
@@ -154,8 +186,7 @@ fn bench_writes_into_serve_and_the_server_checks_the_bytes() {
         "-n",
         "1000",
     ]);
-    server.kill().expect("selsig serve stops");
-    let log = text(&server.wait_with_output().unwrap().stderr);
+    let (_, log) = server.finish(true);
     for (name, o) in [
         ("sweep", &sweep),
         ("short", &short),
