@@ -765,38 +765,29 @@ fn state_name(s: u32) -> QpState {
 }
 
 impl VerbsQp {
-    /// The path MTU the QP uses, in bytes (`ibv_query_qp`); `None` if it cannot be read.
-    pub fn path_mtu(&self) -> Option<u32> {
+    /// The attributes `mask` names (`ibv_query_qp`); `None` if they cannot be read.
+    fn query(&self, mask: c_int) -> Option<sys::ibv_qp_attr> {
         let mut attr = sys::ibv_qp_attr::default();
         // SAFETY: `init` is a valid `ibv_qp_init_attr` to fill; `attr` likewise.
         let rc = unsafe {
             let mut init: sys::ibv_qp_init_attr = std::mem::zeroed();
-            (self.dev.v().fns.query_qp)(
-                self.qp.as_ptr(),
-                &mut attr,
-                sys::IBV_QP_PATH_MTU,
-                &mut init,
-            )
+            (self.dev.v().fns.query_qp)(self.qp.as_ptr(), &mut attr, mask, &mut init)
         };
-        (rc == 0).then(|| mtu_bytes(attr.path_mtu))
+        (rc == 0).then_some(attr)
+    }
+
+    /// The path MTU the QP uses, in bytes (`ibv_query_qp`); `None` if it cannot be read.
+    pub fn path_mtu(&self) -> Option<u32> {
+        self.query(sys::IBV_QP_PATH_MTU)
+            .map(|attr| mtu_bytes(attr.path_mtu))
     }
 
     /// How many RDMA READs and atomics the QP keeps in flight and serves at once
     /// (`max_rd_atomic`, `max_dest_rd_atomic`, from `ibv_query_qp`; a provider may round
     /// them up); `None` if they cannot be read.
     pub fn rd_atomic(&self) -> Option<(u8, u8)> {
-        let mut attr = sys::ibv_qp_attr::default();
-        // SAFETY: `init` is a valid `ibv_qp_init_attr` to fill; `attr` likewise.
-        let rc = unsafe {
-            let mut init: sys::ibv_qp_init_attr = std::mem::zeroed();
-            (self.dev.v().fns.query_qp)(
-                self.qp.as_ptr(),
-                &mut attr,
-                sys::IBV_QP_MAX_QP_RD_ATOMIC | sys::IBV_QP_MAX_DEST_RD_ATOMIC,
-                &mut init,
-            )
-        };
-        (rc == 0).then_some((attr.max_rd_atomic, attr.max_dest_rd_atomic))
+        self.query(sys::IBV_QP_MAX_QP_RD_ATOMIC | sys::IBV_QP_MAX_DEST_RD_ATOMIC)
+            .map(|attr| (attr.max_rd_atomic, attr.max_dest_rd_atomic))
     }
 
     fn modify(
@@ -991,18 +982,12 @@ impl QueuePair for VerbsQp {
     }
 
     fn state(&self) -> QpState {
-        let mut attr = sys::ibv_qp_attr::default();
-        // SAFETY: `init` is a valid `ibv_qp_init_attr` to fill; `attr` likewise.
-        let rc = unsafe {
-            let mut init: sys::ibv_qp_init_attr = std::mem::zeroed();
-            (self.dev.v().fns.query_qp)(self.qp.as_ptr(), &mut attr, sys::IBV_QP_STATE, &mut init)
-        };
-        if rc != 0 {
+        match self.query(sys::IBV_QP_STATE) {
+            Some(attr) => state_name(attr.qp_state),
             // The state libibverbs last set.
             // SAFETY: the QP is valid until `Drop`.
-            return state_name(unsafe { (*self.qp.as_ptr()).state });
+            None => state_name(unsafe { (*self.qp.as_ptr()).state }),
         }
-        state_name(attr.qp_state)
     }
 
     fn endpoint(&self, options: &ConnectOptions) -> Result<Endpoint, ProviderError> {

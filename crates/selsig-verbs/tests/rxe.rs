@@ -598,26 +598,52 @@ fn posts_the_provider_must_not_see_are_refused_up_front() {
     );
 }
 
-#[test]
-#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
-fn the_path_mtu_is_the_smallest_both_sides_take() {
+/// Two QPs of `send_wr` slots, not yet connected, each with a CQ of its own, and the
+/// options to connect them with: for tests that change an endpoint before connecting.
+struct Unconnected {
+    dev: VerbsDevice,
+    pd: VerbsPd,
+    a: VerbsQp,
+    b: VerbsQp,
+    cq_a: VerbsCq,
+    options: ConnectOptions,
+}
+
+fn unconnected(send_wr: u32) -> Unconnected {
     let dev = device();
     let pd = dev.alloc_pd().unwrap();
-    let cq = dev.create_cq(16).unwrap();
+    let cq_a = dev.create_cq(send_wr).unwrap();
+    let cq_b = dev.create_cq(send_wr).unwrap();
     let init = QpInit {
         caps: QpCaps {
-            max_send_wr: 4,
+            max_send_wr: send_wr,
             max_recv_wr: 1,
             ..QpCaps::default()
         },
         sq_sig_all: false,
     };
-    let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
-    let b = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
     let options = ConnectOptions {
         gid_index: dev.gid_index(),
         ..ConnectOptions::default()
     };
+    Unconnected {
+        dev,
+        pd,
+        a,
+        b,
+        cq_a,
+        options,
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn the_path_mtu_is_the_smallest_both_sides_take() {
+    let Unconnected {
+        dev, a, b, options, ..
+    } = unconnected(4);
     let ea = a.endpoint(&options).unwrap();
     let mut eb = b.endpoint(&options).unwrap();
     assert_eq!(ea.mtu, dev.active_mtu());
@@ -632,24 +658,14 @@ fn the_path_mtu_is_the_smallest_both_sides_take() {
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn reads_in_flight_are_what_the_device_allows_and_the_peer_serves() {
-    let dev = device();
-    let pd = dev.alloc_pd().unwrap();
-    let cq_a = dev.create_cq(32).unwrap();
-    let cq_b = dev.create_cq(32).unwrap();
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: 32,
-            max_recv_wr: 1,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
-    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
-    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
-    let options = ConnectOptions {
-        gid_index: dev.gid_index(),
-        ..ConnectOptions::default()
-    };
+    let Unconnected {
+        dev,
+        pd,
+        a,
+        b,
+        cq_a,
+        options,
+    } = unconnected(32);
     let ea = a.endpoint(&options).unwrap();
     let mut eb = b.endpoint(&options).unwrap();
     // The device's own depth (rxe: 128, mlx5: 16), not the one READ of a QP's default.
