@@ -499,7 +499,11 @@ fn decode(c: &Cqe) -> WorkCompletion {
         wr_id: c.wr_id,
         status,
         opcode,
-        byte_len: c.byte_len,
+        byte_len: if opcode.is_some_and(WcOpcode::has_byte_len) {
+            c.byte_len
+        } else {
+            0
+        },
         qp_num: c.qp_num,
         imm_data: c.has_imm.then_some(c.imm),
         vendor_err: c.vendor_err,

@@ -652,20 +652,34 @@ impl VerbsCq {
     }
 }
 
+/// The fields of a completion that `ibv_poll_cq(3)` defines for it; the others are 0
+/// (`None`): providers leave them unwritten (mlx5 writes no `byte_len` for a WRITE, no
+/// `imm_data` for a send with immediate, no `vendor_err` on success).
 fn decode(wc: &sys::ibv_wc) -> WorkCompletion {
     let status = WcStatus::try_from(wc.status).unwrap_or(WcStatus::GeneralErr);
+    let opcode = if status.is_success() {
+        WcOpcode::try_from(wc.opcode).ok()
+    } else {
+        None
+    };
+    let recv = opcode.is_some_and(WcOpcode::is_recv);
     WorkCompletion {
         wr_id: wc.wr_id,
         status,
-        opcode: if status.is_success() {
-            WcOpcode::try_from(wc.opcode).ok()
+        opcode,
+        byte_len: if opcode.is_some_and(WcOpcode::has_byte_len) {
+            wc.byte_len
         } else {
-            None
+            0
         },
-        byte_len: wc.byte_len,
         qp_num: wc.qp_num,
-        imm_data: (wc.wc_flags & sys::IBV_WC_WITH_IMM != 0).then(|| u32::from_be(wc.imm_data)),
-        vendor_err: wc.vendor_err,
+        imm_data: (recv && wc.wc_flags & sys::IBV_WC_WITH_IMM != 0)
+            .then(|| u32::from_be(wc.imm_data)),
+        vendor_err: if status.is_success() {
+            0
+        } else {
+            wc.vendor_err
+        },
     }
 }
 
@@ -681,40 +695,62 @@ impl CompletionQueue for VerbsCq {
         let Some(poll) = (unsafe { (*(*cq).context).ops.poll_cq }) else {
             return Err(CqError::Os(io::Error::other("the provider has no poll_cq")));
         };
-        // Polled through a buffer on the stack, a chunk at a time: no lock, no allocation.
-        let failed = self.inner.failed.swap(0, Ordering::Relaxed);
-        if failed != 0 {
-            return Err(poll_failure(failed));
-        }
-        let mut raw = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_CHUNK];
-        let mut polled = 0;
-        while polled < out.len() {
-            let want = (out.len() - polled).min(POLL_CHUNK);
-            // SAFETY: `poll_cq` is the provider's function from the context's ops table (what
-            // the static inline `ibv_poll_cq` calls); it writes at most `want` entries at the
-            // start of `raw`, which has room for them (`MaybeUninit<T>` has `T`'s layout).
-            let n = unsafe { poll(cq, want as c_int, raw.as_mut_ptr().cast()) };
-            if n < 0 {
-                if polled > 0 {
-                    // Hand over what was polled; the next call reports the failure (mlx5
-                    // consumed the completion it could not parse: it would not fail again).
-                    self.inner.failed.store(n, Ordering::Relaxed);
-                    break;
-                }
-                return Err(poll_failure(n));
-            }
-            let n = (n as usize).min(want);
-            for (o, w) in out[polled..].iter_mut().zip(&raw[..n]) {
-                // SAFETY: the provider wrote the first `n` entries.
-                *o = decode(unsafe { w.assume_init_ref() });
-            }
-            polled += n;
-            if n < want {
+        // SAFETY: `poll_cq` is the provider's function from the context's ops table (what
+        // the static inline `ibv_poll_cq` calls), and `cq` is its CQ.
+        unsafe { poll_chunks(poll, cq, &self.inner.failed, out) }
+    }
+}
+
+/// Polls `out.len()` completions at most through `poll`, a chunk at a time through a
+/// buffer on the stack: no lock, no allocation. A failure after completions of the same
+/// call were handed over is kept in `failed` for the next call.
+///
+/// # Safety
+///
+/// `poll(cq, n, wc)` must behave as a provider's `poll_cq`: write at most `n` entries at
+/// `wc` and return how many completions it polled, or a negative value.
+unsafe fn poll_chunks(
+    poll: sys::PollCq,
+    cq: *mut sys::ibv_cq,
+    failed: &AtomicI32,
+    out: &mut [WorkCompletion],
+) -> Result<usize, CqError> {
+    let was = failed.swap(0, Ordering::Relaxed);
+    if was != 0 {
+        return Err(poll_failure(was));
+    }
+    let mut raw = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_CHUNK];
+    let mut polled = 0;
+    while polled < out.len() {
+        let want = (out.len() - polled).min(POLL_CHUNK);
+        // Providers write only the fields a completion defines (mlx5: not `byte_len` for a
+        // WRITE, not `vendor_err` on success): the others must read as 0, not as whatever
+        // the stack or an earlier chunk left there.
+        raw[..want].fill(MaybeUninit::zeroed());
+        // SAFETY: `poll` writes at most `want` entries at the start of `raw`, which has
+        // room for them (the caller's contract; `MaybeUninit<T>` has `T`'s layout).
+        let n = unsafe { poll(cq, want as c_int, raw.as_mut_ptr().cast()) };
+        if n < 0 {
+            if polled > 0 {
+                // Hand over what was polled; the next call reports the failure (mlx5
+                // consumed the completion it could not parse: it would not fail again).
+                failed.store(n, Ordering::Relaxed);
                 break;
             }
+            return Err(poll_failure(n));
         }
-        Ok(polled)
+        let n = (n as usize).min(want);
+        for (o, w) in out[polled..].iter_mut().zip(&raw[..n]) {
+            // SAFETY: the first `want` entries were zeroed, and an all-zero `ibv_wc` is a
+            // valid one (integers only); the provider then wrote some of their fields.
+            *o = decode(unsafe { w.assume_init_ref() });
+        }
+        polled += n;
+        if n < want {
+            break;
+        }
     }
+    Ok(polled)
 }
 
 /// A negative return of `poll_cq`: `ibv_poll_cq(3)` promises only "negative", not an
@@ -1507,6 +1543,7 @@ impl Device for VerbsDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::c_uint;
 
     #[test]
     fn reads_in_flight_are_what_the_device_allows_and_the_peer_serves() {
@@ -1766,5 +1803,136 @@ mod tests {
         g[11] = 0xff;
         g[12..].copy_from_slice(&[10, 77, 0, 1]);
         assert_eq!(gid_text(&g), "0000:0000:0000:0000:0000:ffff:0a4d:0001");
+    }
+
+    /// Writes `n` receive completions of 64 bytes (wr_id 1000, 1001, ...) and only their
+    /// `wr_id`, `status`, `opcode` and `byte_len`: `wc_flags`, `imm_data`, `qp_num` are
+    /// left as they were (as mlx5 leaves a WRITE's `byte_len` and a success's `vendor_err`).
+    unsafe extern "C" fn writes_some_fields(
+        _cq: *mut sys::ibv_cq,
+        n: c_int,
+        wc: *mut sys::ibv_wc,
+    ) -> c_int {
+        for i in 0..n as usize {
+            // SAFETY: the poll loop passes room for `n` entries.
+            unsafe {
+                let w = wc.add(i);
+                (&raw mut (*w).wr_id).write(1000 + i as u64);
+                (&raw mut (*w).status).write(WcStatus::Success as c_uint);
+                (&raw mut (*w).opcode).write(WcOpcode::Recv as c_uint);
+                (&raw mut (*w).byte_len).write(64);
+            }
+        }
+        n
+    }
+
+    /// Writes `n` RDMA READ completions of 4096 bytes with a value in every field, those a
+    /// successful READ does not define included (a provider that copies whole entries, as
+    /// rxe does, may leave any there).
+    unsafe extern "C" fn reads(_cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::ibv_wc) -> c_int {
+        for i in 0..n as usize {
+            // SAFETY: the poll loop passes room for `n` entries.
+            unsafe {
+                wc.add(i).write(sys::ibv_wc {
+                    wr_id: i as u64,
+                    status: WcStatus::Success as c_uint,
+                    opcode: WcOpcode::RdmaRead as c_uint,
+                    vendor_err: 0x55,
+                    byte_len: 4096,
+                    imm_data: 0xabab_abab,
+                    qp_num: 7,
+                    src_qp: 0xabab,
+                    wc_flags: sys::IBV_WC_WITH_IMM,
+                    pkey_index: 0xabab,
+                    slid: 0xabab,
+                    sl: 0xab,
+                    dlid_path_bits: 0xab,
+                })
+            };
+        }
+        n
+    }
+
+    /// Fills the stack below the caller with a pattern, where a later call's buffer lies.
+    #[inline(never)]
+    fn smear_stack() {
+        let mut junk = [0xabu8; 16 << 10];
+        std::hint::black_box(&mut junk);
+    }
+
+    fn poll_with(poll: sys::PollCq, n: usize) -> Vec<WorkCompletion> {
+        let mut out = vec![WorkCompletion::new(0, WcStatus::GeneralErr, 0); n];
+        smear_stack();
+        // SAFETY: the fake `poll` functions write at most the entries asked for and ignore
+        // the CQ.
+        let k = unsafe { poll_chunks(poll, std::ptr::null_mut(), &AtomicI32::new(0), &mut out) }
+            .unwrap();
+        out.truncate(k);
+        out
+    }
+
+    #[test]
+    fn fields_a_provider_leaves_unwritten_read_as_zero() {
+        // 40 completions: a chunk of 32 and one of 8 (wr_ids from 1000 again), on a stack
+        // full of a pattern.
+        let wcs = poll_with(writes_some_fields, 40);
+        assert_eq!(wcs.len(), 40);
+        for (i, wc) in wcs.iter().enumerate() {
+            assert_eq!(
+                *wc,
+                WorkCompletion {
+                    opcode: Some(WcOpcode::Recv),
+                    byte_len: 64,
+                    ..WorkCompletion::new(1000 + (i % 32) as u64, WcStatus::Success, 0)
+                },
+                "completion {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_fields_a_completion_defines_are_reported() {
+        // A READ defines its length; a send completion never carries immediate data, and
+        // a success no vendor syndrome.
+        let wcs = poll_with(reads, 3);
+        assert_eq!(
+            wcs[2],
+            WorkCompletion {
+                opcode: Some(WcOpcode::RdmaRead),
+                byte_len: 4096,
+                ..WorkCompletion::new(2, WcStatus::Success, 7)
+            }
+        );
+        let recv = sys::ibv_wc {
+            wr_id: 9,
+            opcode: WcOpcode::RecvRdmaWithImm as c_uint,
+            byte_len: 64,
+            imm_data: 0xfeed_u32.to_be(),
+            qp_num: 7,
+            wc_flags: sys::IBV_WC_WITH_IMM,
+            vendor_err: 0x55,
+            ..Default::default()
+        };
+        assert_eq!(
+            decode(&recv),
+            WorkCompletion {
+                opcode: Some(WcOpcode::RecvRdmaWithImm),
+                byte_len: 64,
+                imm_data: Some(0xfeed),
+                ..WorkCompletion::new(9, WcStatus::Success, 7)
+            }
+        );
+        // An error completion: no opcode, no length, its syndrome.
+        let failed = sys::ibv_wc {
+            status: WcStatus::RemAccessErr as c_uint,
+            ..recv
+        };
+        assert_eq!(
+            decode(&failed),
+            WorkCompletion {
+                vendor_err: 0x55,
+                ..WorkCompletion::new(9, WcStatus::RemAccessErr, 7)
+            }
+        );
     }
 }

@@ -179,11 +179,23 @@ impl WcOpcode {
     pub const fn is_recv(self) -> bool {
         (self as u32) & 128 != 0
     }
+
+    /// `true` where a completion's `byte_len` is defined: receives, RDMA READs and atomics.
+    /// Other send completions leave it unset (mlx5's `handle_good_req` does not write it).
+    pub const fn has_byte_len(self) -> bool {
+        self.is_recv()
+            || matches!(
+                self,
+                WcOpcode::RdmaRead | WcOpcode::CompSwap | WcOpcode::FetchAdd
+            )
+    }
 }
 
 /// One completion read from a completion queue (the fields of `ibv_wc` selsig uses).
 ///
-/// In an error completion only `wr_id`, `status`, `qp_num` and `vendor_err` are valid.
+/// In an error completion only `wr_id`, `status`, `qp_num` and `vendor_err` are valid. The
+/// providers give 0 (`None`) in the fields a completion does not define, so that two
+/// completions compare equal when what they define is equal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkCompletion {
     /// The `wr_id` of the work request (on a [`SignaledQueue`](crate::SignaledQueue)'s
@@ -194,13 +206,15 @@ pub struct WorkCompletion {
     /// The operation; `None` where the provider reported a value outside the known set
     /// (always the case for meaningless opcodes of error completions).
     pub opcode: Option<WcOpcode>,
-    /// Bytes transferred (receives, READs).
+    /// Bytes transferred, where defined ([`WcOpcode::has_byte_len`]: receives, READs,
+    /// atomics); 0 otherwise.
     pub byte_len: u32,
     /// The QP number the completion belongs to.
     pub qp_num: u32,
-    /// Immediate data, host order, when the completion carries any.
+    /// Immediate data, host order, when a receive completion carries any (a send
+    /// completion never does, even of a WRITE or SEND with immediate).
     pub imm_data: Option<u32>,
-    /// Vendor error syndrome (error completions only).
+    /// Vendor error syndrome (error completions only; 0 otherwise).
     pub vendor_err: u32,
 }
 
