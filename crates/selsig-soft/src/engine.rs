@@ -41,7 +41,8 @@ const PARK: Duration = Duration::from_millis(5);
 struct Served {
     qp: Arc<QpInner>,
     peer: Option<Arc<QpInner>>,
-    /// The peer's receive producer when this QP stalled on RNR (waits for it to change).
+    /// The peer's receive producer when this QP stalled on RNR, found empty (waits for it
+    /// to change).
     rnr_wait: Option<u64>,
 }
 
@@ -171,7 +172,11 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                         if recording {
                             qp.times.stamp(stamped, exec);
                         }
-                        s.rnr_wait = peer.map(|p| p.rq.published());
+                        // Wait for the producer to pass what the peek saw: the consumer
+                        // index (the queue was empty), which only this thread moves. The
+                        // producer read again could already count a receive posted since
+                        // the peek, which would then never wake this QP.
+                        s.rnr_wait = peer.map(|p| p.rq.consumed());
                         break 'fetch;
                     }
                     Exec::Fail { status, responder } => {

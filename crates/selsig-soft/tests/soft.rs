@@ -821,6 +821,48 @@ fn a_send_longer_than_the_receive_fails_both_sides() {
     assert_eq!(p.b.state(), QpState::Err);
 }
 
+/// A SEND that finds no receive waits (`rnr_retry = 7`) until the peer posts one, however
+/// close the receive comes to the NIC's look at the empty queue: the receive is posted at
+/// a different moment in each round, some of them between the NIC finding the queue empty
+/// and deciding what to wait for.
+#[test]
+fn a_send_waiting_for_a_receive_runs_once_one_is_posted() {
+    let p = pair();
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 4];
+    let start = Instant::now();
+    let mut rounds = 0u64;
+    // At most 3 s of rounds (the race showed within the first 60 000 in every run).
+    while rounds < 300_000 && start.elapsed() < Duration::from_secs(3) {
+        p.a.post_send(&[SendWr {
+            wr_id: rounds,
+            opcode: Opcode::Send,
+            local: Local::Empty,
+            remote: RemoteAddr::default(),
+            imm_data: 0,
+            signaled: true,
+        }])
+        .unwrap();
+        for _ in 0..rounds % 64 {
+            std::hint::spin_loop();
+        }
+        p.b.post_recv(&[RecvWr {
+            wr_id: rounds,
+            sge: None,
+        }])
+        .unwrap();
+        let posted = Instant::now();
+        while p.cq_a.poll(&mut buf).unwrap() == 0 {
+            assert!(
+                posted.elapsed() < Duration::from_secs(1),
+                "round {rounds}: the SEND did not run although a receive is posted"
+            );
+        }
+        assert_eq!(statuses(&buf[..1]), [(rounds, WcStatus::Success)]);
+        assert_eq!(statuses(&poll_n(&p.cq_b, 1)), [(rounds, WcStatus::Success)]);
+        rounds += 1;
+    }
+}
+
 #[test]
 fn receives_are_flushed_when_the_qp_goes_to_error() {
     let p = pair();
