@@ -727,14 +727,17 @@ impl QueuePair for SoftQp {
                 "retry_cnt and rnr_retry are 0..=7",
             ));
         }
-        qp.access.store(options.access.bits(), Ordering::Release);
-        qp.rnr_retry.store(options.rnr_retry, Ordering::Release);
-        if !qp.transition(QpState::Reset, QpState::Init) {
-            return Err(self.transition_error(
+        // Everything is checked before the QP changes: a refused connect leaves the QP as
+        // it was (in the reset state, ready for another try), as a failed ibv_modify_qp does.
+        let not_reset = || {
+            self.transition_error(
                 QpState::Reset,
                 QpState::Init,
                 "the QP is not in the reset state",
-            ));
+            )
+        };
+        if qp.state() != QpState::Reset {
+            return Err(not_reset());
         }
         if remote.gid != self.dev.gid {
             return Err(self.transition_error(
@@ -754,6 +757,11 @@ impl QueuePair for SoftQp {
                 format!("no QP {:#x} on {}", remote.qp_num, self.dev.name),
             ));
         };
+        if !qp.transition(QpState::Reset, QpState::Init) {
+            return Err(not_reset());
+        }
+        qp.access.store(options.access.bits(), Ordering::Release);
+        qp.rnr_retry.store(options.rnr_retry, Ordering::Release);
         *qp.peer.lock() = Some(peer);
         if !qp.transition(QpState::Init, QpState::Rtr) || !qp.transition(QpState::Rtr, QpState::Rts)
         {

@@ -1006,6 +1006,61 @@ fn invalid_work_requests_and_states_are_refused() {
     assert!(matches!(err.failure, PostFailure::Invalid(_)), "{err}");
 }
 
+/// A refused connect changes nothing, as a failed `ibv_modify_qp`: a QP refused for a bad
+/// endpoint stays in the reset state and connects on the next try, and a connected QP
+/// refused a second connect keeps its access flags.
+#[test]
+fn a_refused_connect_leaves_the_qp_as_it_was() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
+    let options = ConnectOptions::default();
+    let good = b.endpoint(&options).unwrap();
+    let e = a
+        .connect(
+            &selsig::Endpoint {
+                qp_num: 0xbad,
+                ..good
+            },
+            &options,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("0xbad"), "{e}");
+    assert_eq!(a.state(), QpState::Reset);
+    a.connect(&good, &options).unwrap();
+    b.connect(&a.endpoint(&options).unwrap(), &options).unwrap();
+    // b is in RTS: a second connect, with no remote access, is refused ...
+    let e = b
+        .connect(
+            &a.endpoint(&options).unwrap(),
+            &ConnectOptions {
+                access: Access::empty(),
+                ..options
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("not in the reset state"), "{e}");
+    // ... and b still takes a's WRITEs.
+    let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+    let remote = dev
+        .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    a.post_send(&[write(1, &local, 0, 8, remote.remote(0), true)])
+        .unwrap();
+    assert_eq!(statuses(&poll_n(&cq_a, 1)), [(1, WcStatus::Success)]);
+    assert_eq!((a.state(), b.state()), (QpState::Rts, QpState::Rts));
+}
+
 #[test]
 fn remote_write_access_needs_local_write_as_in_verbs() {
     let p = pair();
