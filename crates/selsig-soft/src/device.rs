@@ -588,10 +588,12 @@ impl Drop for SoftQp {
             .list
             .retain(|q| !Arc::ptr_eq(q, &self.qp));
         let version = self.dev.bump();
+        // Once destroyed, a QP executes nothing more (rxe stops its tasks, mlx5 its
+        // hardware queue, before destroy returns): wait until the NIC no longer serves it.
+        let unserved = self.wait_unserved(version);
         // mlx5 removes the destroyed QP's completions that were not polled from its CQs
-        // (libmlx5 `mlx5_destroy_qp` → `__mlx5_cq_clean`), once the NIC no longer
-        // serves the QP; rxe leaves them.
-        if self.dev.config.personality == Personality::Mlx5 && self.wait_unserved(version) {
+        // (libmlx5 `mlx5_destroy_qp` → `__mlx5_cq_clean`); rxe leaves them.
+        if self.dev.config.personality == Personality::Mlx5 && unserved {
             self.qp.send_cq.clean(self.qp.qpn);
             if !Arc::ptr_eq(&self.qp.recv_cq, &self.qp.send_cq) {
                 self.qp.recv_cq.clean(self.qp.qpn);

@@ -1061,6 +1061,56 @@ fn a_refused_connect_leaves_the_qp_as_it_was() {
     assert_eq!((a.state(), b.state()), (QpState::Rts, QpState::Rts));
 }
 
+/// A destroyed QP executes nothing more: a drop while the NIC runs its WRITEs returns once
+/// the NIC left them (those it did not run never land), on both personalities.
+#[test]
+fn a_dropped_qp_executes_nothing_after_the_drop() {
+    const CHUNK: usize = 1 << 20;
+    const N: usize = 64;
+    for personality in [Personality::Mlx5, Personality::Rxe] {
+        let p = pair_with(personality, 64, 256, false);
+        let local = p.mr(CHUNK, Access::LOCAL_WRITE);
+        local.fill(0, CHUNK, 0xab).unwrap();
+        let remote = p.mr(CHUNK * N, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let wrs: Vec<_> = (0..N)
+            .map(|k| {
+                write(
+                    k as u64,
+                    &local,
+                    0,
+                    CHUNK as u32,
+                    remote.remote(k * CHUNK),
+                    false,
+                )
+            })
+            .collect();
+        let landed = || {
+            (0..N)
+                .filter(|k| {
+                    let mut last = [0u8];
+                    remote.read(k * CHUNK + CHUNK - 1, &mut last).unwrap();
+                    last[0] == 0xab
+                })
+                .count()
+        };
+        p.a.post_send(&wrs).unwrap();
+        // The NIC is at work on them when the QP goes.
+        let start = Instant::now();
+        while landed() == 0 {
+            assert!(start.elapsed() < WAIT, "{personality}: no WRITE landed");
+        }
+        // Only `a` goes: its peer, CQs and regions stay.
+        drop(p.a);
+        let at_drop = landed();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            landed(),
+            at_drop,
+            "{personality}: WRITEs landed after the QP was dropped"
+        );
+    }
+}
+
 #[test]
 fn remote_write_access_needs_local_write_as_in_verbs() {
     let p = pair();
