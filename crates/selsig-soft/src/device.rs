@@ -266,6 +266,19 @@ impl SoftDevice {
         self.dev.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Refuses an object of another device (as verbs refuses one of another context: the
+    /// other device's NIC thread would write to the CQ too, and ids would collide).
+    fn own(&self, what: &'static str, engine: &Arc<Engine>) -> Result<(), ProviderError> {
+        if Arc::ptr_eq(engine, &self.engine) {
+            Ok(())
+        } else {
+            Err(ProviderError::Invalid {
+                what,
+                why: format!("it belongs to another device, not {}", self.dev.name),
+            })
+        }
+    }
+
     /// A 24-bit QP number no live QP has (object ids wrap; 0 and 1 are the special QPs of
     /// InfiniBand), held in the registry until the QP takes it.
     fn reserve_qpn(&self) -> Result<u32, ProviderError> {
@@ -289,7 +302,8 @@ const QPN_MASK: u32 = 0x00ff_ffff;
 #[derive(Debug)]
 pub struct SoftPd {
     id: u32,
-    _engine: Arc<Engine>,
+    /// Its device's NIC (which also tells the device it belongs to).
+    engine: Arc<Engine>,
 }
 
 /// A registered memory region of a software device. Deregistered when dropped: from then
@@ -434,7 +448,8 @@ pub(crate) enum Pushed {
 #[derive(Debug)]
 pub struct SoftCq {
     cq: Arc<CqInner>,
-    _engine: Arc<Engine>,
+    /// Its device's NIC (which also tells the device it belongs to).
+    engine: Arc<Engine>,
 }
 
 impl SoftCq {
@@ -916,11 +931,12 @@ impl Device for SoftDevice {
     fn alloc_pd(&self) -> Result<SoftPd, ProviderError> {
         Ok(SoftPd {
             id: self.id(),
-            _engine: Arc::clone(&self.engine),
+            engine: Arc::clone(&self.engine),
         })
     }
 
     fn reg_mr(&self, pd: &SoftPd, len: usize, access: Access) -> Result<SoftMr, ProviderError> {
+        self.own("protection domain", &pd.engine)?;
         if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
             && !access.contains(Access::LOCAL_WRITE)
         {
@@ -994,7 +1010,7 @@ impl Device for SoftDevice {
                 poll: Padded(Mutex::new(PollState::default())),
                 send_queues: RwLock::new(HashMap::new()),
             }),
-            _engine: Arc::clone(&self.engine),
+            engine: Arc::clone(&self.engine),
         })
     }
 
@@ -1005,6 +1021,9 @@ impl Device for SoftDevice {
         recv_cq: &SoftCq,
         init: &QpInit,
     ) -> Result<SoftQp, ProviderError> {
+        self.own("protection domain", &pd.engine)?;
+        self.own("send CQ", &send_cq.engine)?;
+        self.own("receive CQ", &recv_cq.engine)?;
         let req = init.caps;
         let max = self.dev.config.max_qp_wr;
         for (what, n) in [

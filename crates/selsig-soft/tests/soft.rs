@@ -1111,6 +1111,51 @@ fn a_dropped_qp_executes_nothing_after_the_drop() {
     }
 }
 
+/// A protection domain or CQ of another device is refused, as verbs refuses objects of
+/// another context: the two NICs would both write to the CQ, and their ids collide (a QP
+/// of one device's PD could reach regions of the other's).
+#[test]
+fn objects_of_another_device_are_refused() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let other = SoftDevice::open(SoftConfig::default()).unwrap();
+    let (pd, cq) = (dev.alloc_pd().unwrap(), dev.create_cq(16).unwrap());
+    let (other_pd, other_cq) = (other.alloc_pd().unwrap(), other.create_cq(16).unwrap());
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let refused = |e: selsig::ProviderError, what: &str| {
+        assert!(
+            e.to_string()
+                .starts_with(&format!("invalid {what}: it belongs to another device")),
+            "{e}"
+        );
+    };
+    refused(
+        dev.create_qp(&other_pd, &cq, &cq, &init).unwrap_err(),
+        "protection domain",
+    );
+    refused(
+        dev.create_qp(&pd, &other_cq, &cq, &init).unwrap_err(),
+        "send CQ",
+    );
+    refused(
+        dev.create_qp(&pd, &cq, &other_cq, &init).unwrap_err(),
+        "receive CQ",
+    );
+    refused(
+        dev.reg_mr(&other_pd, 64, Access::LOCAL_WRITE).unwrap_err(),
+        "protection domain",
+    );
+    // Its own objects still do.
+    dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+}
+
 #[test]
 fn remote_write_access_needs_local_write_as_in_verbs() {
     let p = pair();
