@@ -69,9 +69,9 @@ impl std::str::FromStr for Personality {
 /// The largest [`SoftConfig::max_qp_wr`]: the slots a completion's 16-bit WQE counter
 /// can name (mlx5 devices report 32768).
 pub const MAX_QP_WR: u32 = 1 << 16;
-/// The largest `max_cqe` a device may have (a ConnectX reports 2^22 - 1): its CQ ring of
-/// 64-byte entries is then 256 MiB.
-pub const MAX_CQE: u32 = 1 << 22;
+/// The largest `max_cqe` a device may have, what a ConnectX reports (2^22 - 1): a CQ of
+/// that size fills a ring of 2^22 64-byte entries (one kept empty), 256 MiB.
+pub const MAX_CQE: u32 = (1 << 22) - 1;
 
 /// Settings of a software device.
 #[derive(Debug, Clone, PartialEq, Eq)]
