@@ -1030,10 +1030,11 @@ impl Device for SoftDevice {
             ("max_send_wr", req.max_send_wr),
             ("max_recv_wr", req.max_recv_wr),
         ] {
-            if n == 0 || n > max {
+            // 0 is a queue pair that only sends, or only receives.
+            if n > max {
                 return Err(ProviderError::Invalid {
                     what,
-                    why: format!("{n}: {} supports 1 to {max}", self.dev.name),
+                    why: format!("{n}: {} supports 0 to {max}", self.dev.name),
                 });
             }
         }
@@ -1059,8 +1060,9 @@ impl Device for SoftDevice {
         // (reported capacity, slots the ring really holds)
         let (send_cap, send_limit, recv_cap, recv_limit) = match personality {
             Personality::Mlx5 => {
-                let s = req.max_send_wr.next_power_of_two();
-                let r = req.max_recv_wr.next_power_of_two();
+                // A queue asked for none gets none (`0.next_power_of_two()` is 1).
+                let round = |n: u32| if n == 0 { 0 } else { n.next_power_of_two() };
+                let (s, r) = (round(req.max_send_wr), round(req.max_recv_wr));
                 (s, s, r, r)
             }
             Personality::Rxe => (

@@ -1156,6 +1156,62 @@ fn objects_of_another_device_are_refused() {
     dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
 }
 
+/// A queue pair may have no receive queue (it only sends: most WRITE streams) or no send
+/// queue, as in verbs: the empty one takes nothing (ENOMEM), the other works.
+#[test]
+fn a_queue_pair_may_have_no_receive_or_no_send_queue() {
+    for personality in [Personality::Mlx5, Personality::Rxe] {
+        let dev = SoftDevice::open(SoftConfig::with_personality(personality)).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(16).unwrap();
+        let qp = |max_send_wr, max_recv_wr| {
+            let init = QpInit {
+                caps: QpCaps {
+                    max_send_wr,
+                    max_recv_wr,
+                    ..QpCaps::default()
+                },
+                sq_sig_all: false,
+            };
+            dev.create_qp(&pd, &cq, &cq, &init).unwrap()
+        };
+        let (writer, reader) = (qp(4, 0), qp(0, 4));
+        assert_eq!(
+            (writer.caps().max_recv_wr, reader.caps().max_send_wr),
+            (0, 0),
+            "{personality}"
+        );
+        connect_pair(&writer, &reader, &ConnectOptions::default()).unwrap();
+        let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+        let remote = dev
+            .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let e = writer
+            .post_recv(&[RecvWr {
+                wr_id: 1,
+                sge: None,
+            }])
+            .unwrap_err();
+        assert_eq!(
+            (e.index, e.failure),
+            (0, PostFailure::Full),
+            "{personality}"
+        );
+        let e = reader
+            .post_send(&[write(2, &local, 0, 8, remote.remote(0), true)])
+            .unwrap_err();
+        assert_eq!(
+            (e.index, e.failure),
+            (0, PostFailure::Full),
+            "{personality}"
+        );
+        writer
+            .post_send(&[write(3, &local, 0, 8, remote.remote(0), true)])
+            .unwrap();
+        assert_eq!(statuses(&poll_n(&cq, 1)), [(3, WcStatus::Success)]);
+    }
+}
+
 #[test]
 fn remote_write_access_needs_local_write_as_in_verbs() {
     let p = pair();
