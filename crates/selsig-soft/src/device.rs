@@ -706,6 +706,7 @@ impl QueuePair for SoftQp {
     }
 
     fn endpoint(&self, options: &ConnectOptions) -> Result<Endpoint, ProviderError> {
+        options.check()?;
         if options.port != 1 {
             return Err(ProviderError::Invalid {
                 what: "port",
@@ -727,6 +728,7 @@ impl QueuePair for SoftQp {
 
     fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<(), ProviderError> {
         let qp = &self.qp;
+        options.check()?;
         if options.port != 1 {
             return Err(self.transition_error(
                 QpState::Reset,
@@ -735,13 +737,6 @@ impl QueuePair for SoftQp {
                     "port {} does not exist (the device has port 1)",
                     options.port
                 ),
-            ));
-        }
-        if options.rnr_retry > 7 || options.retry_cnt > 7 {
-            return Err(self.transition_error(
-                QpState::Rtr,
-                QpState::Rts,
-                "retry_cnt and rnr_retry are 0..=7",
             ));
         }
         // Everything is checked before the QP changes: a refused connect leaves the QP as

@@ -1037,6 +1037,19 @@ fn a_refused_connect_leaves_the_qp_as_it_was() {
         .unwrap_err();
     assert!(e.to_string().contains("0xbad"), "{e}");
     assert_eq!(a.state(), QpState::Reset);
+    // Options out of range are refused as well, before anything changes.
+    for bad in [
+        ConnectOptions {
+            rnr_retry: 8,
+            ..options
+        },
+        ConnectOptions { mtu: 0, ..options },
+    ] {
+        assert!(a.endpoint(&bad).is_err());
+        let e = a.connect(&good, &bad).unwrap_err();
+        assert!(e.to_string().contains("the range is"), "{e}");
+        assert_eq!(a.state(), QpState::Reset);
+    }
     a.connect(&good, &options).unwrap();
     b.connect(&a.endpoint(&options).unwrap(), &options).unwrap();
     // b is in RTS: a second connect, with no remote access, is refused ...

@@ -298,10 +298,43 @@ fn mtu_enum(bytes: u32) -> u32 {
     }
 }
 
+/// The variable with which libmlx4/libmlx5 drop the locks of their CQs and QPs.
+const SINGLE_THREADED: &str = "MLX5_SINGLE_THREADED";
+
+/// Refuses `MLX5_SINGLE_THREADED=1` (its value `value`): libmlx5 then takes no lock in
+/// `ibv_poll_cq` and `ibv_post_send` (its check for a second thread is racy and aborts
+/// when it sees one), while CQs and QPs here are `Sync`, for any thread to poll and post.
+fn locks_kept(value: Option<&std::ffi::OsStr>) -> Result<(), ProviderError> {
+    if value.is_some_and(|v| v == "1") {
+        return Err(ProviderError::Unavailable(format!(
+            "{SINGLE_THREADED}=1 makes libmlx5 drop the locks of CQs and QPs, which selsig \
+             shares between threads: unset it"
+        )));
+    }
+    Ok(())
+}
+
 impl VerbsDevice {
+    /// Refuses an object of another device context: the kernel would look its handle up
+    /// among this context's objects (another CQ, or EINVAL).
+    fn own(&self, what: &'static str, ctx: &Arc<Context>) -> Result<(), ProviderError> {
+        if Arc::ptr_eq(ctx, &self.ctx) {
+            Ok(())
+        } else {
+            Err(ProviderError::Invalid {
+                what,
+                why: format!(
+                    "it belongs to another opening of {}, not this one",
+                    ctx.name
+                ),
+            })
+        }
+    }
+
     /// Opens a device and checks its port: it must be active, and the GID index must name
     /// a GID.
     pub fn open(options: &VerbsOptions) -> Result<VerbsDevice, ProviderError> {
+        locks_kept(std::env::var_os(SINGLE_THREADED).as_deref())?;
         let v = verbs()?;
         let port = options.port.unwrap_or(1);
         let mut n: c_int = 0;
@@ -621,7 +654,8 @@ struct CqInner {
     failed: AtomicI32,
 }
 
-// SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers.
+// SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers (libmlx5 and libmlx4
+// unless `MLX5_SINGLE_THREADED=1`, which `VerbsDevice::open` refuses).
 unsafe impl Send for CqInner {}
 // SAFETY: as above.
 unsafe impl Sync for CqInner {}
@@ -777,7 +811,8 @@ pub struct VerbsQp {
 }
 
 // SAFETY: `ibv_post_send`, `ibv_post_recv`, `ibv_modify_qp` and `ibv_query_qp` are
-// thread-safe; the handle is owned until `Drop`.
+// thread-safe (libmlx5 and libmlx4 unless `MLX5_SINGLE_THREADED=1`, which
+// `VerbsDevice::open` refuses); the handle is owned until `Drop`.
 unsafe impl Send for VerbsQp {}
 // SAFETY: as above.
 unsafe impl Sync for VerbsQp {}
@@ -866,10 +901,22 @@ impl VerbsQp {
         }
     }
 
-    /// The endpoint advertises the GID of the index the device was opened with, so the
-    /// path must start from that one: a different `gid_index` in `options` is refused
-    /// (the peer's `dgid` would name another address than the packets come from).
-    fn check_gid_index(&self, options: &ConnectOptions) -> Result<(), ProviderError> {
+    /// Refuses options out of range ([`ConnectOptions::check`]), a port other than the
+    /// one the device was opened on, and a GID index other than the device's: the
+    /// endpoint advertises the GID of the index the device was opened with, so the path
+    /// must start from that one (the peer's `dgid` would name another address than the
+    /// packets come from).
+    fn check_options(&self, options: &ConnectOptions) -> Result<(), ProviderError> {
+        options.check()?;
+        if options.port != self.dev.port {
+            return Err(ProviderError::Invalid {
+                what: "port",
+                why: format!(
+                    "the device was opened on port {}, not {}",
+                    self.dev.port, options.port
+                ),
+            });
+        }
         match options.gid_index {
             Some(i) if Some(i) != self.dev.gid_index => Err(ProviderError::Invalid {
                 what: "GID index",
@@ -1027,16 +1074,7 @@ impl QueuePair for VerbsQp {
     }
 
     fn endpoint(&self, options: &ConnectOptions) -> Result<Endpoint, ProviderError> {
-        if options.port != self.dev.port {
-            return Err(ProviderError::Invalid {
-                what: "port",
-                why: format!(
-                    "the device was opened on port {}, not {}",
-                    self.dev.port, options.port
-                ),
-            });
-        }
-        self.check_gid_index(options)?;
+        self.check_options(options)?;
         Ok(Endpoint {
             qp_num: self.qp_num(),
             psn: self.local_psn(),
@@ -1049,7 +1087,7 @@ impl QueuePair for VerbsQp {
 
     fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<(), ProviderError> {
         // Refused as bad input before anything changes.
-        self.check_gid_index(options)?;
+        self.check_options(options)?;
         let port = self.dev.port;
         let mut a = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_INIT,
@@ -1360,6 +1398,7 @@ impl Device for VerbsDevice {
     }
 
     fn reg_mr(&self, pd: &VerbsPd, len: usize, access: Access) -> Result<VerbsMr, ProviderError> {
+        self.own("protection domain", &pd.inner.ctx)?;
         if let Some(max) = self.limits.map(|l| l.max_mr_size) {
             if len as u64 > max {
                 return Err(ProviderError::Invalid {
@@ -1453,6 +1492,9 @@ impl Device for VerbsDevice {
         recv_cq: &VerbsCq,
         init: &QpInit,
     ) -> Result<VerbsQp, ProviderError> {
+        self.own("protection domain", &pd.inner.ctx)?;
+        self.own("send CQ", &send_cq.inner.ctx)?;
+        self.own("receive CQ", &recv_cq.inner.ctx)?;
         if let Some(l) = self.limits {
             let caps = &init.caps;
             for (what, n, max, field) in [
@@ -1934,5 +1976,15 @@ mod tests {
                 ..WorkCompletion::new(9, WcStatus::RemAccessErr, 7)
             }
         );
+    }
+
+    #[test]
+    fn mlx5_without_locks_is_refused() {
+        let v = |s: &str| Some(std::ffi::OsString::from(s));
+        let e = locks_kept(v("1").as_deref()).unwrap_err().to_string();
+        assert!(e.contains("MLX5_SINGLE_THREADED=1"), "{e}");
+        for ok in [None, v("0"), v("")] {
+            assert!(locks_kept(ok.as_deref()).is_ok());
+        }
     }
 }

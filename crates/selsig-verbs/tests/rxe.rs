@@ -700,3 +700,72 @@ fn reads_in_flight_are_what_the_device_allows_and_the_peer_serves() {
     assert_eq!(got, pattern);
     quiet(&cq_a);
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn bad_options_and_objects_of_another_opening_are_refused_before_anything_changes() {
+    let Unconnected {
+        dev,
+        pd,
+        a,
+        b,
+        cq_a,
+        options,
+    } = unconnected(4);
+    let eb = b.endpoint(&options).unwrap();
+    // Out of range (mlx5 would take an rnr_retry of 8 as 0), or another port than the
+    // device's: refused, the QP still in RESET and ready to connect.
+    for (bad, what) in [
+        (
+            ConnectOptions {
+                rnr_retry: 8,
+                ..options
+            },
+            "invalid rnr_retry",
+        ),
+        (ConnectOptions { mtu: 0, ..options }, "invalid MTU"),
+        (ConnectOptions { port: 2, ..options }, "invalid port"),
+    ] {
+        let e = a.connect(&eb, &bad).unwrap_err().to_string();
+        assert!(e.starts_with(what), "{e}");
+        assert!(a.endpoint(&bad).is_err());
+        assert_eq!(a.state(), QpState::Reset);
+    }
+    a.connect(&eb, &options).unwrap();
+    assert_eq!(a.state(), QpState::Rts);
+    // A second opening of the device is another context: its objects are not this one's.
+    let other = device();
+    let other_pd = other.alloc_pd().unwrap();
+    let other_cq = other.create_cq(4).unwrap();
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    for (result, what) in [
+        (
+            dev.create_qp(&other_pd, &cq_a, &cq_a, &init).err(),
+            "protection domain",
+        ),
+        (dev.create_qp(&pd, &other_cq, &cq_a, &init).err(), "send CQ"),
+        (
+            dev.create_qp(&pd, &cq_a, &other_cq, &init).err(),
+            "receive CQ",
+        ),
+        (
+            dev.reg_mr(&other_pd, 64, Access::LOCAL_WRITE).err(),
+            "protection domain",
+        ),
+    ] {
+        let e = result
+            .unwrap_or_else(|| panic!("the {what} of another opening was taken"))
+            .to_string();
+        assert!(
+            e.starts_with(&format!("invalid {what}: it belongs to another")),
+            "{e}"
+        );
+    }
+}

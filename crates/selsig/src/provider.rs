@@ -199,6 +199,40 @@ impl Default for ConnectOptions {
     }
 }
 
+impl ConnectOptions {
+    /// Checks the ranges documented on the fields: `retry_cnt` and `rnr_retry` 0–7 (a
+    /// 3-bit field: mlx5 would take 8 as 0), `mtu` 256–4096 (the IB MTUs), `port` from 1.
+    /// Providers call it before they change anything.
+    pub fn check(&self) -> Result<(), ProviderError> {
+        let invalid = |what, why: String| Err(ProviderError::Invalid { what, why });
+        if self.retry_cnt > 7 {
+            return invalid(
+                "retry_cnt",
+                format!("{}: the range is 0 to 7", self.retry_cnt),
+            );
+        }
+        if self.rnr_retry > 7 {
+            return invalid(
+                "rnr_retry",
+                format!(
+                    "{}: the range is 0 to 7 (7 retries forever)",
+                    self.rnr_retry
+                ),
+            );
+        }
+        if !(256..=4096).contains(&self.mtu) {
+            return invalid(
+                "MTU",
+                format!("{} bytes: the range is 256 to 4096", self.mtu),
+            );
+        }
+        if self.port == 0 {
+            return invalid("port", "0: ports are numbered from 1".to_string());
+        }
+        Ok(())
+    }
+}
+
 /// A local scatter/gather entry: bytes of a registered memory region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Sge {
@@ -660,4 +694,28 @@ pub fn connect_pair<Q: QueuePair>(
     let eb = b.endpoint(options)?;
     a.connect(&eb, options)?;
     b.connect(&ea, options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_options_out_of_range_are_named() {
+        assert!(ConnectOptions::default().check().is_ok());
+        let refused = |o: ConnectOptions, what: &str| {
+            let e = o.check().unwrap_err().to_string();
+            assert!(e.starts_with(&format!("invalid {what}: ")), "{e}");
+        };
+        let o = ConnectOptions::default();
+        refused(ConnectOptions { retry_cnt: 8, ..o }, "retry_cnt");
+        refused(ConnectOptions { rnr_retry: 8, ..o }, "rnr_retry");
+        refused(ConnectOptions { mtu: 0, ..o }, "MTU");
+        refused(ConnectOptions { mtu: 255, ..o }, "MTU");
+        refused(ConnectOptions { mtu: 4097, ..o }, "MTU");
+        refused(ConnectOptions { port: 0, ..o }, "port");
+        for mtu in [256, 1500, 4096] {
+            assert!(ConnectOptions { mtu, ..o }.check().is_ok());
+        }
+    }
 }
