@@ -203,9 +203,12 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
 /// The bytes work request `wr` (1-based) writes: recognisable and different for every
 /// work request and offset.
 pub fn pattern(wr: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (wr.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8 + 1)
-        .collect()
+    (0..len).map(|i| pattern_byte(wr, i)).collect()
+}
+
+/// Byte `i` of [`pattern`]`(wr, ..)`.
+pub fn pattern_byte(wr: u64, i: usize) -> u8 {
+    (wr.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8 + 1
 }
 
 /// FNV-1a, 64 bits: the memory digest of traces (stable, no dependency).

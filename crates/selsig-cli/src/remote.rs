@@ -17,12 +17,17 @@ use selsig::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::common::{DeviceInfo, OnDevice, ProviderArgs, pattern};
+use crate::common::{DeviceInfo, OnDevice, ProviderArgs, pattern_byte};
 
 /// The default TCP port (perftest's).
 pub const DEFAULT_PORT: u16 = 18515;
 /// Largest target region a server registers for one client.
 const MAX_BYTES: u64 = 1 << 30;
+/// How long the server waits for a client's hello, and for its outcomes.
+const HELLO_WAIT: Duration = Duration::from_secs(30);
+const RUN_WAIT: Duration = Duration::from_secs(300);
+/// The server reads a WRITE back this many bytes at a time to check it.
+const CHECK_CHUNK: usize = 64 << 10;
 
 /// A QP's address, as exchanged.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,6 +58,11 @@ impl Wire {
     }
 
     fn endpoint(&self) -> Result<Endpoint> {
+        ensure!(
+            self.qp_num <= 0x00ff_ffff,
+            "the peer sent QP number {:#x}: QP numbers are 24 bits",
+            self.qp_num
+        );
         ensure!(
             self.gid.len() == 32 && self.gid.bytes().all(|b| b.is_ascii_hexdigit()),
             "the peer sent a malformed GID {:?}: not 32 hex digits",
@@ -426,12 +436,52 @@ impl OnDevice for &ServeArgs {
     }
 }
 
+/// The WRITEs 1..=`wrs` (`size` bytes each, `slot` apart in `region`) whose bytes are not
+/// what their outcome says: the pattern if `completed` (sorted) has them, zeros if not.
+/// Compared a piece at a time: a WRITE may be as large as the region (1 GiB).
+fn mismatches<M: MemoryRegion>(
+    region: &M,
+    wrs: u32,
+    size: usize,
+    slot: usize,
+    completed: &[u32],
+) -> Result<Vec<u32>> {
+    let mut bad = Vec::new();
+    let mut got = vec![0u8; size.min(CHECK_CHUNK)];
+    for wr in 1..=wrs {
+        let start = (wr as usize - 1) * slot;
+        let landed = completed.binary_search(&wr).is_ok();
+        let mut holds = true;
+        for from in (0..size).step_by(CHECK_CHUNK) {
+            let piece = &mut got[..CHECK_CHUNK.min(size - from)];
+            region.read(start + from, piece)?;
+            holds = piece.iter().enumerate().all(|(i, &b)| {
+                b == if landed {
+                    pattern_byte(u64::from(wr), from + i)
+                } else {
+                    0
+                }
+            });
+            if !holds {
+                break;
+            }
+        }
+        if !holds {
+            bad.push(wr);
+        }
+    }
+    Ok(bad)
+}
+
 /// One client: its QP, its region, the handshake, the check.
 fn serve_one<D: Device>(dev: &D, info: &DeviceInfo, stream: TcpStream) -> Result<(u32, Vec<u32>)> {
-    stream.set_read_timeout(Some(Duration::from_secs(300)))?;
+    // A client says hello as it connects: one that does not must not keep the others
+    // (served one at a time) waiting long. Its outcomes come after its run: minutes.
+    stream.set_read_timeout(Some(HELLO_WAIT))?;
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     let hello: Hello = receive(&mut reader, "client's hello")?;
+    reader.get_ref().set_read_timeout(Some(RUN_WAIT))?;
     match prepare(dev, info, &hello) {
         Ok(prepared) => finish(prepared, &hello, dev, &mut reader, &mut writer),
         Err(e) => {
@@ -466,6 +516,8 @@ fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepa
             crate::demo::MAX_WRS
         );
     }
+    // Checked before anything is created for it.
+    let theirs = hello.qp.endpoint()?;
     let pd = dev
         .alloc_pd()
         .context("cannot allocate a protection domain")?;
@@ -496,7 +548,6 @@ fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepa
         ..ConnectOptions::default()
     };
     let mine = qp.endpoint(&options)?;
-    let theirs = hello.qp.endpoint()?;
     qp.connect(&theirs, &options).with_context(|| {
         format!(
             "cannot connect to the client's QP{}",
@@ -534,21 +585,14 @@ fn finish<D: Device>(
     )?;
     let mut check: Check = receive(reader, "client's outcomes")?;
     check.completed.sort_unstable();
-    let mut mismatches = Vec::new();
-    let size = hello.size as usize;
     let checked = if check.verify { hello.wrs } else { 0 };
-    for wr in 1..=checked {
-        let mut got = vec![0u8; size];
-        region.read((wr as usize - 1) * slot as usize, &mut got)?;
-        let expected = if check.completed.binary_search(&wr).is_ok() {
-            pattern(u64::from(wr), size)
-        } else {
-            vec![0; size]
-        };
-        if got != expected {
-            mismatches.push(wr);
-        }
-    }
+    let mismatches = mismatches(
+        &region,
+        checked,
+        hello.size as usize,
+        slot as usize,
+        &check.completed,
+    )?;
     send(
         writer,
         &Checked {
@@ -652,5 +696,47 @@ mod tests {
             let err = wire(bad).endpoint().expect_err(bad).to_string();
             assert!(err.contains("malformed GID"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_qp_number_beyond_24_bits_from_the_peer_is_an_error() {
+        let gid = "0".repeat(32);
+        let mut w = wire(&gid);
+        w.qp_num = 0x00ff_ffff;
+        assert!(w.endpoint().is_ok());
+        w.qp_num = 0x0100_0000;
+        let err = w.endpoint().unwrap_err().to_string();
+        assert!(err.contains("24 bits"), "{err}");
+    }
+
+    #[test]
+    fn the_server_finds_every_write_whose_bytes_are_not_its_outcome_across_pieces() {
+        use selsig_soft::SoftDevice;
+        let dev = SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        // Four WRITEs of a piece and a half each: 1 and 3 completed, 2 and 4 not.
+        let size = CHECK_CHUNK + CHECK_CHUNK / 2;
+        let region = dev.reg_mr(&pd, 4 * size, Access::LOCAL_WRITE).unwrap();
+        for wr in [1u32, 3] {
+            region
+                .write(
+                    (wr as usize - 1) * size,
+                    &crate::common::pattern(u64::from(wr), size),
+                )
+                .unwrap();
+        }
+        assert_eq!(
+            mismatches(&region, 4, size, size, &[1, 3]).unwrap(),
+            [0u32; 0]
+        );
+        // Said the other way round, all four are wrong.
+        assert_eq!(
+            mismatches(&region, 4, size, size, &[2, 4]).unwrap(),
+            [1, 2, 3, 4]
+        );
+        // One byte off in the second piece of WRITE 3; one byte landed in WRITE 4's.
+        region.write(2 * size + CHECK_CHUNK + 7, &[0]).unwrap();
+        region.write(3 * size + size - 1, &[9]).unwrap();
+        assert_eq!(mismatches(&region, 4, size, size, &[1, 3]).unwrap(), [3, 4]);
     }
 }
