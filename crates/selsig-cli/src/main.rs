@@ -270,6 +270,15 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
+    if let Some(trace) = &args.trace {
+        if same_file(&args.file, trace) {
+            return Err(Failure::Input(anyhow::anyhow!(
+                "--trace {} names the scenario file {}: the trace would overwrite it",
+                trace.display(),
+                args.file.display()
+            )));
+        }
+    }
     let scenario = scenario::load(&args.file).map_err(|e| Failure::Input(e.into()))?;
     let trace_file = match &args.trace {
         Some(path) => Some(OutputFile::open("--trace", path)?),

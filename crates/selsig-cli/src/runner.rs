@@ -78,6 +78,10 @@ struct Runner<'a, D: Device> {
     /// QP number → endpoint.
     qpns: BTreeMap<u32, QpRef>,
     wcs: Vec<WorkCompletion>,
+    /// Completions of other endpoints polled while a queue waited for room (how many a
+    /// wait polls depends on timing): shown with the next step that polls, in canonical
+    /// order.
+    deferred: Vec<Event>,
     _pds: (D::Pd, Option<D::Pd>),
 }
 
@@ -230,6 +234,7 @@ impl<'a, D: Device> Runner<'a, D> {
             trace: Vec::new(),
             qpns,
             wcs: vec![WorkCompletion::new(0, WcStatus::Success, 0); 64],
+            deferred: Vec::new(),
             _pds: (pd, other),
         })
     }
@@ -241,20 +246,26 @@ impl<'a, D: Device> Runner<'a, D> {
                 kind: action.kind(),
             });
             if let Err(e) = self.step(action) {
-                // The trace so far shows what led there.
-                return Ok(RunResult {
-                    trace: self.trace,
-                    failures: Vec::new(),
-                    checked: Vec::new(),
-                    differs: None,
-                    error: Some(e.context(format!("step {} ({})", n + 1, action.kind()))),
-                });
+                let e = e.context(format!("step {} ({})", n + 1, action.kind()));
+                return Ok(self.stopped(e));
             }
         }
-        // Events that arrived since the last poll.
-        let mut events = Vec::new();
+        // Completions a last wait for room deferred, and events that arrived since the
+        // last poll.
+        let mut events = std::mem::take(&mut self.deferred);
         self.async_events(&mut events);
+        canonical(&mut events, self.sc);
         self.trace.extend(events);
+        // Regions are read only once the NIC is done with them, and every work request
+        // must have its outcome.
+        if !self.idle() {
+            let e = anyhow!(
+                "the run ended with work outstanding (end it with `poll = \"idle\"` or \
+                 `drain`): {}",
+                self.outstanding().join("; ")
+            );
+            return Ok(self.stopped(e));
+        }
         for (r, k) in self.sc.regions.iter().zip(&self.regions) {
             if let Some(mr) = &k.mr {
                 let mut bytes = vec![0u8; k.len];
@@ -275,28 +286,28 @@ impl<'a, D: Device> Runner<'a, D> {
         })
     }
 
+    /// A run that failed: the trace so far (with what it polled last, in canonical order)
+    /// shows what led there.
+    fn stopped(mut self, error: anyhow::Error) -> RunResult {
+        let mut events = std::mem::take(&mut self.deferred);
+        canonical(&mut events, self.sc);
+        self.trace.extend(events);
+        RunResult {
+            trace: self.trace,
+            failures: Vec::new(),
+            checked: Vec::new(),
+            differs: None,
+            error: Some(error),
+        }
+    }
+
     fn step(&mut self, action: &Action) -> Result<()> {
         match action {
             Action::Post(p) => self.post(p),
             Action::Recv(r) => self.recv(r),
             Action::PollIdle => self.poll_until(None),
             Action::PollCqes(n) => self.poll_until(Some(*n)),
-            Action::Confirm(q) => {
-                let name = self.sc.qps[*q].name.clone();
-                match self.sides[*q].queue.confirm_all() {
-                    Ok(Some(seq)) => {
-                        self.sides[*q].markers.push(seq.0);
-                        self.trace.push(marker_event(name, seq.0));
-                    }
-                    Ok(None) => self.trace.push(Event::ConfirmNotNeeded { qp: name }),
-                    Err(e) => self.trace.push(Event::Refused {
-                        qp: name,
-                        count: 1,
-                        why: e.to_string(),
-                    }),
-                }
-                Ok(())
-            }
+            Action::Confirm(q) => self.confirm(*q),
             Action::Drain(q) => self.drain(*q),
             Action::Dereg(r) => {
                 self.regions[*r].mr = None;
@@ -419,13 +430,50 @@ impl<'a, D: Device> Runner<'a, D> {
         Ok(())
     }
 
+    fn confirm(&mut self, q: usize) -> Result<()> {
+        let name = self.sc.qps[q].name.clone();
+        let event = loop {
+            match self.sides[q].queue.confirm_all() {
+                Ok(Some(seq)) => {
+                    self.sides[q].markers.push(seq.0);
+                    break marker_event(name, seq.0);
+                }
+                Ok(None) => break Event::ConfirmNotNeeded { qp: name },
+                // A full queue or CQ: make room, as a post does.
+                Err(QueuePostError::Refused(e)) if e.is_full() => self.poll_one_for_room(q)?,
+                Err(QueuePostError::Refused(e)) => {
+                    break Event::Refused {
+                        qp: name,
+                        count: 1,
+                        why: e.to_string(),
+                    };
+                }
+                Err(e) => bail!("cannot post the confirm marker of qp {name:?}: {e}"),
+            }
+        };
+        self.trace.push(event);
+        Ok(())
+    }
+
+    /// Polls the CQ of queue `qp` one completion at a time until the queue has room. The
+    /// queue's own completions go into the trace in place (they made the room); those of
+    /// other endpoints sharing the CQ are deferred to the next step that polls, as how
+    /// many of them come first depends on timing.
     fn poll_one_for_room(&mut self, qp: usize) -> Result<()> {
         let start = Instant::now();
         let cq = self.sc.qps[qp].send_cq;
+        let name = &self.sc.qps[qp].name;
         while self.sides[qp].queue.available() == 0 {
             let mut events = Vec::new();
             let got = self.poll_cq(cq, 1, &mut events)?;
-            self.trace.extend(events);
+            for e in events {
+                match &e {
+                    Event::Cqe { qp, .. } | Event::Retire { qp, .. } if qp != name => {
+                        self.deferred.push(e)
+                    }
+                    _ => self.trace.push(e),
+                }
+            }
             if got == 0 {
                 ensure!(
                     start.elapsed() < WAIT,
@@ -467,8 +515,6 @@ impl<'a, D: Device> Runner<'a, D> {
     fn drain(&mut self, q: usize) -> Result<()> {
         let name = self.sc.qps[q].name.clone();
         self.sides[q].queue.start_drain();
-        let start = Instant::now();
-        let mut events = Vec::new();
         loop {
             match self.sides[q].queue.post_drain_marker() {
                 Ok(DrainMarker::Posted(seq)) => {
@@ -477,15 +523,7 @@ impl<'a, D: Device> Runner<'a, D> {
                     break;
                 }
                 Ok(DrainMarker::NotNeeded) => break,
-                Ok(DrainMarker::NoRoom) => {
-                    let cq = self.sc.qps[q].send_cq;
-                    self.poll_cq(cq, 1, &mut events)?;
-                    self.trace.append(&mut events);
-                    ensure!(
-                        start.elapsed() < WAIT,
-                        "no room for the drain marker of qp {name:?}"
-                    );
-                }
+                Ok(DrainMarker::NoRoom) => self.poll_one_for_room(q)?,
                 Err(e) => bail!("cannot post the drain marker of qp {name:?}: {e}"),
             }
         }
@@ -498,7 +536,7 @@ impl<'a, D: Device> Runner<'a, D> {
     fn poll_until(&mut self, n: Option<u64>) -> Result<()> {
         // The time of the last completion: the step fails after WAIT without one.
         let mut start = Instant::now();
-        let mut events = Vec::new();
+        let mut events = std::mem::take(&mut self.deferred);
         let mut got = 0u64;
         loop {
             let done = match n {

@@ -6,7 +6,7 @@ use std::fmt;
 use std::ops::Range;
 use std::path::Path;
 
-use selsig::{Access, Policy, WcStatus};
+use selsig::{Access, Policy, WcOpcode, WcStatus};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -62,16 +62,16 @@ pub struct File {
     #[serde(default)]
     pub expect: Option<Spanned<Expect>>,
     /// Where a provider legitimately differs, and why: `differs.rxe = "..."`. Required
-    /// for `[expect.rxe]`.
+    /// for `[expect.rxe]`, and only with it.
     #[serde(default)]
-    pub differs: BTreeMap<String, String>,
+    pub differs: Option<Spanned<BTreeMap<String, String>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceSection {
     /// The software NIC's personality: mlx5 (default) or rxe.
-    pub personality: Option<String>,
+    pub personality: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -171,10 +171,10 @@ pub struct PostStep {
     pub size: u64,
     #[serde(default = "one")]
     pub count: u64,
-    #[serde(default)]
-    pub local_offset: u64,
-    #[serde(default)]
-    pub remote_offset: u64,
+    /// Where the first work request's local bytes start (needs a local region).
+    pub local_offset: Option<u64>,
+    /// Where the first work request's remote bytes start (needs a remote region).
+    pub remote_offset: Option<u64>,
     /// Bytes between consecutive work requests' offsets (default: `size`).
     pub stride: Option<u64>,
     /// auto (default), force, or last (force the last of the batch).
@@ -183,12 +183,12 @@ pub struct PostStep {
     /// Send the local bytes inline.
     #[serde(default)]
     pub inline: bool,
-    #[serde(default)]
-    pub imm: u32,
+    /// Immediate data (write_imm and send_imm only; default 0).
+    pub imm: Option<u32>,
     /// bad_rkey, bad_lkey or out_of_bounds, on work request `fault_at` of the batch.
     pub fault: Option<String>,
-    #[serde(default = "one")]
-    pub fault_at: u64,
+    /// Which work request of the batch the fault breaks (1-based, default 1).
+    pub fault_at: Option<u64>,
 }
 
 fn one() -> u64 {
@@ -207,17 +207,41 @@ pub struct RecvStep {
     pub size: u64,
     #[serde(default = "one")]
     pub count: u64,
-    #[serde(default)]
-    pub offset: u64,
+    /// Where the first receive's bytes start in the region (needs a region).
+    pub offset: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub enum PollStep {
     /// `poll = "idle"`.
     Word(String),
     /// `poll = { cqes = N }`.
     Count { cqes: u64 },
+}
+
+impl<'de> Deserialize<'de> for PollStep {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = PollStep;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"idle\" or { cqes = N }")
+            }
+            fn visit_str<E: serde::de::Error>(self, word: &str) -> Result<PollStep, E> {
+                Ok(PollStep::Word(word.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<PollStep, A::Error> {
+                #[derive(Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct Count {
+                    cqes: u64,
+                }
+                let c = Count::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(PollStep::Count { cqes: c.cqes })
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -444,9 +468,11 @@ struct Checker<'a, F: Fn(Option<Range<usize>>, String) -> ScenarioError> {
 impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
     fn check(&self, name: &str) -> Result<Scenario, ScenarioError> {
         let raw = self.raw;
-        let personality = match raw.device.personality.as_deref() {
+        let personality = match &raw.device.personality {
             None => None,
-            Some(p) => Some(p.parse().map_err(|e: String| self.err(None, e))?),
+            Some(p) => Some(p.get_ref().parse().map_err(|e: String| {
+                self.err(Some(p.span()), format!("device.personality: {e}"))
+            })?),
         };
         // CQs: declared ones, then one per QP side that names none.
         let mut cqs: Vec<Cq> = Vec::new();
@@ -527,6 +553,17 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     .parse()
                     .map_err(|e| self.err(span.clone(), format!("qp {:?}: {e}", q.name)))?
             };
+            if matches!(policy, Policy::Adaptive { .. }) {
+                return Err(self.err(
+                    span,
+                    format!(
+                        "qp {:?}: policy {:?}: an adaptive policy signals by the time work \
+                         requests wait, which a trace must not depend on: use every:N, always, \
+                         never or manual",
+                        q.name, q.policy
+                    ),
+                ));
+            }
             let mut cq_for =
                 |named: &Option<String>, own: String, size: u32| -> Result<usize, ScenarioError> {
                     match named {
@@ -664,6 +701,10 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             return Err(self.err(None, "a scenario needs at least one [[step]]".into()));
         }
         let mut steps = Vec::new();
+        // What earlier steps did: the step that deregistered each region, and what each
+        // peer's receive queue may hold at most.
+        let mut deregistered: Vec<Option<usize>> = vec![None; regions.len()];
+        let mut recv_bounds = vec![RecvBound::default(); qps.len()];
         for (n, s) in raw.step.iter().enumerate() {
             let span = Some(s.span());
             let s = s.get_ref();
@@ -713,10 +754,12 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     )));
                 }
                 let stride = p.stride.unwrap_or(p.size);
+                let local_offset = p.local_offset.unwrap_or(0);
+                let remote_offset = p.remote_offset.unwrap_or(0);
                 // Bounded like sizes, region or not, so that no offset arithmetic overflows.
                 for (field, value) in [
-                    ("local_offset", p.local_offset),
-                    ("remote_offset", p.remote_offset),
+                    ("local_offset", local_offset),
+                    ("remote_offset", remote_offset),
                     ("stride", stride),
                 ] {
                     if value > MAX_REGION {
@@ -744,6 +787,38 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     (None, true) => return Err(here(format!("a {} needs a remote region", p.op))),
                     (None, false) => None,
                 };
+                // Fields that would change nothing are refused, not ignored.
+                if p.local_offset.is_some() && local.is_none() {
+                    return Err(here("local_offset needs a local region".into()));
+                }
+                if p.remote_offset.is_some() && remote.is_none() {
+                    return Err(here(format!(
+                        "remote_offset: a {} has no remote region",
+                        p.op
+                    )));
+                }
+                if p.stride.is_some() && local.is_none() && remote.is_none() {
+                    return Err(here(
+                        "stride needs a local or remote region (it moves their offsets)".into(),
+                    ));
+                }
+                if p.imm.is_some() && !matches!(op, Op::WriteImm | Op::SendImm) {
+                    return Err(here(format!(
+                        "imm: a {} carries no immediate data (write_imm and send_imm do)",
+                        p.op
+                    )));
+                }
+                if p.fault_at.is_some() && p.fault.is_none() {
+                    return Err(here("fault_at needs a fault".into()));
+                }
+                if let Some(l) = local.filter(|_| p.inline) {
+                    if let Some(k) = deregistered[l] {
+                        return Err(here(format!(
+                            "inline data from region {:?}, which step {k} deregistered",
+                            regions[l].name
+                        )));
+                    }
+                }
                 let signal = match p.signal.as_str() {
                     "auto" => SignalChoice::Auto,
                     "force" => SignalChoice::Force,
@@ -773,10 +848,11 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                                 "fault {f:?} needs a post of more than 0 bytes: a zero-length transfer uses no key and touches no memory"
                             )));
                         }
-                        if p.fault_at == 0 || p.fault_at > p.count {
+                        let fault_at = p.fault_at.unwrap_or(1);
+                        if fault_at == 0 || fault_at > p.count {
                             return Err(here(format!(
-                                "fault_at {} names no work request of the {}",
-                                p.fault_at, p.count
+                                "fault_at {fault_at} names no work request of the {}",
+                                p.count
                             )));
                         }
                         if kind != Fault::BadLkey && remote.is_none() {
@@ -787,13 +863,13 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                                 "fault \"bad_lkey\" needs a local region, not inline data".into(),
                             ));
                         }
-                        Some((kind, p.fault_at))
+                        Some((kind, fault_at))
                     }
                 };
                 // Every work request's bytes must lie in its regions (faults aside).
                 let last = p.count - 1;
                 if let Some(l) = local {
-                    let end = p.local_offset + last * stride + p.size;
+                    let end = local_offset + last * stride + p.size;
                     if end > regions[l].size as u64 {
                         return Err(here(format!(
                             "the local bytes end at {end}, beyond region {:?} ({} bytes)",
@@ -802,7 +878,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     }
                 }
                 if let Some(r) = remote {
-                    let end = p.remote_offset + last * stride + p.size;
+                    let end = remote_offset + last * stride + p.size;
                     if end > regions[r].size as u64 {
                         return Err(here(format!(
                             "the remote bytes end at {end}, beyond region {:?} ({} bytes)",
@@ -810,6 +886,12 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         )));
                     }
                 }
+                let bound = &mut recv_bounds[qp];
+                if matches!(op, Op::Send | Op::SendImm | Op::WriteImm) {
+                    bound.consumers += p.count;
+                }
+                // A fault may move the peer to the error state, which flushes its receives.
+                bound.flushed |= fault.is_some();
                 Action::Post(Post {
                     qp,
                     op,
@@ -817,12 +899,12 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     remote,
                     size: p.size,
                     count: p.count,
-                    local_offset: p.local_offset,
-                    remote_offset: p.remote_offset,
+                    local_offset,
+                    remote_offset,
                     stride,
                     signal,
                     inline: p.inline,
-                    imm: p.imm,
+                    imm: p.imm.unwrap_or(0),
                     fault,
                 })
             } else if let Some(r) = &s.recv {
@@ -839,7 +921,8 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         r.count
                     )));
                 }
-                for (field, value) in [("size", r.size), ("offset", r.offset)] {
+                let offset = r.offset.unwrap_or(0);
+                for (field, value) in [("size", r.size), ("offset", offset)] {
                     if value > MAX_REGION {
                         return Err(here(format!(
                             "{field} {value} is larger than any region ({MAX_REGION})"
@@ -849,7 +932,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 let region = match &r.region {
                     Some(name) => {
                         let i = find_region(name, span.clone())?;
-                        let end = r.offset + r.count * r.size;
+                        let end = offset + r.count * r.size;
                         if end > regions[i].size as u64 {
                             return Err(here(format!(
                                 "the receives end at {end}, beyond region {name:?} ({} bytes)",
@@ -861,14 +944,29 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     None if r.size > 0 => {
                         return Err(here("receives of more than 0 bytes need a region".into()));
                     }
+                    None if r.offset.is_some() => {
+                        return Err(here("offset needs a region".into()));
+                    }
                     None => None,
                 };
+                let bound = &mut recv_bounds[qp.index];
+                bound.posted += r.count;
+                let depth = qps[qp.index].peer_depth;
+                if !bound.flushed && bound.posted.saturating_sub(bound.consumers) > u64::from(depth)
+                {
+                    return Err(here(format!(
+                        "{} receives posted on {:?}, at most {} of them used by earlier SENDs \
+                         and WRITEs with immediate: more would wait than its peer_depth of \
+                         {depth}",
+                        bound.posted, r.qp, bound.consumers
+                    )));
+                }
                 Action::Recv(Recv {
                     qp,
                     region,
                     size: r.size,
                     count: r.count,
-                    offset: r.offset,
+                    offset,
                 })
             } else if let Some(p) = &s.poll {
                 match p {
@@ -885,21 +983,45 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             } else if let Some(q) = &s.drain {
                 Action::Drain(find_qp(q, span.clone(), false)?.index)
             } else if let Some(r) = &s.dereg {
-                Action::Dereg(find_region(r, span.clone())?)
+                let i = find_region(r, span.clone())?;
+                if let Some(k) = deregistered[i] {
+                    return Err(here(format!("region {r:?} was deregistered by step {k}")));
+                }
+                deregistered[i] = Some(n + 1);
+                Action::Dereg(i)
             } else if let Some(q) = &s.to_error {
-                Action::ToError(find_qp(q, span.clone(), true)?)
+                let qp = find_qp(q, span.clone(), true)?;
+                // Either end in the error state flushes the peer's receives.
+                recv_bounds[qp.index].flushed = true;
+                Action::ToError(qp)
             } else {
                 unreachable!("exactly one field is set")
             };
             steps.push(action);
         }
-        for key in raw.differs.keys() {
+        let differs_span = raw.differs.as_ref().map(Spanned::span);
+        let differs = raw
+            .differs
+            .as_ref()
+            .map(|d| d.get_ref().clone())
+            .unwrap_or_default();
+        for key in differs.keys() {
             if key != "rxe" {
                 return Err(self.err(
-                    None,
+                    differs_span,
                     format!("differs.{key}: the only provider that may differ is rxe"),
                 ));
             }
+        }
+        let has_expect_rxe = raw
+            .expect
+            .as_ref()
+            .is_some_and(|e| e.get_ref().rxe.is_some());
+        if differs.contains_key("rxe") && !has_expect_rxe {
+            return Err(self.err(
+                differs_span,
+                "differs.rxe says why [expect.rxe] differs, but there is no [expect.rxe]".into(),
+            ));
         }
         let mut expect = Expect::default();
         let mut expect_rxe = None;
@@ -911,7 +1033,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 if r.rxe.is_some() {
                     return Err(self.err(span, "expect.rxe.rxe: one level only".into()));
                 }
-                if !raw.differs.contains_key("rxe") {
+                if !differs.contains_key("rxe") {
                     return Err(self.err(
                         span,
                         "[expect.rxe] needs differs.rxe to say why rxe differs".into(),
@@ -952,7 +1074,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             steps,
             expect,
             expect_rxe,
-            differs: raw.differs.clone(),
+            differs,
         })
     }
 
@@ -978,14 +1100,42 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     format!("{what}.cqes: unknown status {:?}", c.status),
                 ));
             }
+            if let Some(o) = &c.opcode {
+                if !WcOpcode::ALL.iter().any(|x| x.short_name() == o) {
+                    let known: Vec<&str> = WcOpcode::ALL.iter().map(|x| x.short_name()).collect();
+                    return Err(self.err(
+                        span.clone(),
+                        format!(
+                            "{what}.cqes: unknown opcode {o:?}: expected one of {}",
+                            known.join(", ")
+                        ),
+                    ));
+                }
+            }
         }
         for (q, list) in &e.outcomes {
             if !qps.iter().any(|x| &x.name == q) {
                 return Err(self.err(span.clone(), format!("{what}.outcomes: no qp named {q:?}")));
             }
+            let mut ranges = Vec::new();
             for item in list {
-                parse_outcome_range(item)
+                let (first, last, ..) = parse_outcome_range(item)
                     .map_err(|m| self.err(span.clone(), format!("{what}.outcomes.{q}: {m}")))?;
+                ranges.push((first, last, item));
+            }
+            // Each work request has one outcome: ranges must not overlap.
+            ranges.sort();
+            for pair in ranges.windows(2) {
+                let ((_, last, a), (first, _, b)) = (pair[0], pair[1]);
+                if first <= last {
+                    return Err(self.err(
+                        span.clone(),
+                        format!(
+                            "{what}.outcomes.{q}: {a:?} and {b:?} overlap (work request {first} \
+                             is in both)"
+                        ),
+                    ));
+                }
             }
         }
         for (r, d) in &e.digests {
@@ -1000,6 +1150,47 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     span.clone(),
                     format!("{what}.digests.{r}: {d:?} is not 16 hex digits"),
                 ));
+            }
+        }
+        for event in e.events.iter().flatten() {
+            let (kind, qp) = match event.split_once(':') {
+                Some((k, q)) => (k, Some(q)),
+                None => (event.as_str(), None),
+            };
+            let needs_qp = match kind {
+                "qp_fatal" | "qp_access_err" | "qp_req_err" => true,
+                "cq_err" | "port_active" | "port_err" | "other" => false,
+                _ => {
+                    return Err(self.err(
+                        span.clone(),
+                        format!(
+                            "{what}.events: {event:?}: unknown event type {kind:?}: expected \
+                             qp_fatal, qp_access_err or qp_req_err (as \"type:qp\"), cq_err, \
+                             port_active, port_err or other"
+                        ),
+                    ));
+                }
+            };
+            match qp {
+                Some(q) if !needs_qp => {
+                    return Err(self.err(
+                        span.clone(),
+                        format!("{what}.events: {event:?}: {kind} names no qp (drop \":{q}\")"),
+                    ));
+                }
+                Some(q) if !names.contains(q) => {
+                    return Err(self.err(
+                        span.clone(),
+                        format!("{what}.events: {event:?}: no qp named {q:?}"),
+                    ));
+                }
+                None if needs_qp => {
+                    return Err(self.err(
+                        span.clone(),
+                        format!("{what}.events: {event:?}: name the qp, as \"{kind}:a\""),
+                    ));
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -1051,6 +1242,16 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
         }
         Ok(a)
     }
+}
+
+/// What a peer's receive queue holds at most, as far as the file tells: the receives posted
+/// on it less the SENDs and WRITEs with immediate posted to it (each uses one at most).
+/// Once either end may be in the error state, its receives may be flushed: no bound.
+#[derive(Debug, Clone, Copy, Default)]
+struct RecvBound {
+    posted: u64,
+    consumers: u64,
+    flushed: bool,
 }
 
 /// One item of `expect.outcomes`: `"1-2 completed"`, `"3 failed:rem_access_err"`,

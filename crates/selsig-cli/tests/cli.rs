@@ -963,3 +963,324 @@ outcomes = {{ a = ["1-3 completed"] }}
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_run_that_ends_with_work_outstanding_fails_before_reading_the_regions() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-unretired-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
+    let (steps, _) = seed.split_once("[[step]]\npoll").unwrap();
+    for (name, text, outstanding) in [
+        // The seed without its poll step, expecting nothing: the WRITEs may still be
+        // running, and none has an outcome.
+        (
+            "writes",
+            format!("{steps}[expect]\ncqes = []\noutcomes = {{ a = [] }}\n"),
+            "a: 8 work requests, 0 receives outstanding",
+        ),
+        // A receive that nothing consumes never completes.
+        (
+            "receive",
+            seed.replace(
+                "poll = \"idle\"\n",
+                "poll = \"idle\"\n\n[[step]]\nrecv = { qp = \"a.peer\" }\n",
+            ),
+            "a: 0 work requests, 1 receives outstanding",
+        ),
+    ] {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let o = selsig(&["run", path.to_str().unwrap()]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+        assert!(
+            err.contains("the run ended with work outstanding") && err.contains(outstanding),
+            "{name}: {err}"
+        );
+        let out = stdout(&o);
+        assert!(out.contains("\"event\":\"step\""), "{name}: {out}");
+        assert!(!out.contains("\"event\":\"digest\""), "{name}: {out}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Two send queues on one CQ of `size` entries: `a` (policy never, depth 16) posts
+/// `a_count` WRITEs, `b` (every WRITE signaled, depth `b_depth`) posts `b_count`; then
+/// `steps`.
+fn shared_cq_scenario(size: u32, a: &str, b: &str, steps: &str) -> String {
+    format!(
+        r#"description = "Two send queues share one CQ."
+[[cq]]
+name = "shared"
+size = {size}
+[[qp]]
+name = "a"
+send_cq = "shared"
+{a}
+[[qp]]
+name = "b"
+send_cq = "shared"
+{b}
+[[region]]
+name = "src"
+size = 2048
+access = ["local_write"]
+fill = "pattern"
+[[region]]
+name = "dst"
+size = 2048
+access = ["local_write", "remote_write"]
+{steps}"#
+    )
+}
+
+#[test]
+fn a_confirm_on_a_full_shared_cq_polls_for_room() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-confirm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // b's twelve WRITEs take the last of the shared CQ's credits (its 12th is signaled for
+    // it): a's confirm marker waits for b's completion.
+    let text = shared_cq_scenario(
+        8,
+        "policy = \"never\"",
+        "policy = \"never\"",
+        r#"[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3 }
+[[step]]
+post = { qp = "b", op = "write", local = "src", remote = "dst", size = 64, count = 12 }
+[[step]]
+confirm = "a"
+[[step]]
+poll = "idle"
+[expect]
+outcomes = { a = ["1-3 completed"], b = ["1-12 completed"] }
+"#,
+    );
+    let path = dir.join("confirm.toml");
+    std::fs::write(&path, text).unwrap();
+    let started = std::time::Instant::now();
+    let o = selsig(&["run", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let out = stdout(&o);
+    assert!(!out.contains("\"event\":\"refused\""), "{out}");
+    assert!(
+        out.contains("{\"event\":\"post\",\"qp\":\"a\",\"seq\":4,\"op\":\"rdma_write\",\"len\":0,\"signaled\":true,\"reason\":\"marker\",\"marker\":true}"),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn traces_are_identical_when_a_post_waits_for_room_on_a_shared_cq() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-race-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // While a (depth 4) waits for room, b's thousand completions arrive on the same CQ,
+    // as many before each of a's as the timing gives.
+    let text = shared_cq_scenario(
+        4096,
+        "depth = 4\npolicy = \"always\"",
+        "depth = 1024\npolicy = \"always\"",
+        r#"[[step]]
+post = { qp = "b", op = "write", local = "src", remote = "dst", size = 64, count = 1000, stride = 0 }
+[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 32 }
+[[step]]
+poll = "idle"
+[expect]
+outcomes = { a = ["1-32 completed"], b = ["1-1000 completed"] }
+"#,
+    );
+    let path = dir.join("race.toml");
+    std::fs::write(&path, text).unwrap();
+    let first = selsig(&["run", path.to_str().unwrap()]);
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let trace = stdout(&first);
+    // Runs take milliseconds; the old interleaving differed in about one run of four.
+    for _ in 0..20 {
+        let again = selsig(&["run", path.to_str().unwrap()]);
+        assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+        assert!(stdout(&again) == trace, "the trace changed between runs");
+    }
+    // The post step shows a's posts and the completions of a's that made room; b's show
+    // with the poll step.
+    let (_, step2) = trace.split_once("\"n\":2,").unwrap();
+    let (step2, _) = step2.split_once("\"n\":3,").unwrap();
+    assert!(!step2.contains("\"qp\":\"b\""), "{step2}");
+    assert_eq!(step2.matches("\"event\":\"cqe\"").count(), 28, "{step2}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_trace_file_may_not_be_the_scenario() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-self-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
+    let path = dir.join("self.toml");
+    std::fs::write(&path, &seed).unwrap();
+    let link = dir.join("link.toml");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    let same = path.to_str().unwrap();
+    let dotted = format!("{}/./self.toml", dir.display());
+    for trace in [same, dotted.as_str(), link.to_str().unwrap()] {
+        let o = selsig(&["run", "-q", same, "--trace", trace]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{trace}: {err}");
+        assert!(
+            err.contains(&format!("--trace {trace} names the scenario file {same}")),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), seed, "{trace}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn fields_that_would_be_ignored_contradict_or_fail_later_are_refused() {
+    let dir = std::env::temp_dir().join(format!("selsig-cli-refused-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
+    let lines = seed.lines().count();
+    let post = "op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 8";
+    let then = |step: &str| {
+        seed.replace(
+            "poll = \"idle\"\n",
+            &format!("poll = \"idle\"\n\n[[step]]\n{step}\n"),
+        )
+    };
+    let mut wrong = Vec::new();
+    for (name, text, line, problem) in [
+        (
+            "adaptive",
+            seed.replace("policy = \"every:4\"", "policy = \"adaptive:100,2us\""),
+            3,
+            "an adaptive policy signals by the time work requests wait",
+        ),
+        (
+            "overlapping-outcomes",
+            seed.replace(
+                "[\"1-8 completed\"]",
+                "[\"1-8 flushed\", \"1-8 completed\"]",
+            ),
+            25,
+            "\"1-8 completed\" and \"1-8 flushed\" overlap (work request 1 is in both)",
+        ),
+        (
+            "poll-field",
+            seed.replace("poll = \"idle\"", "poll = { cqes = 2, timeout = 5 }"),
+            23,
+            "unknown field `timeout`, expected `cqes`",
+        ),
+        (
+            "poll-number",
+            seed.replace("poll = \"idle\"", "poll = 2"),
+            23,
+            "expected \"idle\" or { cqes = N }",
+        ),
+        (
+            "fault_at-alone",
+            seed.replace(post, &format!("{post}, fault_at = 2")),
+            19,
+            "fault_at needs a fault",
+        ),
+        (
+            "imm-on-write",
+            seed.replace(post, &format!("{post}, imm = 5")),
+            19,
+            "imm: a write carries no immediate data",
+        ),
+        (
+            "local_offset-without-region",
+            seed.replace(post, "op = \"send\", count = 2, local_offset = 8"),
+            19,
+            "local_offset needs a local region",
+        ),
+        (
+            "stride-without-region",
+            seed.replace(post, "op = \"send\", count = 2, stride = 8"),
+            19,
+            "stride needs a local or remote region",
+        ),
+        (
+            "remote_offset-on-send",
+            seed.replace(
+                post,
+                "op = \"send\", local = \"src\", size = 8, remote_offset = 8",
+            ),
+            19,
+            "remote_offset: a send has no remote region",
+        ),
+        (
+            "recv-offset-without-region",
+            then("recv = { qp = \"a.peer\", offset = 8 }"),
+            25,
+            "offset needs a region",
+        ),
+        (
+            "differs-alone",
+            format!("{seed}\n[differs]\nrxe = \"why\"\n"),
+            lines + 2,
+            "differs.rxe says why [expect.rxe] differs, but there is no [expect.rxe]",
+        ),
+        (
+            "dereg-twice",
+            then("dereg = \"dst\"\n\n[[step]]\ndereg = \"dst\""),
+            28,
+            "step 4: region \"dst\" was deregistered by step 3",
+        ),
+        (
+            "inline-from-deregistered",
+            then(
+                "dereg = \"src\"\n\n[[step]]\npost = { qp = \"a\", op = \"write\", local = \"src\", \
+                 remote = \"dst\", size = 8, inline = true }",
+            ),
+            28,
+            "inline data from region \"src\", which step 3 deregistered",
+        ),
+        (
+            "unknown-opcode",
+            seed.replacen("opcode = \"rdma_write\"", "opcode = \"rdma_wirte\"", 1),
+            25,
+            "expect.cqes: unknown opcode \"rdma_wirte\"",
+        ),
+        (
+            "unknown-event",
+            format!("{seed}events = [\"qp_acess_err:a.peer\"]\n"),
+            25,
+            "unknown event type \"qp_acess_err\"",
+        ),
+        (
+            "event-of-no-qp",
+            format!("{seed}events = [\"qp_access_err:b\"]\n"),
+            25,
+            "no qp named \"b\"",
+        ),
+        (
+            "receives-beyond-peer_depth",
+            then("recv = { qp = \"a.peer\", count = 17 }"),
+            25,
+            "more would wait than its peer_depth of 16",
+        ),
+        (
+            "personality",
+            seed.replace("[[qp]]", "[device]\npersonality = \"bogus\"\n\n[[qp]]"),
+            4,
+            "unknown personality \"bogus\"",
+        ),
+    ] {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let o = selsig(&["run", path.to_str().unwrap()]);
+        let err = stderr(&o);
+        let at = format!("error: {}:{line}:", path.display());
+        let refused = o.status.code() == Some(2) && o.stdout.is_empty();
+        if !refused || !err.starts_with(&at) || !err.contains(problem) {
+            wrong.push(format!(
+                "{name}: expected exit code 2, no trace and {at} ... {problem}, got {:?}: {err}",
+                o.status.code()
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    std::fs::remove_dir_all(&dir).ok();
+}
