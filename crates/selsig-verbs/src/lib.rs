@@ -298,7 +298,7 @@ fn mtu_enum(bytes: u32) -> u32 {
     }
 }
 
-/// The variable with which libmlx4/libmlx5 drop the locks of their CQs and QPs.
+/// The variable with which libmlx5 drops the locks of its CQs and QPs.
 const SINGLE_THREADED: &str = "MLX5_SINGLE_THREADED";
 
 /// Refuses `MLX5_SINGLE_THREADED=1` (its value `value`): libmlx5 then takes no lock in
@@ -654,7 +654,7 @@ struct CqInner {
     failed: AtomicI32,
 }
 
-// SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers (libmlx5 and libmlx4
+// SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers (libmlx5
 // unless `MLX5_SINGLE_THREADED=1`, which `VerbsDevice::open` refuses).
 unsafe impl Send for CqInner {}
 // SAFETY: as above.
@@ -811,7 +811,7 @@ pub struct VerbsQp {
 }
 
 // SAFETY: `ibv_post_send`, `ibv_post_recv`, `ibv_modify_qp` and `ibv_query_qp` are
-// thread-safe (libmlx5 and libmlx4 unless `MLX5_SINGLE_THREADED=1`, which
+// thread-safe (libmlx5 unless `MLX5_SINGLE_THREADED=1`, which
 // `VerbsDevice::open` refuses); the handle is owned until `Drop`.
 unsafe impl Send for VerbsQp {}
 // SAFETY: as above.
