@@ -953,7 +953,7 @@ fn invalid_work_requests_and_states_are_refused() {
             &cq,
             &QpInit {
                 caps: QpCaps {
-                    max_send_wr: 0,
+                    max_send_wr: 1 << 20,
                     ..QpCaps::default()
                 },
                 sq_sig_all: false,
