@@ -24,6 +24,13 @@ fn scenarios() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios")
 }
 
+/// A new directory for a test's files: `name` and this process's id, under the temp dir.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[test]
 fn demo_draws_the_seed() {
     let o = selsig(&["demo"]);
@@ -286,8 +293,7 @@ fn every_shipped_scenario_meets_its_expectations_with_a_stable_trace() {
 
 #[test]
 fn failed_expectations_fail_the_run() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-test");
     let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
     let wrong = seed.replace(
         "wr_id = 8, status = \"success\"",
@@ -335,8 +341,7 @@ fn failed_expectations_fail_the_run() {
 
 #[test]
 fn a_step_that_fails_shows_the_trace_so_far_and_an_unsignaled_tail_is_named() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-tail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-tail");
     // Six WRITEs every fourth signaled: WR5 and WR6 are an unsignaled tail that no
     // completion confirms, so `poll = "idle"` waits out its 20 s.
     let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
@@ -363,8 +368,7 @@ fn a_step_that_fails_shows_the_trace_so_far_and_an_unsignaled_tail_is_named() {
 
 #[test]
 fn bad_scenarios_name_file_line_and_problem() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-bad");
     let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
     for (name, text, line, problem) in [
         (
@@ -462,8 +466,7 @@ fn bad_scenarios_name_file_line_and_problem() {
 
 #[test]
 fn scenarios_are_bounded_in_memory_and_queue_pairs() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-big-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-big");
     let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
     let lines = seed.lines().count();
     // With the seed's two small regions, fifteen of 64 MiB fit in 1 GiB; the sixteenth is
@@ -603,8 +606,7 @@ fn bench_perftest_mode_prints_perftest_figures() {
 
 #[test]
 fn bench_draws_an_svg_and_writes_json_to_a_file() {
-    let dir = std::env::temp_dir().join(format!("selsig-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-bench");
     let svg = dir.join("bench.svg");
     let json = dir.join("bench.json");
     let o = selsig(&[
@@ -737,8 +739,7 @@ fn bench_refuses_a_send_queue_whose_completion_queue_cannot_be_sized() {
 
 #[test]
 fn output_files_are_checked_before_the_run_and_kept_when_it_fails() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-out-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-out");
     let missing = dir.join("no-such-folder").join("out");
     let missing = missing.to_str().unwrap();
     let quick = ["bench", "-n", "100", "-s", "64", "-e", "1"];
@@ -850,8 +851,7 @@ fn bench_keeps_the_signal_interval_within_the_buffers_the_region_holds() {
 
 #[test]
 fn bench_output_options_and_small_queues() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-bench");
     // --json and --svg to one file: refused before the run, the file left as it was.
     let same = dir.join("same.out");
     std::fs::write(&same, "old\n").unwrap();
@@ -911,8 +911,7 @@ fn bench_inline_writes_need_no_buffers() {
 
 #[test]
 fn a_cq_keeps_room_for_the_peer_receives_that_report_to_it() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-room-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-room");
     let scenario = |peer_cq: &str| {
         format!(
             r#"description = "A CQ of one entry, every WRITE signaled."
@@ -966,8 +965,7 @@ outcomes = {{ a = ["1-3 completed"] }}
 
 #[test]
 fn a_run_that_ends_with_work_outstanding_fails_before_reading_the_regions() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-unretired-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-unretired");
     let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
     let (steps, _) = seed.split_once("[[step]]\npoll").unwrap();
     for (name, text, outstanding) in [
@@ -1036,8 +1034,7 @@ access = ["local_write", "remote_write"]
 
 #[test]
 fn a_confirm_on_a_full_shared_cq_polls_for_room() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-confirm-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-confirm");
     // b's twelve WRITEs take the last of the shared CQ's credits (its 12th is signaled for
     // it): a's confirm marker waits for b's completion.
     let text = shared_cq_scenario(
@@ -1073,8 +1070,7 @@ outcomes = { a = ["1-3 completed"], b = ["1-12 completed"] }
 
 #[test]
 fn traces_are_identical_when_a_post_waits_for_room_on_a_shared_cq() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-race-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-race");
     // While a (depth 4) waits for room, b's thousand completions arrive on the same CQ,
     // as many before each of a's as the timing gives.
     let text = shared_cq_scenario(
@@ -1113,8 +1109,7 @@ outcomes = { a = ["1-32 completed"], b = ["1-1000 completed"] }
 
 #[test]
 fn the_trace_file_may_not_be_the_scenario() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-self-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-self");
     let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
     let path = dir.join("self.toml");
     std::fs::write(&path, &seed).unwrap();
@@ -1137,8 +1132,7 @@ fn the_trace_file_may_not_be_the_scenario() {
 
 #[test]
 fn fields_that_would_be_ignored_contradict_or_fail_later_are_refused() {
-    let dir = std::env::temp_dir().join(format!("selsig-cli-refused-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("selsig-cli-refused");
     let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
     let lines = seed.lines().count();
     let post = "op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 8";

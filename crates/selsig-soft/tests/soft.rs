@@ -51,6 +51,18 @@ fn pair_with(personality: Personality, send_wr: u32, cqe: u32, sq_sig_all: bool)
     }
 }
 
+/// A QP's queue depths (one scatter/gather entry each, `sq_sig_all` off).
+fn depths(max_send_wr: u32, max_recv_wr: u32) -> QpInit {
+    QpInit {
+        caps: QpCaps {
+            max_send_wr,
+            max_recv_wr,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    }
+}
+
 fn pair() -> Pair {
     pair_with(Personality::Mlx5, 64, 256, false)
 }
@@ -1014,14 +1026,7 @@ fn a_refused_connect_leaves_the_qp_as_it_was() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let (cq_a, cq_b) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
+    let init = depths(16, 16);
     let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
     let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
     let options = ConnectOptions::default();
@@ -1133,14 +1138,7 @@ fn objects_of_another_device_are_refused() {
     let other = SoftDevice::open(SoftConfig::default()).unwrap();
     let (pd, cq) = (dev.alloc_pd().unwrap(), dev.create_cq(16).unwrap());
     let (other_pd, other_cq) = (other.alloc_pd().unwrap(), other.create_cq(16).unwrap());
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
+    let init = depths(16, 16);
     let refused = |e: selsig::ProviderError, what: &str| {
         assert!(
             e.to_string()
@@ -1178,14 +1176,7 @@ fn a_queue_pair_may_have_no_receive_or_no_send_queue() {
         let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(16).unwrap();
         let qp = |max_send_wr, max_recv_wr| {
-            let init = QpInit {
-                caps: QpCaps {
-                    max_send_wr,
-                    max_recv_wr,
-                    ..QpCaps::default()
-                },
-                sq_sig_all: false,
-            };
+            let init = depths(max_send_wr, max_recv_wr);
             dev.create_qp(&pd, &cq, &cq, &init).unwrap()
         };
         let (writer, reader) = (qp(4, 0), qp(0, 4));
@@ -1521,14 +1512,7 @@ fn qp_numbers_stay_unique_when_the_24_bit_space_wraps() {
     for _ in 0..(1u32 << 24) - 2 {
         drop(p.dev.alloc_pd().unwrap());
     }
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
+    let init = depths(4, 4);
     let x = p.dev.create_qp(&p.pd, &p.cq_a, &p.cq_a, &init).unwrap();
     // The counter wrapped onto `a`, then `b`, both live: skipped.
     assert_eq!(x.qp_num(), (a + 2) & 0x00ff_ffff);
@@ -1585,14 +1569,7 @@ fn the_deepest_send_queue_frees_slots_through_the_counter_wrap() {
     .unwrap();
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(1024).unwrap();
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: depth,
-            max_recv_wr: 1,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
+    let init = depths(depth, 1);
     let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
     let b = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
     connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
@@ -1646,14 +1623,7 @@ fn destroying_a_qp_removes_its_unpolled_completions_on_mlx5() {
         let pd = dev.alloc_pd().unwrap();
         let shared = dev.create_cq(64).unwrap();
         let other = dev.create_cq(64).unwrap();
-        let init = QpInit {
-            caps: QpCaps {
-                max_send_wr: 16,
-                max_recv_wr: 4,
-                ..QpCaps::default()
-            },
-            sq_sig_all: false,
-        };
+        let init = depths(16, 4);
         let a = dev.create_qp(&pd, &shared, &shared, &init).unwrap();
         let c = dev.create_qp(&pd, &shared, &shared, &init).unwrap();
         let b = dev.create_qp(&pd, &other, &other, &init).unwrap();

@@ -27,6 +27,18 @@ fn device() -> VerbsDevice {
     VerbsDevice::open(&options).unwrap_or_else(|e| panic!("{NEEDS_DEVICE}: {e}"))
 }
 
+/// A QP that sends: `max_send_wr` as given, one receive, `sq_sig_all` off.
+fn send_depth(max_send_wr: u32) -> QpInit {
+    QpInit {
+        caps: QpCaps {
+            max_send_wr,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    }
+}
+
 struct Pair {
     dev: VerbsDevice,
     pd: VerbsPd,
@@ -461,16 +473,10 @@ fn one_poll_returns_more_completions_than_a_provider_call_does() {
     let pd = dev.alloc_pd().unwrap();
     let cq_a = Arc::new(dev.create_cq(128).unwrap());
     let cq_b = Arc::new(dev.create_cq(4).unwrap());
-    let init = |depth| QpInit {
-        caps: QpCaps {
-            max_send_wr: depth,
-            max_recv_wr: 1,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
-    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init(N as u32)).unwrap();
-    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init(1)).unwrap();
+    let a = dev
+        .create_qp(&pd, &cq_a, &cq_a, &send_depth(N as u32))
+        .unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &send_depth(1)).unwrap();
     let options = ConnectOptions {
         gid_index: dev.gid_index(),
         ..ConnectOptions::default()
@@ -507,14 +513,7 @@ fn posts_the_provider_must_not_see_are_refused_up_front() {
     let p = pair(16);
     // Before RTS a send queue takes nothing (rxe would keep the work requests and run them
     // once connected, while reporting them refused).
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 1,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
+    let init = send_depth(4);
     let cq_f = p.dev.create_cq(16).unwrap();
     let fresh = p.dev.create_qp(&p.pd, &cq_f, &cq_f, &init).unwrap();
     let marker = |wr_id| SendWr {
@@ -614,14 +613,7 @@ fn unconnected(send_wr: u32) -> Unconnected {
     let pd = dev.alloc_pd().unwrap();
     let cq_a = dev.create_cq(send_wr).unwrap();
     let cq_b = dev.create_cq(send_wr).unwrap();
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: send_wr,
-            max_recv_wr: 1,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
+    let init = send_depth(send_wr);
     let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
     let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
     let options = ConnectOptions {
@@ -737,14 +729,7 @@ fn bad_options_and_objects_of_another_opening_are_refused_before_anything_change
     let other = device();
     let other_pd = other.alloc_pd().unwrap();
     let other_cq = other.create_cq(4).unwrap();
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 1,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
+    let init = send_depth(4);
     for (result, what) in [
         (
             dev.create_qp(&other_pd, &cq_a, &cq_a, &init).err(),
