@@ -461,8 +461,11 @@ pub fn render(r: &Report) -> String {
     };
     let _ = writeln!(
         o,
-        "selsig demo: {} RDMA WRITEs of {} B on {where_}, policy {}, send queue depth {}",
-        r.wrs, r.size, r.policy, r.sq_depth
+        "selsig demo: {} of {} B on {where_}, policy {}, send queue depth {}",
+        count(u64::from(r.wrs), "RDMA WRITE", "RDMA WRITEs"),
+        r.size,
+        r.policy,
+        r.sq_depth
     );
     if let Some(t) = &r.target {
         let _ = writeln!(o, "The WRITEs go to the memory of selsig serve on {t}.");
@@ -543,20 +546,25 @@ pub fn render(r: &Report) -> String {
     let bytes = u64::from(r.summary.completed) * r.size;
     let _ = writeln!(o);
     if r.remote_verified {
-        if r.summary.completed == r.wrs {
-            let _ = writeln!(
-                o,
-                "Remote buffer: all {} writes verified ({bytes} bytes).",
-                r.wrs
-            );
-        } else {
-            let _ = writeln!(
-                o,
-                "Remote buffer: verified: the {} completed writes landed ({bytes} bytes), the {} others did not.",
-                r.summary.completed,
-                r.wrs - r.summary.completed
-            );
-        }
+        let (done, rest) = (r.summary.completed, r.wrs - r.summary.completed);
+        let what = match (done, rest) {
+            (1, 0) => format!("the write verified ({bytes} bytes)"),
+            (_, 0) => format!("all {done} writes verified ({bytes} bytes)"),
+            (0, 1) => "verified: the write did not land".to_string(),
+            (0, _) => format!("verified: none of the {rest} writes landed"),
+            _ => format!(
+                "verified: {} landed ({bytes} bytes), {} did not",
+                match done {
+                    1 => "the completed write".to_string(),
+                    _ => format!("the {done} completed writes"),
+                },
+                match rest {
+                    1 => "the other".to_string(),
+                    _ => format!("the {rest} others"),
+                }
+            ),
+        };
+        let _ = writeln!(o, "Remote buffer: {what}.");
     } else {
         let list: Vec<String> = r.mismatches.iter().map(|w| format!("WR{w}")).collect();
         let _ = writeln!(
@@ -566,7 +574,10 @@ pub fn render(r: &Report) -> String {
         );
     }
     let s = &r.summary;
-    let mut parts = vec![format!("{} WRs executed", s.completed)];
+    let mut parts = vec![format!(
+        "{} executed",
+        count(u64::from(s.completed), "WR", "WRs")
+    )];
     if s.failed > 0 {
         parts.push(format!("{} failed", s.failed));
     }
@@ -578,12 +589,17 @@ pub fn render(r: &Report) -> String {
     }
     let _ = writeln!(
         o,
-        "Summary: {}; {} CQEs generated, {} saved vs signaling every WR.",
+        "Summary: {}; {} generated, {} saved vs signaling every WR.",
         parts.join(", "),
-        s.cqes,
+        count(u64::from(s.cqes), "CQE", "CQEs"),
         s.cqes_saved
     );
     o
+}
+
+/// `n` and the noun for it: "1 CQE", "2 CQEs".
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn confirmation(cqe: &CqeView, conf: &Confirmed, r: &Report) -> String {

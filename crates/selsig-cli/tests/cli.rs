@@ -52,6 +52,49 @@ fn demo_draws_the_seed() {
 }
 
 #[test]
+fn demo_counts_one_in_the_singular() {
+    let o = selsig(&["demo", "--wrs", "1", "--fail-at", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with("selsig demo: 1 RDMA WRITE of 64 B"),
+        "{out}"
+    );
+    assert!(
+        out.contains("Remote buffer: verified: the write did not land."),
+        "{out}"
+    );
+    assert!(
+        out.contains("0 WRs executed, 1 failed; 2 CQEs generated"),
+        "{out}"
+    );
+
+    let o = selsig(&["demo", "--every", "8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("8 WRs executed; 1 CQE generated, 7 saved"),
+        "{out}"
+    );
+
+    let o = selsig(&["demo", "--personality", "rxe", "--fail-at", "8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("the 7 completed writes landed (448 bytes), the other did not."),
+        "{out}"
+    );
+
+    let o = selsig(&["demo", "--wrs", "2", "--fail-at", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("Remote buffer: verified: none of the 2 writes landed."),
+        "{out}"
+    );
+}
+
+#[test]
 fn demo_json_reports_what_the_nic_did() {
     let o = selsig(&["demo", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
