@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use selsig::{
     Access, AsyncEvent, CompletionQueue, ConnectOptions, CqBudget, CqCredits, Device, Local,
     MemoryRegion, Opcode, Outcome, Policy, QpCaps, QpInit, QueueConfig, QueuePair, RecvWr, SendWr,
-    SignaledQueue, WcStatus, Work, WorkCompletion, connect_pair,
+    SharedCq, SignaledQueue, WcStatus, Work, WorkCompletion, connect_pair,
 };
 use selsig_soft::{Personality, SoftConfig, SoftCq, SoftDevice, SoftPd, SoftQp};
 
@@ -489,4 +489,89 @@ fn a_drain_that_needs_a_credit_held_by_another_queue_says_so() {
     let users: Vec<u32> = done.iter().map(|c| c.user).collect();
     assert_eq!(users, (1..cq.capacity()).collect::<Vec<_>>());
     assert!(done.iter().all(|c| c.outcome == Outcome::Completed));
+}
+
+/// One queue's thread on a shared CQ: posts `n` 8-byte inline WRITEs (the one numbered
+/// `bad` with a bad remote key) until done or refused, polling as it goes, then drains.
+/// Returns the outcomes, in the order handed back.
+fn post_and_poll(
+    mut q: SignaledQueue<SoftDevice, u32>,
+    target: selsig::RemoteAddr,
+    n: u32,
+    bad: Option<u32>,
+) -> Vec<(u32, Outcome)> {
+    let mut done = Vec::new();
+    let mut next = 1;
+    let start = Instant::now();
+    while next <= n {
+        assert!(start.elapsed() < WAIT, "stuck at WRITE {next}");
+        let mut to = target;
+        if bad == Some(next) {
+            to.rkey ^= 0x5a5a;
+        }
+        match q.post(Work::write_inline(&[next as u8; 8], to, next)) {
+            Ok(_) => next += 1,
+            Err(selsig::QueuePostError::Refused(e)) if e.is_full() => {}
+            // The queue saw the error: it takes no more.
+            Err(selsig::QueuePostError::Refused(_)) => break,
+            Err(e) => panic!("WRITE {next}: {e:?}"),
+        }
+        q.poll(&mut done).unwrap();
+    }
+    loop {
+        match q.drain(WAIT, &mut done) {
+            Ok(()) => break,
+            // A credit it needs waits for the other queue, which polls on its thread.
+            Err(selsig::DrainError::Unrouted { .. }) => std::thread::yield_now(),
+            Err(e) => panic!("{e}"),
+        }
+        assert!(start.elapsed() < 2 * WAIT, "the drain never got its credit");
+    }
+    done.iter().map(|c| (c.user, c.outcome)).collect()
+}
+
+/// Two threads post to and poll their own queues on one CQ at once, each polling the
+/// other's completions now and then; B's WRITE 50 has a bad remote key. Each queue gets
+/// its completions in CQ order whoever polled them (SEMANTICS: the error before the
+/// flushes behind it), so every WRITE gets its exact outcome.
+#[test]
+fn queues_polling_one_shared_cq_from_two_threads_get_exact_outcomes() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    for round in 0..10 {
+        let cq = Arc::new(dev.create_cq(32).unwrap());
+        let (recv_cq, peer_cq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+        let (a, _pa) = connected(&dev, &pd, (&cq, &recv_cq, &peer_cq), &init(16));
+        let (b, _pb) = connected(&dev, &pd, (&cq, &recv_cq, &peer_cq), &init(16));
+        let remote = dev
+            .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let shared = SharedCq::new(Arc::clone(&cq));
+        let config = QueueConfig {
+            poll_batch: 2,
+            ..QueueConfig::with_policy(Policy::Every(4))
+        };
+        let qa = SignaledQueue::on_shared_cq(a, &shared, config.clone()).unwrap();
+        let qb = SignaledQueue::on_shared_cq(b, &shared, config).unwrap();
+        let target = remote.remote(0);
+        let (got_a, got_b) = std::thread::scope(|s| {
+            let a = s.spawn(|| post_and_poll(qa, target, 200, None));
+            let b = s.spawn(|| post_and_poll(qb, target, 200, Some(50)));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        let all_done: Vec<(u32, Outcome)> = (1..=200).map(|i| (i, Outcome::Completed)).collect();
+        assert_eq!(got_a, all_done, "round {round}");
+        let posted = got_b.len() as u32;
+        assert!(posted >= 50, "round {round}: {got_b:?}");
+        let expected: Vec<(u32, Outcome)> = (1..=posted)
+            .map(|i| match i {
+                ..50 => (i, Outcome::Completed),
+                50 => (i, Outcome::Failed(WcStatus::RemAccessErr)),
+                _ => (i, Outcome::Flushed),
+            })
+            .collect();
+        assert_eq!(got_b, expected, "round {round}");
+        let all = cq.capacity();
+        assert_eq!((shared.waiting(), shared.credits().available()), (0, all));
+    }
 }

@@ -65,6 +65,7 @@ pub mod credits;
 pub mod policy;
 pub mod provider;
 pub mod queue;
+pub mod shared;
 pub mod stats;
 pub mod tracker;
 pub mod wc;
@@ -82,6 +83,7 @@ pub use queue::{
 
 pub use credits::{CqBudget, CqCredits};
 pub use policy::{Policy, PolicyError};
+pub use shared::SharedCq;
 pub use stats::{MAX_LAG_NS, Stats};
 pub use tracker::{
     CompletionError, ConfigError, Handled, Outcome, PostError, Posted, QueueState, Retired,

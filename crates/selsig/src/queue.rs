@@ -11,6 +11,7 @@ use crate::provider::{
     CompletionQueue, CqError, Device, Local, MemoryRegion, Opcode, PostWrError, ProviderError,
     QueuePair, RemoteAddr, SendWr, Sge,
 };
+use crate::shared::SharedCq;
 use crate::tracker::{
     CompletionError, ConfigError, Handled, Outcome, PostError, Posted, QueueState, SendTracker,
     Seq, Signal, TrackerConfig,
@@ -323,14 +324,15 @@ pub enum DrainError {
     #[error("the drain marker could not be posted")]
     Marker(#[source] QueuePostError<()>),
     /// The marker needs a credit of the shared completion-queue pool that completions of
-    /// other queues hold: this queue polled them from the shared CQ, and they wait in
-    /// [`take_unclaimed`](SignaledQueue::take_unclaimed). Hand them to their queues
-    /// ([`handle_completion`](SignaledQueue::handle_completion)), then drain again.
+    /// other queues hold: they were polled from the shared CQ and wait for their queues,
+    /// in [`take_unclaimed`](SignaledQueue::take_unclaimed) (hand them to their queues
+    /// with [`handle_completion`](SignaledQueue::handle_completion)) or, on a
+    /// [`SharedCq`], in those queues' inboxes (poll those queues). Then drain again.
     #[error(
-        "the drain marker needs a completion-queue credit held by other queues: {completions} of their completions, polled from the shared CQ, wait in take_unclaimed for their queues"
+        "the drain marker needs a completion-queue credit held by other queues: {completions} of their completions, polled from the shared CQ, wait for their queues (in take_unclaimed, or until those queues poll)"
     )]
     Unrouted {
-        /// How many completions of other queue pairs wait in `take_unclaimed`.
+        /// How many completions of other queue pairs wait.
         completions: usize,
     },
 }
@@ -384,6 +386,9 @@ pub struct SignaledQueue<D: Device, U> {
     staged: Vec<SendWr<'static>>,
     wcs: Vec<WorkCompletion>,
     unclaimed: Vec<WorkCompletion>,
+    /// The CQ shared with other queues that poll it, when created with
+    /// [`on_shared_cq`](Self::on_shared_cq).
+    shared: Option<SharedCq<D>>,
     marker_target: RemoteAddr,
     /// Whether to read the clock ([`QueueConfig::measure_lag`]).
     clock: bool,
@@ -392,6 +397,15 @@ pub struct SignaledQueue<D: Device, U> {
 
 impl<D: Device, U> Drop for SignaledQueue<D, U> {
     fn drop(&mut self) {
+        // Completions another queue polled for this one are out of the CQ: they retire
+        // their work requests (and give their credits back) as if this queue had polled
+        // them.
+        if let Some(shared) = self.shared.take() {
+            let now = self.now();
+            for wc in shared.unregister(self.qp.qp_num()) {
+                let _ = self.handle(&wc, now);
+            }
+        }
         // The QP is destroyed next (its field drops first), then the tracker gives the
         // outstanding work requests' credits of a shared pool back: only if the provider
         // removes the QP's completions from the CQ. Otherwise they may still be there.
@@ -456,7 +470,18 @@ impl<D: Device, U> SignaledQueue<D, U> {
     ) -> Result<Self, ConfigError> {
         let poll_limit = (cq.capacity() as usize).max(1);
         let budget = match config.cq {
-            Some(budget) => budget,
+            Some(budget) => {
+                // Every outstanding work request may make a completion: the budget cannot
+                // be more than the CQ holds (what receives need of it is the caller's to
+                // leave, as it alone knows which it posts).
+                if budget.capacity() > cq.capacity() {
+                    return Err(ConfigError::CqBudgetTooLarge {
+                        budget: budget.capacity(),
+                        room: cq.capacity(),
+                    });
+                }
+                budget
+            }
             // Every receive completes (if only flushed): where they share the CQ, their
             // slots are not the sends'.
             None if qp.recv_cq_is_send_cq() => {
@@ -492,10 +517,44 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 config.poll_batch.clamp(1, poll_limit)
             ],
             unclaimed: Vec::new(),
+            shared: None,
             marker_target: config.marker_target,
             clock: config.measure_lag,
             epoch,
         })
+    }
+
+    /// A queue over `qp` whose send completions go to the CQ `shared`, which other queues
+    /// poll too: each queue gets its QP's completions in CQ order, whichever queue polled
+    /// them (see [`SharedCq`]). Its budget is the shared pool: `config.cq` must be `None`
+    /// or that pool.
+    ///
+    /// A completion of a QP that has no queue on `shared` (receives of any QP among them)
+    /// goes to the queue that polled it, for [`take_unclaimed`](Self::take_unclaimed).
+    pub fn on_shared_cq(
+        qp: D::Qp,
+        shared: &SharedCq<D>,
+        mut config: QueueConfig,
+    ) -> Result<Self, ConfigError> {
+        match &config.cq {
+            None => config.cq = Some(CqBudget::Shared(shared.credits().clone())),
+            Some(CqBudget::Shared(pool)) if pool.same_pool(shared.credits()) => {}
+            Some(_) => return Err(ConfigError::NotTheSharedPool),
+        }
+        let qp_num = qp.qp_num();
+        if !shared.register(qp_num) {
+            return Err(ConfigError::SharedCqHasQp { qp_num });
+        }
+        match Self::with_config(qp, Arc::clone(shared.cq()), config) {
+            Ok(mut queue) => {
+                queue.shared = Some(shared.clone());
+                Ok(queue)
+            }
+            Err(e) => {
+                shared.unregister(qp_num);
+                Err(e)
+            }
+        }
     }
 
     /// Now, or the creation time when the queue does without the clock.
@@ -548,6 +607,12 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// queue), for the caller to route. Another queue's completion keeps its credit of a
     /// shared pool taken until that queue handles it
     /// ([`handle_completion`](Self::handle_completion)), so route them promptly.
+    ///
+    /// Where several queues poll one CQ, create them with
+    /// [`on_shared_cq`](Self::on_shared_cq) instead: routing by hand, a queue that polls
+    /// again before its completions polled by another queue are handed to it sees its
+    /// later completions first (a flush before the error it follows). Their completions
+    /// then never come here; those of QPs without a queue on the CQ still do.
     pub fn take_unclaimed(&mut self) -> Vec<WorkCompletion> {
         std::mem::take(&mut self.unclaimed)
     }
@@ -721,8 +786,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
     ///
     /// Completions that are not this queue's sends (another QP's on a shared CQ, this QP's
     /// receives) are kept for
-    /// [`take_unclaimed`](Self::take_unclaimed). An impossible completion of this QP is
-    /// reported after the rest of the batch was handled.
+    /// [`take_unclaimed`](Self::take_unclaimed) (on a [`SharedCq`], those of other queues
+    /// go to them). An impossible completion of this QP is reported after the rest of the
+    /// batch was handled.
     pub fn poll(&mut self, out: &mut Vec<Completion<D::Mr, U>>) -> Result<usize, PollError> {
         self.poll_with(|c| out.push(c))
     }
@@ -747,8 +813,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
     where
         F: FnMut(Completion<D::Mr, U>),
     {
-        // A count beyond the buffer (a provider breaking its contract) is cut to it.
-        let n = self.cq.poll(&mut self.wcs)?.min(self.wcs.len());
+        let n = match &self.shared {
+            Some(shared) => shared.poll(self.qp.qp_num(), &mut self.wcs)?,
+            // A count beyond the buffer (a provider breaking its contract) is cut to it.
+            None => self.cq.poll(&mut self.wcs)?.min(self.wcs.len()),
+        };
         let mut first_error = None;
         if n > 0 {
             let now = self.now();
@@ -882,6 +951,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// A full queue (or CQ) is no error: a full queue always holds a signaled work request
     /// before the tail (the tracker never lets an unsignaled run fill it), so room comes
     /// with the next completions; the deadline stays, and a later `tick` posts the marker.
+    /// With a pool of credits shared with other queues, the credits may all be held by
+    /// those queues' work requests: room comes when those queues retire them (they must
+    /// poll, or be handed their completions).
     pub fn tick(&mut self) -> Result<bool, QueuePostError<()>> {
         match self.tracker.next_deadline() {
             Some(deadline) if Instant::now() >= deadline => match self.confirm_all() {
@@ -900,9 +972,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// ends even if flush completions were lost. The queue accepts no more posts.
     ///
     /// On a CQ shared with other queues, completions of theirs that this drain polls wait
-    /// in [`take_unclaimed`](Self::take_unclaimed); when the marker needs a credit of a
-    /// shared pool that those completions hold, the drain ends with
-    /// [`DrainError::Unrouted`]: route them, and drain again.
+    /// for them (in [`take_unclaimed`](Self::take_unclaimed), or on a [`SharedCq`] until
+    /// they poll); when the marker needs a credit of a shared pool that those completions
+    /// hold, the drain ends with [`DrainError::Unrouted`]: route them (or poll those
+    /// queues), and drain again.
     pub fn drain(
         &mut self,
         timeout: Duration,
@@ -920,7 +993,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 // No room, and completions of other queues that hold credits of a shared
                 // pool parked here: only their queues can give those credits back.
                 let own = self.qp.qp_num();
-                let foreign = self.unclaimed.iter().filter(|wc| wc.qp_num != own).count();
+                let foreign = self.unclaimed.iter().filter(|wc| wc.qp_num != own).count()
+                    + self
+                        .shared
+                        .as_ref()
+                        .map_or(0, |shared| shared.waiting_for_others(own));
                 if !marker_posted && foreign > 0 {
                     return Err(DrainError::Unrouted {
                         completions: foreign,

@@ -275,6 +275,24 @@ pub enum ConfigError {
         /// The QP's receive queue capacity.
         receives: u32,
     },
+    /// The CQ budget is more than the completion queue holds: an error, which makes a
+    /// completion for every outstanding work request, could overrun it.
+    #[error("a CQ budget of {budget} completions is more than the completion queue holds ({room})")]
+    CqBudgetTooLarge {
+        /// The budget's capacity.
+        budget: u32,
+        /// The completion queue's capacity.
+        room: u32,
+    },
+    /// A queue on a shared CQ was given a budget other than the shared CQ's pool.
+    #[error("a queue on a shared CQ takes its credits from the shared CQ's pool")]
+    NotTheSharedPool,
+    /// The shared CQ has a queue for this QP already.
+    #[error("the shared CQ has a queue for QP {qp_num:#x} already")]
+    SharedCqHasQp {
+        /// The QP's number.
+        qp_num: u32,
+    },
 }
 
 /// Why a post was refused. The payload is handed back untouched.
@@ -698,7 +716,8 @@ impl<T> SendTracker<T> {
     /// When the unsignaled run must be confirmed to keep the `Adaptive` policy's lag
     /// bound: a caller with nothing more to post calls [`confirm_all`](Self::confirm_all)
     /// at this instant. `None` when there is no unsignaled run, the policy has no
-    /// deadline, or the queue is not ready.
+    /// deadline, or the queue is in the error state (a draining queue still confirms its
+    /// tail).
     pub fn next_deadline(&self) -> Option<Instant> {
         match self.policy {
             Policy::Adaptive { max_lag, .. } if self.run > 0 && self.error.is_none() => {

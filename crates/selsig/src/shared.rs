@@ -1,0 +1,164 @@
+//! A completion queue shared by several [`SignaledQueue`](crate::SignaledQueue)s, each
+//! of which polls it.
+//!
+//! The tracker of a queue needs its QP's completions in the order the CQ holds them
+//! (SEMANTICS: an error completion comes before the flushes behind it; a completion
+//! confirms every earlier work request). When several queues poll one CQ, each sees
+//! completions of the others; were those handed over later, a queue could meanwhile poll
+//! its own later completions first, and take a flush for an error it has not seen. A
+//! [`SharedCq`] files every completion a queue polls for another queue in that queue's
+//! inbox, and a queue empties its inbox before it polls the CQ again, under one lock: each
+//! queue sees its completions in CQ order whoever polled them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::credits::CqCredits;
+use crate::provider::{CompletionQueue, CqError, Device};
+use crate::wc::WorkCompletion;
+
+/// A completion queue shared by several queues, with its pool of credits and the
+/// completions polled for queues that have not polled them yet.
+///
+/// Create the queues with [`SignaledQueue::on_shared_cq`](crate::SignaledQueue::on_shared_cq).
+/// Cloning gives another handle to the same CQ.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use selsig::{Device, Policy, QueueConfig, SharedCq, SignaledQueue};
+/// # fn f<D: Device>(cq: Arc<D::Cq>, a: D::Qp, b: D::Qp) -> Result<(), selsig::ConfigError> {
+/// let shared = SharedCq::<D>::new(cq);
+/// let config = QueueConfig::with_policy(Policy::Every(16));
+/// let qa: SignaledQueue<D, u64> = SignaledQueue::on_shared_cq(a, &shared, config.clone())?;
+/// let qb: SignaledQueue<D, u64> = SignaledQueue::on_shared_cq(b, &shared, config)?;
+/// // Each queue polls: completions of the other go to its inbox, in CQ order.
+/// # Ok(())
+/// # }
+/// ```
+pub struct SharedCq<D: Device> {
+    inner: Arc<Inner<D>>,
+}
+
+struct Inner<D: Device> {
+    cq: Arc<D::Cq>,
+    credits: CqCredits,
+    /// Completions polled for each registered QP (by number) and not yet taken by it.
+    inboxes: Mutex<HashMap<u32, VecDeque<WorkCompletion>>>,
+}
+
+impl<D: Device> Clone for SharedCq<D> {
+    fn clone(&self) -> Self {
+        SharedCq {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<D: Device> std::fmt::Debug for SharedCq<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedCq")
+            .field("capacity", &self.inner.cq.capacity())
+            .field("credits", &self.inner.credits)
+            .field("waiting", &self.waiting())
+            .finish()
+    }
+}
+
+impl<D: Device> SharedCq<D> {
+    /// `cq`, shared, with a pool of credits for its whole capacity: for CQs that only
+    /// send completions go to.
+    pub fn new(cq: Arc<D::Cq>) -> Self {
+        let credits = CqCredits::new(cq.capacity());
+        Self::with_credits(cq, credits)
+    }
+
+    /// `cq`, shared, with a pool of `credits`: receive completions that go to the same CQ
+    /// need room of their own (every receive completes, if only flushed), so give the
+    /// senders a pool of the capacity less the receive queues' capacities.
+    pub fn with_credits(cq: Arc<D::Cq>, credits: CqCredits) -> Self {
+        SharedCq {
+            inner: Arc::new(Inner {
+                cq,
+                credits,
+                inboxes: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The completion queue.
+    pub fn cq(&self) -> &Arc<D::Cq> {
+        &self.inner.cq
+    }
+
+    /// The pool of credits of the queues that share it.
+    pub fn credits(&self) -> &CqCredits {
+        &self.inner.credits
+    }
+
+    /// Completions polled for queues that have not polled them yet.
+    pub fn waiting(&self) -> usize {
+        self.inboxes().values().map(VecDeque::len).sum()
+    }
+
+    /// The inboxes. A poisoned lock is taken as it is: every change to them is one
+    /// `VecDeque` or `HashMap` operation, complete or not begun.
+    fn inboxes(&self) -> MutexGuard<'_, HashMap<u32, VecDeque<WorkCompletion>>> {
+        self.inner
+            .inboxes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Gives the QP `qp_num` an inbox; `false` when it has one already.
+    pub(crate) fn register(&self, qp_num: u32) -> bool {
+        let mut inboxes = self.inboxes();
+        if inboxes.contains_key(&qp_num) {
+            return false;
+        }
+        inboxes.insert(qp_num, VecDeque::new());
+        true
+    }
+
+    /// Removes the inbox of `qp_num`, returning what it held.
+    pub(crate) fn unregister(&self, qp_num: u32) -> VecDeque<WorkCompletion> {
+        self.inboxes().remove(&qp_num).unwrap_or_default()
+    }
+
+    /// Completions waiting for queues other than that of `qp_num`.
+    pub(crate) fn waiting_for_others(&self, qp_num: u32) -> usize {
+        self.inboxes()
+            .iter()
+            .filter(|&(&qp, _)| qp != qp_num)
+            .map(|(_, inbox)| inbox.len())
+            .sum()
+    }
+
+    /// Polls for the queue of `own` into `out`: what its inbox holds if anything (in the
+    /// order polled), else the CQ, filing the completions of other registered QPs in
+    /// their inboxes. Returns how many of `out` are the caller's: its QP's completions and
+    /// those of QPs with no inbox.
+    pub(crate) fn poll(&self, own: u32, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
+        let mut inboxes = self.inboxes();
+        if let Some(inbox) = inboxes.get_mut(&own).filter(|i| !i.is_empty()) {
+            let n = inbox.len().min(out.len());
+            for (slot, wc) in out.iter_mut().zip(inbox.drain(..n)) {
+                *slot = wc;
+            }
+            return Ok(n);
+        }
+        // A count beyond the buffer (a provider breaking its contract) is cut to it.
+        let k = self.inner.cq.poll(out)?.min(out.len());
+        let mut kept = 0;
+        for i in 0..k {
+            let wc = out[i];
+            match inboxes.get_mut(&wc.qp_num) {
+                Some(inbox) if wc.qp_num != own => inbox.push_back(wc),
+                _ => {
+                    out[kept] = wc;
+                    kept += 1;
+                }
+            }
+        }
+        Ok(kept)
+    }
+}

@@ -1,0 +1,389 @@
+//! Queues that share one completion queue and each poll it ([`SharedCq`]), on a fake
+//! device whose CQ the tests fill as a NIC would: every queue sees its completions in CQ
+//! order whichever queue polled them, credits come back, and CQ budgets beyond the CQ are
+//! refused.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use selsig::{
+    Access, CompletionQueue, ConfigError, ConnectOptions, CqBudget, CqCredits, CqError, Device,
+    DrainError, Endpoint, MemoryRegion, Outcome, Policy, PostWrError, ProviderError, QpCaps,
+    QpInit, QpState, QueueConfig, QueuePair, RecvWr, RemoteAddr, SendWr, Seq, SharedCq,
+    SignaledQueue, WcStatus, Work, WorkCompletion, send_wr_id,
+};
+
+#[derive(Debug)]
+struct FakeMr;
+
+impl MemoryRegion for FakeMr {
+    fn addr(&self) -> u64 {
+        0x1000
+    }
+    fn len(&self) -> usize {
+        4096
+    }
+    fn lkey(&self) -> u32 {
+        1
+    }
+    fn rkey(&self) -> u32 {
+        1
+    }
+    fn access(&self) -> Access {
+        Access::LOCAL_WRITE
+    }
+    fn write(&self, _: usize, _: &[u8]) -> Result<(), ProviderError> {
+        Ok(())
+    }
+    fn read(&self, _: usize, _: &mut [u8]) -> Result<(), ProviderError> {
+        Ok(())
+    }
+}
+
+/// A CQ whose content the test writes directly (what the NIC would do).
+struct FakeCq {
+    capacity: u32,
+    ring: Mutex<VecDeque<WorkCompletion>>,
+}
+
+impl FakeCq {
+    fn new(capacity: u32) -> Arc<Self> {
+        Arc::new(FakeCq {
+            capacity,
+            ring: Mutex::new(VecDeque::new()),
+        })
+    }
+    fn push(&self, wc: WorkCompletion) {
+        self.ring.lock().unwrap().push_back(wc);
+    }
+}
+
+impl CompletionQueue for FakeCq {
+    fn capacity(&self) -> u32 {
+        self.capacity
+    }
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
+        let mut ring = self.ring.lock().unwrap();
+        let n = ring.len().min(out.len());
+        for slot in out.iter_mut().take(n) {
+            *slot = ring.pop_front().unwrap();
+        }
+        Ok(n)
+    }
+}
+
+/// A QP that accepts every post (the tests write its completions).
+struct FakeQp {
+    num: u32,
+    depth: u32,
+}
+
+impl QueuePair for FakeQp {
+    fn qp_num(&self) -> u32 {
+        self.num
+    }
+    fn caps(&self) -> QpCaps {
+        QpCaps {
+            max_send_wr: self.depth,
+            max_recv_wr: 0,
+            ..QpCaps::default()
+        }
+    }
+    fn sq_sig_all(&self) -> bool {
+        false
+    }
+    fn state(&self) -> QpState {
+        QpState::Rts
+    }
+    fn endpoint(&self, _: &ConnectOptions) -> Result<Endpoint, ProviderError> {
+        unreachable!()
+    }
+    fn connect(&self, _: &Endpoint, _: &ConnectOptions) -> Result<(), ProviderError> {
+        Ok(())
+    }
+    fn to_error(&self) -> Result<(), ProviderError> {
+        Ok(())
+    }
+    fn post_send(&self, _: &[SendWr<'_>]) -> Result<(), PostWrError> {
+        Ok(())
+    }
+    fn post_recv(&self, _: &[RecvWr]) -> Result<(), PostWrError> {
+        Ok(())
+    }
+    fn recv_cq_is_send_cq(&self) -> bool {
+        false
+    }
+}
+
+struct FakeDevice;
+
+impl Device for FakeDevice {
+    type Pd = ();
+    type Mr = FakeMr;
+    type Cq = FakeCq;
+    type Qp = FakeQp;
+    fn name(&self) -> &str {
+        "fake"
+    }
+    fn alloc_pd(&self) -> Result<(), ProviderError> {
+        Ok(())
+    }
+    fn reg_mr(&self, _: &(), _: usize, _: Access) -> Result<FakeMr, ProviderError> {
+        Ok(FakeMr)
+    }
+    fn create_cq(&self, _: u32) -> Result<FakeCq, ProviderError> {
+        unreachable!()
+    }
+    fn create_qp(
+        &self,
+        _: &(),
+        _: &FakeCq,
+        _: &FakeCq,
+        _: &QpInit,
+    ) -> Result<FakeQp, ProviderError> {
+        unreachable!()
+    }
+    fn poll_async_event(&self) -> Option<selsig::AsyncEvent> {
+        None
+    }
+}
+
+fn qp(num: u32, depth: u32) -> FakeQp {
+    FakeQp { num, depth }
+}
+
+type Queue = SignaledQueue<FakeDevice, u32>;
+
+/// Queues for QPs 1 (A) and 2 (B), send queues of 8, on one shared CQ, polling one
+/// completion at a time.
+fn shared_pair(cq: &Arc<FakeCq>, policy: Policy) -> (Queue, Queue, SharedCq<FakeDevice>) {
+    let shared = SharedCq::new(Arc::clone(cq));
+    let config = QueueConfig {
+        poll_batch: 1,
+        ..QueueConfig::with_policy(policy)
+    };
+    let qa = SignaledQueue::on_shared_cq(qp(1, 8), &shared, config.clone()).unwrap();
+    let qb = SignaledQueue::on_shared_cq(qp(2, 8), &shared, config).unwrap();
+    (qa, qb, shared)
+}
+
+fn outcomes(done: &[selsig::Completion<FakeMr, u32>]) -> Vec<(u32, Outcome)> {
+    done.iter().map(|c| (c.user, c.outcome)).collect()
+}
+
+/// B's WR2 fails, WR3 and WR4 are flushed. A polls first and takes B's error completion;
+/// B then polls: it must see the error before the flushes behind it, or it would take the
+/// first flush for a QP moved to the error state without an error, and report WR2
+/// completed.
+#[test]
+fn an_error_polled_by_another_queue_reaches_its_queue_before_the_flushes_behind_it() {
+    let cq = FakeCq::new(16);
+    let (mut qa, mut qb, shared) = shared_pair(&cq, Policy::Never);
+    let remote = RemoteAddr::default();
+    for i in 1..=4 {
+        assert!(!qb.post(Work::write_empty(remote, i)).unwrap().signaled());
+    }
+    cq.push(WorkCompletion::new(
+        send_wr_id(Seq(2)),
+        WcStatus::RemAccessErr,
+        2,
+    ));
+    cq.push(WorkCompletion::new(
+        send_wr_id(Seq(3)),
+        WcStatus::WrFlushErr,
+        2,
+    ));
+    cq.push(WorkCompletion::new(
+        send_wr_id(Seq(4)),
+        WcStatus::WrFlushErr,
+        2,
+    ));
+    let (mut done_a, mut done_b) = (Vec::new(), Vec::new());
+    assert_eq!(
+        qa.poll(&mut done_a).unwrap(),
+        0,
+        "B's completion is not A's"
+    );
+    assert_eq!(shared.waiting(), 1);
+    while qb.poll(&mut done_b).unwrap() > 0 {}
+    assert!(done_a.is_empty() && qa.take_unclaimed().is_empty());
+    assert_eq!(
+        outcomes(&done_b),
+        [
+            (1, Outcome::Completed),
+            (2, Outcome::Failed(WcStatus::RemAccessErr)),
+            (3, Outcome::Flushed),
+            (4, Outcome::Flushed),
+        ]
+    );
+    assert_eq!(shared.waiting(), 0);
+    assert_eq!(shared.credits().available(), 16);
+}
+
+/// B signals WR2 and WR4. A takes B's completion for WR2, then B polls: it gets WR2's
+/// before WR4's (routed late, WR4's would be refused as out of order and WR3 and WR4
+/// never retired).
+#[test]
+fn completions_polled_by_another_queue_come_first_and_every_work_request_retires() {
+    let cq = FakeCq::new(16);
+    let (mut qa, mut qb, shared) = shared_pair(&cq, Policy::Every(2));
+    let remote = RemoteAddr::default();
+    for i in 1..=4 {
+        qb.post(Work::write_empty(remote, i)).unwrap();
+    }
+    cq.push(WorkCompletion::new(
+        send_wr_id(Seq(2)),
+        WcStatus::Success,
+        2,
+    ));
+    cq.push(WorkCompletion::new(
+        send_wr_id(Seq(4)),
+        WcStatus::Success,
+        2,
+    ));
+    let (mut done_a, mut done_b) = (Vec::new(), Vec::new());
+    qa.poll(&mut done_a).unwrap();
+    qb.poll(&mut done_b).unwrap();
+    assert_eq!(
+        outcomes(&done_b),
+        [(1, Outcome::Completed), (2, Outcome::Completed)]
+    );
+    qb.drain(Duration::from_secs(5), &mut done_b).unwrap();
+    assert_eq!(
+        done_b.iter().map(|c| c.user).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    assert_eq!(shared.credits().available(), 16);
+}
+
+/// Completions of a QP with no queue on the shared CQ (a receive, say) go to the queue
+/// that polled them, as before.
+#[test]
+fn completions_of_qps_without_a_queue_go_to_the_queue_that_polled_them() {
+    let cq = FakeCq::new(16);
+    let (mut qa, _qb, shared) = shared_pair(&cq, Policy::Always);
+    cq.push(WorkCompletion::new(7, WcStatus::Success, 9));
+    let mut done = Vec::new();
+    assert_eq!(qa.poll(&mut done).unwrap(), 1);
+    assert_eq!(qa.take_unclaimed()[0].qp_num, 9);
+    assert_eq!(shared.waiting(), 0);
+}
+
+/// A's drain needs the credit B's completion holds, which A polled for B: it says so at
+/// once, and ends once B has polled.
+#[test]
+fn a_drain_that_needs_a_credit_waiting_for_another_queue_says_so() {
+    let cq = FakeCq::new(4);
+    let (mut qa, mut qb, shared) = shared_pair(&cq, Policy::Never);
+    let remote = RemoteAddr::default();
+    for i in 1..=3 {
+        assert!(!qa.post(Work::write_empty(remote, i)).unwrap().signaled());
+    }
+    assert!(qb.post(Work::write_empty(remote, 9)).unwrap().signaled());
+    assert_eq!(shared.credits().available(), 0);
+    cq.push(WorkCompletion::new(
+        send_wr_id(Seq(1)),
+        WcStatus::Success,
+        2,
+    ));
+    let mut done = Vec::new();
+    match qa.drain(Duration::from_secs(5), &mut done) {
+        Err(DrainError::Unrouted { completions: 1 }) => {}
+        other => panic!("expected Unrouted, got {other:?}"),
+    }
+    let mut done_b = Vec::new();
+    qb.poll(&mut done_b).unwrap();
+    assert_eq!(outcomes(&done_b), [(9, Outcome::Completed)]);
+    // A's marker: now there is a credit for it; the fake NIC completes it.
+    let marker = match qa.post_drain_marker().unwrap() {
+        selsig::DrainMarker::Posted(seq) => seq,
+        other => panic!("expected a marker, got {other:?}"),
+    };
+    cq.push(WorkCompletion::new(
+        send_wr_id(marker),
+        WcStatus::Success,
+        1,
+    ));
+    qa.drain(Duration::from_secs(5), &mut done).unwrap();
+    assert_eq!(done.iter().map(|c| c.user).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(shared.credits().available(), 4);
+}
+
+/// A queue dropped with completions another queue polled for it retires them: their
+/// credits come back (they are out of the CQ, whatever the provider's destroy does).
+#[test]
+fn a_dropped_queue_retires_the_completions_polled_for_it() {
+    let cq = FakeCq::new(8);
+    let (mut qa, mut qb, shared) = shared_pair(&cq, Policy::Always);
+    let remote = RemoteAddr::default();
+    for i in 1..=3 {
+        qb.post(Work::write_empty(remote, i)).unwrap();
+    }
+    for seq in 1..=3 {
+        cq.push(WorkCompletion::new(
+            send_wr_id(Seq(seq)),
+            WcStatus::Success,
+            2,
+        ));
+    }
+    let mut done = Vec::new();
+    while !cq.ring.lock().unwrap().is_empty() {
+        qa.poll(&mut done).unwrap();
+    }
+    assert_eq!((shared.waiting(), shared.credits().available()), (3, 5));
+    drop(qb);
+    assert_eq!((shared.waiting(), shared.credits().available()), (0, 8));
+    // QP 2's number is free again.
+    SignaledQueue::<FakeDevice, u32>::on_shared_cq(qp(2, 8), &shared, QueueConfig::default())
+        .unwrap();
+}
+
+#[test]
+fn a_shared_cq_takes_one_queue_per_qp_and_its_own_pool() {
+    let cq = FakeCq::new(8);
+    let shared = SharedCq::<FakeDevice>::new(Arc::clone(&cq));
+    let _a = Queue::on_shared_cq(qp(1, 8), &shared, QueueConfig::default()).unwrap();
+    let again = Queue::on_shared_cq(qp(1, 8), &shared, QueueConfig::default());
+    assert!(matches!(
+        again,
+        Err(ConfigError::SharedCqHasQp { qp_num: 1 })
+    ));
+    let other_pool = QueueConfig {
+        cq: Some(CqBudget::Shared(CqCredits::new(8))),
+        ..QueueConfig::default()
+    };
+    let refused = Queue::on_shared_cq(qp(2, 8), &shared, other_pool);
+    assert!(matches!(refused, Err(ConfigError::NotTheSharedPool)));
+    // The refused queue left no inbox behind: QP 2 can have its queue.
+    let own_pool = QueueConfig {
+        cq: Some(CqBudget::Shared(shared.credits().clone())),
+        ..QueueConfig::default()
+    };
+    Queue::on_shared_cq(qp(2, 8), &shared, own_pool).unwrap();
+}
+
+/// Every outstanding work request may make a completion (errors flush them all): a budget
+/// beyond the CQ would let an error overrun it. (Room for receives that share the CQ is the
+/// caller's to leave in a budget it gives.)
+#[test]
+fn a_cq_budget_beyond_the_cq_is_refused() {
+    let cq = FakeCq::new(4);
+    for budget in [CqBudget::Shared(CqCredits::new(5)), CqBudget::Exclusive(5)] {
+        let config = QueueConfig {
+            cq: Some(budget),
+            ..QueueConfig::default()
+        };
+        let r = Queue::with_config(qp(1, 64), Arc::clone(&cq), config);
+        assert!(
+            matches!(r, Err(ConfigError::CqBudgetTooLarge { budget: 5, room: 4 })),
+            "{:?}",
+            r.err()
+        );
+    }
+    let fits = QueueConfig {
+        cq: Some(CqBudget::Exclusive(4)),
+        ..QueueConfig::default()
+    };
+    Queue::with_config(qp(1, 64), Arc::clone(&cq), fits).unwrap();
+}
