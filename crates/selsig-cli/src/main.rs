@@ -138,8 +138,8 @@ fn print_out(text: &str) -> Result<(), Failure> {
 
 /// A file named on the command line for a command's output: opened before the command
 /// runs, so that a long run does not end in "cannot write"; its old contents are replaced
-/// only by [`write`](Self::write), and a file it created is removed again if the command
-/// fails.
+/// only by [`write_outputs`], once every output of the command is written, and a file it
+/// created is removed again if the command fails.
 struct OutputFile {
     path: PathBuf,
     file: std::fs::File,
@@ -181,24 +181,75 @@ impl OutputFile {
         })
     }
 
-    fn write(mut self, text: &str) -> Result<(), Failure> {
-        use std::io::Write as _;
-        let result = (|| {
-            // A regular file loses its old contents; a FIFO or device takes the text as is.
-            if self.file.metadata()?.is_file() {
-                self.file.set_len(0)?;
-            }
-            self.file.write_all(text.as_bytes())?;
-            self.file.flush()
-        })();
-        result.map_err(|e| {
-            Failure::Run(
-                anyhow::Error::new(e).context(format!("cannot write {}", self.path.display())),
-            )
-        })?;
-        self.written = true;
-        Ok(())
+    /// Whether this is the file `other` is (the same file named two ways, or through a
+    /// link).
+    fn is(&self, other: &OutputFile) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        match (self.file.metadata(), other.file.metadata()) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            _ => false,
+        }
     }
+
+    fn cannot_write(&self, e: std::io::Error) -> Failure {
+        Failure::Run(anyhow::Error::new(e).context(format!("cannot write {}", self.path.display())))
+    }
+
+    /// Writes `text`: to a FIFO or device directly; for a regular file, into a temporary
+    /// file beside it (links resolved), returned with the file it is to replace.
+    fn stage(&self, text: &str) -> Result<Option<(tempfile::NamedTempFile, PathBuf)>, Failure> {
+        use std::io::Write as _;
+        let meta = self.file.metadata().map_err(|e| self.cannot_write(e))?;
+        let in_place = |truncate: bool| -> Result<(), Failure> {
+            let mut file = &self.file;
+            if truncate {
+                file.set_len(0).map_err(|e| self.cannot_write(e))?;
+            }
+            file.write_all(text.as_bytes())
+                .and_then(|()| file.flush())
+                .map_err(|e| self.cannot_write(e))
+        };
+        if !meta.is_file() {
+            in_place(false)?;
+            return Ok(None);
+        }
+        let target = std::fs::canonicalize(&self.path).map_err(|e| self.cannot_write(e))?;
+        let dir = target.parent().unwrap_or(Path::new("."));
+        let Ok(mut tmp) = tempfile::Builder::new()
+            .prefix(".selsig-")
+            .suffix(".tmp")
+            .tempfile_in(dir)
+        else {
+            // A folder this user cannot add to: the file itself is written over.
+            in_place(true)?;
+            return Ok(None);
+        };
+        tmp.write_all(text.as_bytes())
+            .and_then(|()| tmp.flush())
+            .and_then(|()| tmp.as_file().set_permissions(meta.permissions()))
+            .map_err(|e| self.cannot_write(e))?;
+        Ok(Some((tmp, target)))
+    }
+}
+
+/// Writes each text to its file, all or nothing as far as regular files go: each is
+/// written to a temporary file beside it, and those replace the files only once every
+/// text was written (FIFOs and devices take their text as it comes).
+fn write_outputs(mut outputs: Vec<(OutputFile, String)>) -> Result<(), Failure> {
+    let mut staged = Vec::new();
+    for (file, text) in &outputs {
+        if let Some(tmp) = file.stage(text)? {
+            staged.push((file, tmp));
+        }
+    }
+    for (file, (tmp, target)) in staged {
+        tmp.persist(&target)
+            .map_err(|e| file.cannot_write(e.error))?;
+    }
+    for (file, _) in &mut outputs {
+        file.written = true;
+    }
+    Ok(())
 }
 
 impl Drop for OutputFile {
@@ -235,21 +286,36 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         Some(path) if !svg_to_stdout => Some(OutputFile::open("--svg", path)?),
         _ => None,
     };
+    if let (Some(json), Some(svg)) = (&json_file, &svg_file) {
+        if json.is(svg) {
+            return Err(Failure::Input(anyhow::anyhow!(
+                "--json {} and --svg {}: the same file, which would keep only one of them",
+                json.path.display(),
+                svg.path.display()
+            )));
+        }
+    }
     let report = bench::bench(args, &plan).map_err(Failure::of_run)?;
-    if args.json.is_some() {
-        let json = serde_json::to_string_pretty(&report).map_err(|e| Failure::Run(e.into()))?;
-        match json_file {
-            Some(file) => file.write(&(json + "\n"))?,
-            None => print_out(&(json + "\n"))?,
+    // Both are rendered before anything is written: a failure leaves every file as it was.
+    let json = match &args.json {
+        Some(_) => {
+            Some(serde_json::to_string_pretty(&report).map_err(|e| Failure::Run(e.into()))? + "\n")
+        }
+        None => None,
+    };
+    let svg = match &args.svg {
+        Some(_) => Some(chart::render(&report).map_err(Failure::Run)?),
+        None => None,
+    };
+    let mut files = Vec::new();
+    for (text, file) in [(json, json_file), (svg, svg_file)] {
+        match (text, file) {
+            (Some(text), Some(file)) => files.push((file, text)),
+            (Some(text), None) => print_out(&text)?,
+            _ => {}
         }
     }
-    if args.svg.is_some() {
-        let svg = chart::render(&report).map_err(Failure::Run)?;
-        match svg_file {
-            Some(file) => file.write(&svg)?,
-            None => print_out(&svg)?,
-        }
-    }
+    write_outputs(files)?;
     if !json_to_stdout && !svg_to_stdout {
         print_out(&bench::render(&report))?;
         if plan.perftest {
@@ -314,7 +380,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         ));
     }
     match trace_file {
-        Some(file) => file.write(&text)?,
+        Some(file) => write_outputs(vec![(file, text)])?,
         None if !args.quiet => print_out(&text)?,
         None => {}
     }

@@ -853,6 +853,67 @@ fn output_files_are_checked_before_the_run_and_kept_when_it_fails() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The outputs of a command are written all or nothing: rendered first, written to
+/// temporary files, which replace the named files once every output is written.
+#[test]
+fn bench_outputs_are_written_all_or_nothing() {
+    let dir = scratch("selsig-cli-outputs");
+    let quick = ["bench", "-n", "100", "-s", "64", "-e", "1"];
+    // The SVG cannot be written: the JSON file it created is gone again.
+    let json = dir.join("new.json");
+    let args = [
+        &quick[..],
+        &["--json", json.to_str().unwrap(), "--svg", "/dev/full"],
+    ]
+    .concat();
+    let o = selsig(&args);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("/dev/full"), "{}", stderr(&o));
+    assert!(!json.exists(), "{} was left behind", json.display());
+    // A write that fails part-way (a 1 KiB file size limit) leaves the old contents.
+    let old = dir.join("old.json");
+    std::fs::write(&old, "OLD\n").unwrap();
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 1; exec {} {} --json {}",
+        env!("CARGO_BIN_EXE_selsig"),
+        quick.join(" "),
+        old.display()
+    );
+    let o = Command::new("bash").args(["-c", &script]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "OLD\n");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["old.json"], "temporary files left behind");
+    // One new file named two ways (a relative and an absolute path, or a link): refused
+    // before the run, and not left behind.
+    let out = dir.join("out");
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&out, &link).unwrap();
+    for svg in [out.clone(), link.clone()] {
+        let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+            .current_dir(&dir)
+            .args(quick)
+            .args(["--json", "out", "--svg"])
+            .arg(&svg)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{svg:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("the same file"), "{}", stderr(&o));
+        assert!(!out.exists(), "{svg:?}: {} was left behind", out.display());
+    }
+    // Through a link, the file linked to is replaced and the link stays.
+    std::fs::write(&out, "old\n").unwrap();
+    let o = selsig(&[&quick[..], &["--json", link.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(v["points"].as_array().unwrap().len(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bench_keeps_the_signal_interval_within_the_buffers_the_region_holds() {
     // 64 KiB WRITEs, a 1 MiB region: 16 buffers, so at most 16 WRITEs outstanding. An
