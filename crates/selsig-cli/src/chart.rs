@@ -60,7 +60,9 @@ fn interval_label(v: &f64) -> String {
     format!("{}", 2f64.powf(*v).round())
 }
 
-/// A log range that holds every value (with a margin), or a default for none.
+/// A log range that holds every value (with a margin), from and to powers of ten (a log
+/// axis is labeled at powers of ten: values within one decade would get no label), or a
+/// default for none.
 fn log_bounds(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     let (lo, hi) = values
         .filter(|v| *v > 0.0 && v.is_finite())
@@ -68,15 +70,19 @@ fn log_bounds(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
             (lo.min(v), hi.max(v))
         });
     if lo.is_finite() {
-        lo / 1.5..(hi * 1.5).max(lo * 2.0)
+        let decade = |v: f64, round: fn(f64) -> f64| 10f64.powf(round(v.log10()));
+        decade(lo / 1.5, f64::floor)..decade(hi * 1.5, f64::ceil)
     } else {
         0.001..1.0
     }
 }
 
 fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
+    // A panel for each figure some point has (perftest mode measures no lag; only the soft
+    // provider reports the NIC's times).
+    let lag = report.points.iter().any(|p| p.lag.is_some());
     let nic = report.points.iter().any(|p| p.nic_to_app.is_some());
-    let panels = if nic { 3 } else { 2 };
+    let panels = 1 + u32::from(lag) + u32::from(nic);
     let root = SVGBackend::with_string(svg, (WIDTH, PANEL * panels + 40)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = format!(
@@ -131,15 +137,18 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
         .draw()?;
 
     let us = |ns: u64| ns as f64 / 1e3;
-    percentile_panel(
-        &areas[1],
-        report,
-        "Confirmation lag: post to the application learning of it",
-        |p| p.lag.as_ref().map(|q| (us(q.p50_ns), us(q.p99_ns))),
-    )?;
-    if nic {
+    let mut next = areas[1..].iter();
+    if let (true, Some(area)) = (lag, next.next()) {
         percentile_panel(
-            &areas[2],
+            area,
+            report,
+            "Confirmation lag: post to the application learning of it",
+            |p| p.lag.as_ref().map(|q| (us(q.p50_ns), us(q.p99_ns))),
+        )?;
+    }
+    if let (true, Some(area)) = (nic, next.next()) {
+        percentile_panel(
+            area,
             report,
             "Learned later: the NIC finishing a WRITE to the application learning of it",
             |p| p.nic_to_app.as_ref().map(|q| (us(q.p50_ns), us(q.p99_ns))),
@@ -239,13 +248,17 @@ fn series(report: &Report, size: u64, y: impl Fn(&Point) -> f64) -> Vec<(f64, f6
     series_opt(report, size, |p| Some(y(p)))
 }
 
+/// The `every:N` points of one size that have a `y`, by interval (`-e` may name them in
+/// any order).
 fn series_opt(report: &Report, size: u64, y: impl Fn(&Point) -> Option<f64>) -> Vec<(f64, f64)> {
-    report
+    let mut line: Vec<(f64, f64)> = report
         .points
         .iter()
         .filter(|p| p.size == size && p.interval.is_some())
         .filter_map(|p| Some((x_of(p)?, y(p)?)))
-        .collect()
+        .collect();
+    line.sort_by(|a, b| a.0.total_cmp(&b.0));
+    line
 }
 
 /// The adaptive points of one size.

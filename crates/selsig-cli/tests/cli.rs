@@ -691,6 +691,65 @@ fn bench_draws_an_svg_and_writes_json_to_a_file() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The texts of an SVG document, in order.
+fn svg_texts(svg: &str) -> Vec<String> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| Some(t[t.find('>')? + 1..t.find("</text>")?].trim().to_string()))
+        .collect()
+}
+
+/// The numbers among `texts` from the one starting with `from` to the next panel's title.
+fn axis_numbers(texts: &[String], from: &str) -> Vec<f64> {
+    let at = texts.iter().position(|t| t.starts_with(from)).unwrap();
+    texts[at + 1..]
+        .iter()
+        .take_while(|t| {
+            !["Throughput", "Confirmation lag", "Learned later"]
+                .iter()
+                .any(|title| t.starts_with(title))
+        })
+        .filter(|t| t.contains('.'))
+        .filter_map(|t| t.parse().ok())
+        .collect()
+}
+
+#[test]
+fn bench_svg_lines_follow_the_interval_axis_and_every_axis_has_numbers() {
+    // Intervals named out of order: the line still goes left to right.
+    let o = selsig(&[
+        "bench", "-n", "300", "-s", "64", "-e", "16,1,4", "--svg", "-",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let svg = stdout(&o);
+    let line = svg
+        .split(r##"stroke="#0072B2" stroke-width="2" points=""##)
+        .nth(1)
+        .expect("the throughput line");
+    let xs: Vec<i64> = line[..line.find('"').unwrap()]
+        .split_whitespace()
+        .map(|p| p.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(xs.len(), 3, "{xs:?}");
+    assert!(xs.windows(2).all(|w| w[0] < w[1]), "x = {xs:?}");
+    let texts = svg_texts(&svg);
+    for panel in ["Throughput", "Confirmation lag", "Learned later"] {
+        assert!(axis_numbers(&texts, panel).len() >= 2, "{panel}: {texts:?}");
+    }
+    // perftest mode measures no lag: no lag panel; one point, within one decade, still
+    // gets numbers on its axis.
+    let o = selsig(&[
+        "bench", "--cq-mod", "16", "-n", "2000", "-s", "4K", "--svg", "-",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let texts = svg_texts(&stdout(&o));
+    assert!(
+        !texts.iter().any(|t| t.starts_with("Confirmation lag")),
+        "{texts:?}"
+    );
+    assert!(axis_numbers(&texts, "Throughput").len() >= 2, "{texts:?}");
+}
+
 #[test]
 fn bench_refuses_bad_settings_with_exit_code_2() {
     for (args, says) in [
