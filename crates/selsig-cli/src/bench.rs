@@ -43,6 +43,9 @@ const MEMCPY_TIME: Duration = Duration::from_millis(200);
 const WARM_UP: Duration = Duration::from_millis(100);
 /// A point that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(30);
+/// A timed run reads the clock after every 64 post calls, or sooner once this many bytes
+/// were posted since it last did (a post call of large WRITEs takes long).
+const CLOCK_BYTES: u64 = 1 << 20;
 /// perftest's cycle buffer: the page size.
 const PAGE: usize = 4096;
 /// The most memory `--region` registers on each side (the soft provider also copies as much
@@ -822,6 +825,8 @@ fn run_point<D: Device>(
     let mut confirm = false;
     let mut loops = 0u32;
     let mut posts = 0u32;
+    // Bytes posted since a timed run last read the clock.
+    let mut unclocked = 0u64;
     let mut last_progress = Instant::now();
     let mut retired_at_check = 0u64;
 
@@ -908,7 +913,15 @@ fn run_point<D: Device>(
             posts = posts.wrapping_add(1);
             posting = match stop {
                 Stop::Iters(n) => posted < n,
-                Stop::Duration(d) => posts % 64 != 0 || start.elapsed() < d,
+                Stop::Duration(d) => {
+                    unclocked += count * size;
+                    if posts % 64 != 0 && unclocked < CLOCK_BYTES {
+                        true
+                    } else {
+                        unclocked = 0;
+                        start.elapsed() < d
+                    }
+                }
             };
             confirm = !posting && matches!(stop, Stop::Duration(_));
         }

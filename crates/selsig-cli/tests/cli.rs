@@ -751,6 +751,19 @@ fn bench_svg_lines_follow_the_interval_axis_and_every_axis_has_numbers() {
 }
 
 #[test]
+fn bench_duration_stops_posting_soon_after_it_for_large_writes_too() {
+    // The clock is read every 64 post calls, or after every MiB posted: 16 MiB WRITEs for
+    // 10 ms are a few, not 64 (the old clock check let 64 post calls through).
+    let o = selsig(&[
+        "bench", "-D", "0.01", "-s", "16M", "-e", "1", "-t", "16", "--json", "-",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let wrs = v["points"][0]["wrs"].as_u64().unwrap();
+    assert!((1..64).contains(&wrs), "{wrs} WRITEs of 16 MiB in -D 0.01");
+}
+
+#[test]
 fn bench_refuses_bad_settings_with_exit_code_2() {
     for (args, says) in [
         (
