@@ -82,7 +82,7 @@ pub struct BenchArgs {
     )]
     pub cq_mod: Option<u32>,
     /// Message sizes, comma-separated (default 64,4K,64K).
-    #[arg(allow_negative_numbers = true, long = "size", short = 's', value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
+    #[arg(allow_hyphen_values = true, long = "size", short = 's', value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
     pub sizes: Vec<u64>,
     /// WRITEs per point (perftest's -n).
     #[arg(
@@ -93,13 +93,15 @@ pub struct BenchArgs {
         conflicts_with = "duration"
     )]
     pub iters: Option<u64>,
-    /// Time per point: 500ms, 2s, or seconds as a number (perftest's -D); default 500ms.
-    #[arg(allow_negative_numbers = true, long, short = 'D', value_parser = parse_duration, value_name = "TIME")]
+    /// Time per point: 500ms, 2s, or seconds as a number; default 500ms (not with --cq-mod,
+    /// which counts -n iterations).
+    #[arg(allow_hyphen_values = true, long, short = 'D', value_parser = parse_duration, value_name = "TIME")]
     pub duration: Option<Duration>,
     /// Send queue depth: at most this many WRITEs outstanding (perftest's -t).
     #[arg(allow_negative_numbers = true, long = "tx-depth", short = 't', default_value_t = DEFAULT_TX_DEPTH, value_name = "N")]
     pub tx_depth: u32,
-    /// WRITEs posted per doorbell (perftest's -l; default 16 in a sweep, 1 with --cq-mod).
+    /// WRITEs posted per doorbell (perftest's -l; default 16 in a sweep; --cq-mod posts one
+    /// per call, as ib_write_bw without -l).
     #[arg(
         allow_negative_numbers = true,
         long = "post-list",
@@ -117,7 +119,13 @@ pub struct BenchArgs {
     pub adaptive: Option<Policy>,
     /// The most memory registered on each side; a WRITE larger is refused, and fewer
     /// buffers than the queue depth are used when they do not all fit.
-    #[arg(long, default_value = "256M", value_parser = parse_size, value_name = "BYTES")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        default_value = "256M",
+        value_parser = parse_size,
+        value_name = "BYTES"
+    )]
     pub region: u64,
     /// Do not record when the soft NIC finished each WRITE (it costs the NIC a clock
     /// reading per completion and the application a lookup and two histogram records per
@@ -215,6 +223,22 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
     ensure!(depth >= 1, "--tx-depth must be at least 1");
     let cq_entries = crate::common::cq_entries(depth)?;
     let perftest = args.cq_mod.is_some();
+    if perftest {
+        // What ib_write_bw does with these, selsig's perftest mode does not reproduce.
+        ensure!(
+            args.duration.is_none(),
+            "--cq-mod with -D: perftest mode measures -n iterations as ib_write_bw does (its -D \
+             counts only the completions of a sample taken after a warm-up margin, which \
+             selsig does not reproduce); use -n, or -D without --cq-mod"
+        );
+        if let Some(l) = args.post_list.filter(|&l| l != 1) {
+            bail!(
+                "--cq-mod with --post-list {l}: perftest mode posts one WRITE per call, as \
+                 ib_write_bw without -l (whose post lists chain fixed WRITEs, their addresses \
+                 repeating every list); use a sweep (-e) for post lists"
+            );
+        }
+    }
     if let Some(host) = &args.connect {
         ensure!(
             args.provider.provider == crate::common::ProviderKind::Verbs,
@@ -494,6 +518,8 @@ pub struct Settings {
     /// Seconds of posting per point, or null for a counted run.
     pub duration_s: Option<f64>,
     pub perftest_mode: bool,
+    /// Whether the NIC's time of each WRITE was recorded (the soft provider, unless
+    /// `--no-nic-times` or perftest mode).
     pub nic_times: bool,
     /// The number of buffers (each WRITE owns one until it is confirmed).
     pub buffers_per_size: Vec<(u64, u32)>,
@@ -542,6 +568,8 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
         .context("cannot allocate a protection domain")?;
     let mut points = Vec::new();
     let mut sq_capacity = 0;
+    // Whether the NIC's times were recorded (the soft provider only).
+    let mut nic_times = false;
     let mut buffers_per_size = Vec::new();
     // Warm up the device (and, on the soft provider, the NIC thread) unmeasured.
     if !plan.perftest {
@@ -553,9 +581,11 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
     for &size in &plan.sizes {
         for &policy in &plan.policies {
             bar.set_message(format!("{size} B, {policy}"));
-            let (point, cap, buffers) = run_point(plan, dev, info, &pd, size, policy, plan.stop)
-                .with_context(|| format!("{size}-byte WRITEs, {policy}"))?;
+            let (point, cap, buffers, recorded) =
+                run_point(plan, dev, info, &pd, size, policy, plan.stop)
+                    .with_context(|| format!("{size}-byte WRITEs, {policy}"))?;
             sq_capacity = cap;
+            nic_times |= recorded;
             if !buffers_per_size.iter().any(|&(s, _)| s == size) {
                 buffers_per_size.push((size, buffers));
             }
@@ -594,7 +624,7 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
                 Stop::Iters(_) => None,
             },
             perftest_mode: plan.perftest,
-            nic_times: plan.nic_times,
+            nic_times,
             buffers_per_size,
             remote: plan.connect.clone(),
             region: plan.region,
@@ -708,7 +738,7 @@ fn run_point<D: Device>(
     size: u64,
     policy: Policy,
     stop: Stop,
-) -> Result<(Point, u32, u32)> {
+) -> Result<(Point, u32, u32, bool)> {
     let depth = plan.tx_depth;
     let len = size as usize;
     let cq = Arc::new(dev.create_cq(plan.cq_entries).with_context(|| {
@@ -1021,7 +1051,7 @@ fn run_point<D: Device>(
         .sweep_with_buffers()
         .then(|| (lowest_free as u32 + 1..=buffers).collect());
     finish(peer, written)?;
-    Ok((point, sq_capacity, buffers))
+    Ok((point, sq_capacity, buffers, nic_times))
 }
 
 /// Ends a point; a server checks the slots `written` (1-based) hold their WRITE's pattern

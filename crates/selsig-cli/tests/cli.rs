@@ -814,6 +814,12 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
             "1.3 is not a whole number of bytes",
         ),
         (&["bench", "-D", "-1"], "invalid duration \"-1\""),
+        (&["bench", "-D", "-1s"], "invalid duration \"-1s\""),
+        (&["bench", "-s", "-1K"], "-1K"),
+        (&["bench", "--region", "-1"], "-1"),
+        // What perftest mode does not reproduce of ib_write_bw.
+        (&["bench", "--cq-mod", "4", "-l", "4"], "--post-list 4"),
+        (&["bench", "--cq-mod", "4", "-D", "1s"], "--cq-mod with -D"),
         (&["bench", "-e", "-1"], "invalid signal interval \"-1\""),
         (
             &["bench", "--json", "-", "--svg", "-"],
