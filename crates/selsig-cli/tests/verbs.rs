@@ -201,6 +201,8 @@ fn bench_writes_into_serve_and_the_server_checks_the_bytes() {
     let v: Value = serde_json::from_slice(&sweep.stdout).unwrap();
     assert_eq!(v["points"].as_array().unwrap().len(), 4);
     assert_eq!(v["settings"]["remote"], target.as_str());
+    // The verbs provider records no NIC times, and the settings say so.
+    assert_eq!(v["settings"]["nic_times"], false);
     assert!(text(&short.stdout).contains("-> selsig serve at"));
     // Warm-up and four points, warm-up and one point: every one checked and found right;
     // perftest mode's session ends unchecked.
