@@ -57,6 +57,10 @@ impl FakeCq {
     fn push(&self, wc: WorkCompletion) {
         self.ring.lock().unwrap().push_back(wc);
     }
+    /// The completion of the send `seq` of QP `qp_num`, as a `SignaledQueue` posted it.
+    fn complete(&self, seq: u64, status: WcStatus, qp_num: u32) {
+        self.push(WorkCompletion::new(send_wr_id(Seq(seq)), status, qp_num));
+    }
 }
 
 impl CompletionQueue for FakeCq {
@@ -184,21 +188,9 @@ fn an_error_polled_by_another_queue_reaches_its_queue_before_the_flushes_behind_
     for i in 1..=4 {
         assert!(!qb.post(Work::write_empty(remote, i)).unwrap().signaled());
     }
-    cq.push(WorkCompletion::new(
-        send_wr_id(Seq(2)),
-        WcStatus::RemAccessErr,
-        2,
-    ));
-    cq.push(WorkCompletion::new(
-        send_wr_id(Seq(3)),
-        WcStatus::WrFlushErr,
-        2,
-    ));
-    cq.push(WorkCompletion::new(
-        send_wr_id(Seq(4)),
-        WcStatus::WrFlushErr,
-        2,
-    ));
+    cq.complete(2, WcStatus::RemAccessErr, 2);
+    cq.complete(3, WcStatus::WrFlushErr, 2);
+    cq.complete(4, WcStatus::WrFlushErr, 2);
     let (mut done_a, mut done_b) = (Vec::new(), Vec::new());
     assert_eq!(
         qa.poll(&mut done_a).unwrap(),
@@ -232,16 +224,8 @@ fn completions_polled_by_another_queue_come_first_and_every_work_request_retires
     for i in 1..=4 {
         qb.post(Work::write_empty(remote, i)).unwrap();
     }
-    cq.push(WorkCompletion::new(
-        send_wr_id(Seq(2)),
-        WcStatus::Success,
-        2,
-    ));
-    cq.push(WorkCompletion::new(
-        send_wr_id(Seq(4)),
-        WcStatus::Success,
-        2,
-    ));
+    cq.complete(2, WcStatus::Success, 2);
+    cq.complete(4, WcStatus::Success, 2);
     let (mut done_a, mut done_b) = (Vec::new(), Vec::new());
     qa.poll(&mut done_a).unwrap();
     qb.poll(&mut done_b).unwrap();
@@ -282,11 +266,7 @@ fn a_drain_that_needs_a_credit_waiting_for_another_queue_says_so() {
     }
     assert!(qb.post(Work::write_empty(remote, 9)).unwrap().signaled());
     assert_eq!(shared.credits().available(), 0);
-    cq.push(WorkCompletion::new(
-        send_wr_id(Seq(1)),
-        WcStatus::Success,
-        2,
-    ));
+    cq.complete(1, WcStatus::Success, 2);
     let mut done = Vec::new();
     match qa.drain(Duration::from_secs(5), &mut done) {
         Err(DrainError::Unrouted { completions: 1 }) => {}
@@ -300,11 +280,7 @@ fn a_drain_that_needs_a_credit_waiting_for_another_queue_says_so() {
         selsig::DrainMarker::Posted(seq) => seq,
         other => panic!("expected a marker, got {other:?}"),
     };
-    cq.push(WorkCompletion::new(
-        send_wr_id(marker),
-        WcStatus::Success,
-        1,
-    ));
+    cq.complete(marker.0, WcStatus::Success, 1);
     qa.drain(Duration::from_secs(5), &mut done).unwrap();
     assert_eq!(done.iter().map(|c| c.user).collect::<Vec<_>>(), [1, 2, 3]);
     assert_eq!(shared.credits().available(), 4);
@@ -321,11 +297,7 @@ fn a_dropped_queue_retires_the_completions_polled_for_it() {
         qb.post(Work::write_empty(remote, i)).unwrap();
     }
     for seq in 1..=3 {
-        cq.push(WorkCompletion::new(
-            send_wr_id(Seq(seq)),
-            WcStatus::Success,
-            2,
-        ));
+        cq.complete(seq, WcStatus::Success, 2);
     }
     let mut done = Vec::new();
     while !cq.ring.lock().unwrap().is_empty() {
