@@ -41,6 +41,9 @@ const DEFAULT_DURATION: Duration = Duration::from_millis(500);
 const MEMCPY_TIME: Duration = Duration::from_millis(200);
 /// The unmeasured run before the first point.
 const WARM_UP: Duration = Duration::from_millis(100);
+/// Below this CPU share of the posting thread a point's figures are flagged
+/// ([`Point::cpu_share`]).
+const CPU_SHARE_WARN: f64 = 0.9;
 /// A point that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(30);
 /// A timed run reads the clock after every 64 post calls, or sooner once this many bytes
@@ -473,6 +476,10 @@ pub struct Point {
     pub wrs_per_cqe: f64,
     /// CPU time of the posting thread (posting and polling) per WRITE.
     pub cpu_ns_per_wr: f64,
+    /// The posting thread's CPU time over the point's wall time. The thread never sleeps
+    /// (it busy-polls), so this is about 1 on a quiet machine; well below it, other threads
+    /// had its core part of the time, and the point measured that competition too.
+    pub cpu_share: f64,
     /// Time from a WRITE's post to the application learning of its completion: from just
     /// before the post call to just after the poll that retired it (what the queue's
     /// `Stats::lag_ns` measures, taken from the caller's side). Null in perftest mode,
@@ -1040,6 +1047,7 @@ fn run_point<D: Device>(
         forced: stats.forced,
         wrs_per_cqe: stats.mean_wrs_per_cqe(),
         cpu_ns_per_wr: cpu.as_nanos() as f64 / posted as f64,
+        cpu_share: cpu.as_secs_f64() / seconds,
         lag: Percentiles::of(&tally.lag),
         nic_to_app: Percentiles::of(&gap),
         post_to_nic: Percentiles::of(&to_nic),
@@ -1200,7 +1208,52 @@ pub fn render(report: &Report) -> String {
         out.push_str("; NIC->app: the NIC finishing a WRITE to the application learning of it");
     }
     out.push('\n');
+    if let Some(warning) = load_warning(report) {
+        let _ = writeln!(out, "\n{warning}");
+    }
     out
+}
+
+/// A warning when the posting thread, which never sleeps, was off its core for a good part
+/// of some points: their figures measure other work on the machine as well as selsig.
+pub fn load_warning(report: &Report) -> Option<String> {
+    let low: Vec<&Point> = report
+        .points
+        .iter()
+        .filter(|p| p.cpu_share < CPU_SHARE_WARN)
+        .collect();
+    // Rounded down: a flagged share never reads as the threshold.
+    let percent = |share: f64| format!("{}%", (share * 100.0).floor());
+    let which = match low.as_slice() {
+        [] => return None,
+        [p] => format!(
+            "{} of the time at {} {}",
+            percent(p.cpu_share),
+            human_size(p.size),
+            p.policy
+        ),
+        _ => {
+            let (min, max) = low.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+                (lo.min(p.cpu_share), hi.max(p.cpu_share))
+            });
+            let range = if percent(min) == percent(max) {
+                percent(min)
+            } else {
+                format!("{} to {}", percent(min), percent(max))
+            };
+            format!(
+                "{range} of the time at {} of the {} points",
+                low.len(),
+                report.points.len()
+            )
+        }
+    };
+    Some(format!(
+        "warning: the posting thread busy-polls and so should run all the time, but it ran \
+         only {which} (below {}): other work took its core, and those figures measure the \
+         wait too; run again on a quiet machine",
+        percent(CPU_SHARE_WARN)
+    ))
 }
 
 /// Two decimals, or three significant digits below 0.01 (large WRITEs: 16 MiB ones run at
@@ -1346,6 +1399,81 @@ mod tests {
         assert_eq!((at(1, 2048), at(2, 2048)), (2048, 0));
         assert_eq!((at(1, 2049), at(7, 65536)), (0, 0));
         assert_eq!((at(1, 1), at(64, 1)), (64, 0));
+    }
+
+    fn report_of(shares: &[f64]) -> Report {
+        let point = |i: usize, share: f64| Point {
+            size: 64 << (i % 2 * 6),
+            policy: format!("every:{}", 1 << i),
+            interval: Some(1 << i),
+            wrs: 1000,
+            seconds: 0.5,
+            wr_per_sec: 2000.0,
+            gbit_per_sec: 0.001,
+            mib_per_sec: 0.1,
+            mpps: 0.002,
+            cqes: 1000,
+            cqes_per_1000: 1000.0,
+            forced: 0,
+            wrs_per_cqe: 1.0,
+            cpu_ns_per_wr: share * 500_000.0,
+            cpu_share: share,
+            lag: None,
+            nic_to_app: None,
+            post_to_nic: None,
+        };
+        Report {
+            provider: "soft",
+            device: "soft0".into(),
+            personality: None,
+            settings: Settings {
+                opcode: "RDMA_WRITE",
+                tx_depth: 128,
+                sq_capacity: 128,
+                post_list: 16,
+                inline: false,
+                iters: None,
+                duration_s: Some(0.5),
+                perftest_mode: false,
+                nic_times: false,
+                buffers_per_size: vec![],
+                remote: None,
+                region: 1 << 20,
+                gid_index: None,
+            },
+            points: shares
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| point(i, s))
+                .collect(),
+            memcpy: vec![],
+        }
+    }
+
+    #[test]
+    fn points_whose_posting_thread_lost_its_core_are_flagged() {
+        assert_eq!(load_warning(&report_of(&[1.0, 0.97, 0.9])), None);
+        assert!(!render(&report_of(&[1.0, 0.95])).contains("warning"));
+
+        let one = load_warning(&report_of(&[1.0, 0.42, 0.99])).expect("flagged");
+        assert!(
+            one.contains("only 42% of the time at 4KiB every:2"),
+            "{one}"
+        );
+        assert!(one.contains("below 90%"), "{one}");
+        let table = render(&report_of(&[1.0, 0.42, 0.99]));
+        assert!(table.trim_end().ends_with(&one), "{table}");
+
+        let some = load_warning(&report_of(&[0.3, 1.0, 0.61, 0.895])).expect("flagged");
+        assert!(
+            some.contains("only 30% to 89% of the time at 3 of the 4 points"),
+            "{some}"
+        );
+        let alike = load_warning(&report_of(&[0.324, 0.321])).expect("flagged");
+        assert!(
+            alike.contains("only 32% of the time at 2 of the 2 points"),
+            "{alike}"
+        );
     }
 
     #[test]

@@ -310,7 +310,12 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         }
     }
     write_outputs(files)?;
-    if !json_to_stdout && !svg_to_stdout {
+    if json_to_stdout || svg_to_stdout {
+        // The table, which would carry it, is not printed.
+        if let Some(warning) = bench::load_warning(&report) {
+            eprintln!("selsig bench: {warning}");
+        }
+    } else {
         print_out(&bench::render(&report))?;
         if plan.perftest {
             print_out(&format!("\n{}", bench::render_perftest(&report)))?;

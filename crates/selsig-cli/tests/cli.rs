@@ -613,7 +613,87 @@ fn bench_counts_exactly_the_completions_each_interval_implies() {
         assert!((gbit - wr_per_sec * size * 8.0 / 1e9).abs() < 1e-6 * gbit.max(1.0));
         let mib = p["mib_per_sec"].as_f64().unwrap();
         assert!((mib - wr_per_sec * size / 1_048_576.0).abs() < 1e-6 * mib.max(1.0));
+        // A thread's CPU time within the wall time it ran (plus the clocks' granularity).
+        let share = p["cpu_share"].as_f64().unwrap();
+        let seconds = p["seconds"].as_f64().unwrap();
+        assert!(
+            share > 0.0 && share <= 1.0 + 1e-3 / seconds,
+            "{policy}: {share}"
+        );
+        let cpu = p["cpu_ns_per_wr"].as_f64().unwrap();
+        assert!(
+            (cpu * 2000.0 / 1e9 / seconds - share).abs() < 1e-6,
+            "{policy}: {cpu} ns per WRITE, share {share}"
+        );
     }
+}
+
+#[test]
+fn bench_flags_points_whose_posting_thread_lost_its_core() {
+    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+    // This test's thread, the threads it starts and the processes they start share one
+    // CPU (the affinity of a thread is inherited), where threads spin: the bench's posting
+    // thread gets a fraction of that CPU, and its figures would measure them too. The
+    // other tests keep the other CPUs.
+    let allowed = sched_getaffinity(None).unwrap();
+    let cpu = (0..CpuSet::MAX_CPU).find(|&c| allowed.is_set(c)).unwrap();
+    let mut one = CpuSet::new();
+    one.set(cpu);
+    sched_setaffinity(None, &one).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinners: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let dir = scratch("bench-load");
+    let json = dir.join("load.json");
+    let table = selsig(&[
+        "bench",
+        "-D",
+        "0.3",
+        "-s",
+        "64",
+        "-e",
+        "64",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let to_stdout = selsig(&["bench", "-D", "0.3", "-s", "64", "-e", "64", "--json", "-"]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for s in spinners {
+        s.join().unwrap();
+    }
+    sched_setaffinity(None, &allowed).unwrap();
+
+    assert!(table.status.success(), "{}", stderr(&table));
+    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let share = v["points"][0]["cpu_share"].as_f64().unwrap();
+    assert!(share < 0.9, "{share}");
+    let out = stdout(&table);
+    assert!(
+        out.contains("warning: the posting thread busy-polls")
+            && out.contains(&format!(
+                "only {}% of the time at 64B every:64",
+                (share * 100.0).floor()
+            )),
+        "{out}"
+    );
+    // With the JSON on standard output the table is not printed: the warning goes to stderr.
+    assert!(to_stdout.status.success(), "{}", stderr(&to_stdout));
+    let v: Value = serde_json::from_slice(&to_stdout.stdout).unwrap();
+    assert!(v["points"][0]["cpu_share"].as_f64() < Some(0.9), "{v}");
+    assert!(
+        stderr(&to_stdout).contains("selsig bench: warning: the posting thread busy-polls"),
+        "{}",
+        stderr(&to_stdout)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
