@@ -28,12 +28,13 @@ use crate::times::ExecTimes;
 pub enum Personality {
     /// Like mlx5 (rdma-core `providers/mlx5`): `max_send_wr` rounds up to a power of two; a
     /// slot is freed only when the application polls a completion that covers it, so a
-    /// queue full of unsignaled work requests never drains.
+    /// queue full of unsignaled work requests never drains. A receive's slot too is freed
+    /// only when its completion is polled.
     #[default]
     Mlx5,
     /// Like the kernel's Soft-RoCE (`rxe`): `max_send_wr` reads back as requested but the
     /// ring holds `2^k - 1 >= max_send_wr` work requests, and a slot is freed as soon as its
-    /// work request has executed, polled or not.
+    /// work request has executed, polled or not (a receive's when the NIC completes it).
     Rxe,
 }
 
@@ -386,6 +387,8 @@ pub(crate) struct CqInner {
     /// Written by the poller: on a line of its own, away from the NIC's fields.
     poll: Padded<Mutex<PollState>>,
     send_queues: RwLock<HashMap<u32, Arc<SendRing>>>,
+    /// The receive queues completing here (mlx5 frees their slots as it polls).
+    recv_queues: RwLock<HashMap<u32, Arc<RecvRing>>>,
 }
 
 #[derive(Debug, Default)]
@@ -493,6 +496,11 @@ impl CompletionQueue for SoftCq {
                 if let Some((_, sq)) = &st.last_sq {
                     sq.free_through(c.wqe_counter);
                 }
+            } else if !c.send_queue && cq.free_on_poll {
+                // mlx5: polling a receive's completion frees its slot (`++wq->tail`).
+                if let Some(rq) = cq.recv_queues.read().get(&c.qp_num) {
+                    rq.polled_one();
+                }
             }
         }
         st.consumer += n as u64;
@@ -535,7 +543,7 @@ pub(crate) struct QpInner {
     pub(crate) sq: Arc<SendRing>,
     /// When each send work request finished, while recording.
     pub(crate) times: ExecTimes,
-    pub(crate) rq: RecvRing,
+    pub(crate) rq: Arc<RecvRing>,
     pub(crate) send_cq: Arc<CqInner>,
     pub(crate) recv_cq: Arc<CqInner>,
     state: AtomicU8,
@@ -615,6 +623,7 @@ impl Drop for SoftQp {
             }
         }
         self.qp.send_cq.send_queues.write().remove(&self.qp.qpn);
+        self.qp.recv_cq.recv_queues.write().remove(&self.qp.qpn);
         // The number is free for a new QP only now that nothing refers to it.
         self.dev.qps.lock().by_num.remove(&self.qp.qpn);
     }
@@ -878,7 +887,7 @@ impl QueuePair for SoftQp {
         }
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            if *head - qp.rq.freed() >= qp.rq.limit() {
+            if *head - qp.rq.freed(qp.free_on_poll) >= qp.rq.limit() {
                 result = Err(PostWrError {
                     index: i,
                     failure: PostFailure::Full,
@@ -1004,6 +1013,7 @@ impl Device for SoftDevice {
                 free_on_poll: self.dev.config.personality == Personality::Mlx5,
                 poll: Padded(Mutex::new(PollState::default())),
                 send_queues: RwLock::new(HashMap::new()),
+                recv_queues: RwLock::new(HashMap::new()),
             }),
             engine: Arc::clone(&self.engine),
         })
@@ -1076,6 +1086,7 @@ impl Device for SoftDevice {
         };
         let qpn = self.reserve_qpn()?;
         let sq = Arc::new(SendRing::new(send_limit));
+        let rq = Arc::new(RecvRing::new(recv_limit));
         let qp = Arc::new(QpInner {
             qpn,
             pd: pd.id,
@@ -1083,7 +1094,7 @@ impl Device for SoftDevice {
             sq_sig_all: init.sq_sig_all,
             times: ExecTimes::new(sq.slots()),
             sq: Arc::clone(&sq),
-            rq: RecvRing::new(recv_limit),
+            rq: Arc::clone(&rq),
             send_cq: Arc::clone(&send_cq.cq),
             recv_cq: Arc::clone(&recv_cq.cq),
             state: AtomicU8::new(QpState::Reset as u8),
@@ -1095,6 +1106,7 @@ impl Device for SoftDevice {
             recv_post: Padded(Mutex::new(0)),
         });
         send_cq.cq.send_queues.write().insert(qpn, sq);
+        recv_cq.cq.recv_queues.write().insert(qpn, rq);
         let mut reg = self.dev.qps.lock();
         reg.list.push(Arc::clone(&qp));
         reg.by_num.insert(qpn, Arc::downgrade(&qp));

@@ -8,8 +8,8 @@
 //!   completion of its own, signaled or not.
 //! - Keys, bounds, access flags, protection domains and QP states are checked like
 //!   hardware; remote access errors move the responder QP to the error state too.
-//! - Send-queue slots are freed when a completion covering them is polled (mlx5) or when
-//!   they execute (rxe), see [`Personality`].
+//! - Send- and receive-queue slots are freed when a completion covering them is polled
+//!   (mlx5) or when they execute (rxe), see [`Personality`].
 //! - A completion queue that overruns goes to the error state and raises an asynchronous
 //!   event; nothing is dropped silently.
 //!

@@ -286,7 +286,8 @@ pub(crate) struct Rqe {
     pub(crate) lkey: u32,
 }
 
-/// The receive queue: slots freed as the NIC consumes them.
+/// The receive queue: slots freed as the NIC completes them (rxe) or as the application
+/// polls their completions (mlx5).
 #[derive(Debug)]
 pub(crate) struct RecvRing {
     slots: Box<[Half]>,
@@ -296,6 +297,8 @@ pub(crate) struct RecvRing {
     producer: Padded<AtomicU64>,
     /// RQEs consumed by the NIC.
     consumer: Padded<AtomicU64>,
+    /// RQEs whose completions were polled (written by the receive CQ's poller).
+    tail: Padded<AtomicU64>,
 }
 
 impl RecvRing {
@@ -307,6 +310,7 @@ impl RecvRing {
             limit: u64::from(limit),
             producer: Padded(AtomicU64::new(0)),
             consumer: Padded(AtomicU64::new(0)),
+            tail: Padded(AtomicU64::new(0)),
         }
     }
 
@@ -316,6 +320,13 @@ impl RecvRing {
 
     fn slot(&self, index: u64) -> &[AtomicU64; 4] {
         &self.slots[(index & self.mask) as usize].0
+    }
+
+    /// Poller (the receive CQ's, one at a time): the completion of one more receive was
+    /// polled (mlx5's `++wq->tail`).
+    pub(crate) fn polled_one(&self) {
+        self.tail
+            .store(self.tail.load(Ordering::Relaxed) + 1, Ordering::Release);
     }
 
     /// Producer: publishes the RQEs before `head`.
@@ -338,9 +349,14 @@ impl RecvRing {
         self.consumer.store(consumer, Ordering::Release);
     }
 
-    /// Producer: the index before which slots are free again.
-    pub(crate) fn freed(&self) -> u64 {
-        self.consumer.load(Ordering::Acquire)
+    /// Producer: the index before which slots are free again: freed by polling (mlx5) or
+    /// by the NIC completing them (rxe).
+    pub(crate) fn freed(&self, on_poll: bool) -> u64 {
+        if on_poll {
+            self.tail.load(Ordering::Acquire)
+        } else {
+            self.consumer.load(Ordering::Acquire)
+        }
     }
 
     pub(crate) fn write(&self, index: u64, rqe: &Rqe) {

@@ -875,6 +875,52 @@ fn a_send_waiting_for_a_receive_runs_once_one_is_posted() {
     }
 }
 
+/// A receive's slot comes back when the application polls its completion on mlx5
+/// (libmlx5 advances the receive queue's tail in the poll, and `mlx5_post_recv` refuses
+/// with ENOMEM while head - tail is the depth), and when the NIC completes it on rxe (the
+/// responder advances the queue's consumer index as it writes the completion).
+#[test]
+fn a_receive_slot_is_free_again_when_mlx5_polls_its_completion_or_rxe_writes_it() {
+    for personality in [Personality::Mlx5, Personality::Rxe] {
+        let dev = SoftDevice::open(SoftConfig::with_personality(personality)).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let (cq_a, cq_b) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+        let a = dev.create_qp(&pd, &cq_a, &cq_a, &depths(4, 1)).unwrap();
+        let b = dev.create_qp(&pd, &cq_b, &cq_b, &depths(4, 1)).unwrap();
+        connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+        assert_eq!(b.caps().max_recv_wr, 1, "{personality:?}");
+        let recv = |wr_id| b.post_recv(&[RecvWr { wr_id, sge: None }]);
+        recv(0).unwrap();
+        assert!(recv(9).unwrap_err().is_full(), "{personality:?}");
+        let send = SendWr {
+            wr_id: 1,
+            opcode: Opcode::Send,
+            local: Local::Empty,
+            remote: RemoteAddr::default(),
+            imm_data: 0,
+            signaled: true,
+        };
+        a.post_send(&[send]).unwrap();
+        // The SEND completed, so the receive did: its completion waits in b's CQ.
+        assert_eq!(statuses(&poll_n(&cq_a, 1)), [(1, WcStatus::Success)]);
+        let before_poll = recv(10);
+        match personality {
+            Personality::Mlx5 => {
+                let err = before_poll.unwrap_err();
+                assert!(err.is_full(), "{err}");
+                assert_eq!(err.source.as_ref().and_then(|e| e.raw_os_error()), Some(12));
+                assert_eq!(statuses(&poll_n(&cq_b, 1)), [(0, WcStatus::Success)]);
+                recv(10).unwrap();
+            }
+            Personality::Rxe => {
+                before_poll.unwrap();
+                assert_eq!(statuses(&poll_n(&cq_b, 1)), [(0, WcStatus::Success)]);
+            }
+        }
+        assert!(recv(11).unwrap_err().is_full(), "{personality:?}");
+    }
+}
+
 #[test]
 fn receives_are_flushed_when_the_qp_goes_to_error() {
     let p = pair();
