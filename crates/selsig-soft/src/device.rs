@@ -384,6 +384,9 @@ pub(crate) struct CqInner {
     /// The NIC's last view of `consumer` (only the NIC thread uses it).
     pub(crate) seen_consumer: crate::sync::AtomicU64,
     free_on_poll: bool,
+    /// mlx5: an overrun puts the CQ in the error state for good. rxe (Linux 6.1) drops
+    /// the completion that finds no room, raises `IBV_EVENT_CQ_ERR` for it and goes on.
+    overrun_is_fatal: bool,
     /// Written by the poller: on a line of its own, away from the NIC's fields.
     poll: Padded<Mutex<PollState>>,
     send_queues: RwLock<HashMap<u32, Arc<SendRing>>>,
@@ -424,12 +427,15 @@ impl CqInner {
     }
 
     /// NIC: appends a completion. A CQ with no room goes to the error state, and every
-    /// later completion is lost.
+    /// later completion is lost (mlx5); or it drops only that completion (rxe).
     pub(crate) fn push(&self, cqe: &Cqe) -> Pushed {
         if self.error.load(Ordering::Relaxed) {
             return Pushed::Lost;
         }
         if !self.ring.push(cqe, &self.seen_consumer) {
+            if !self.overrun_is_fatal {
+                return Pushed::Dropped;
+            }
             self.error.store(true, Ordering::Release);
             return Pushed::Overrun;
         }
@@ -445,6 +451,8 @@ pub(crate) enum Pushed {
     Overrun,
     /// The CQ was in the error state already: the completion is lost.
     Lost,
+    /// The CQ had no room and dropped this completion only (rxe): it stays usable.
+    Dropped,
 }
 
 /// A completion queue of a software device.
@@ -1011,6 +1019,7 @@ impl Device for SoftDevice {
                 error: AtomicBool::new(false),
                 seen_consumer: crate::sync::AtomicU64::new(0),
                 free_on_poll: self.dev.config.personality == Personality::Mlx5,
+                overrun_is_fatal: self.dev.config.personality == Personality::Mlx5,
                 poll: Padded(Mutex::new(PollState::default())),
                 send_queues: RwLock::new(HashMap::new()),
                 recv_queues: RwLock::new(HashMap::new()),

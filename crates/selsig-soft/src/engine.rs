@@ -191,13 +191,6 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                                 dev.push_event(event(peer.qpn));
                             }
                         }
-                        // rxe reports a requester's local protection error (bad lkey,
-                        // local bounds) as a local QP operation error.
-                        let status = if rxe && status == WcStatus::LocProtErr {
-                            WcStatus::LocQpOpErr
-                        } else {
-                            status
-                        };
                         Some(error_cqe(qp, exec, status))
                     }
                 }
@@ -246,12 +239,18 @@ fn error_cqe(qp: &QpInner, index: u64, status: WcStatus) -> Cqe {
     }
 }
 
-/// Appends a completion of `qp` to `cq`; `false` when it is lost. A CQ that finds no room
-/// goes to the error state with `IBV_EVENT_CQ_ERR`, once; a QP whose completion is lost
-/// goes to the error state with `IBV_EVENT_QP_FATAL`, once.
+/// Appends a completion of `qp` to `cq`; `false` when it is lost and `qp` went to the
+/// error state. mlx5: a CQ that finds no room goes to the error state with
+/// `IBV_EVENT_CQ_ERR`, once; a QP whose completion is lost goes to the error state with
+/// `IBV_EVENT_QP_FATAL`, once. rxe (Linux 6.1, `rxe_cq_post`): the completion is dropped
+/// with an `IBV_EVENT_CQ_ERR` of its own, and the CQ and the QP go on as before.
 fn push(dev: &DeviceInner, qp: &QpInner, cq: &CqInner, cqe: &Cqe) -> bool {
     let pushed = cq.push(cqe);
     if pushed == Pushed::Done {
+        return true;
+    }
+    if pushed == Pushed::Dropped {
+        dev.push_event(AsyncEvent::CqErr { cq: cq.id });
         return true;
     }
     if pushed == Pushed::Overrun {
@@ -326,6 +325,32 @@ fn remote_access_error() -> Exec {
     }
 }
 
+/// rxe: the responder QP does not allow the operation (its `qp_access_flags`): an
+/// invalid request, whatever the length and the key (`check_op_valid` comes first in
+/// `rxe_resp.c`); the responder goes to the error state (with no event, as rxe raises
+/// none for a responder).
+fn invalid_request() -> Exec {
+    Exec::Fail {
+        status: WcStatus::RemInvReqErr,
+        responder: Some(|qp_num| AsyncEvent::QpReqErr { qp_num }),
+    }
+}
+
+/// Whether the responder QP allows `need` (`qp_access_flags`).
+fn qp_allows(responder: &QpInner, need: Access) -> bool {
+    Access::from_bits_truncate(responder.access.load(Ordering::Relaxed)).contains(need)
+}
+
+/// A requester's local data cannot be read (bad lkey, other PD, out of bounds): a local
+/// protection error on mlx5; rxe reports it as a local QP operation error.
+fn local_source_error(rxe: bool) -> Exec {
+    fail(if rxe {
+        WcStatus::LocQpOpErr
+    } else {
+        WcStatus::LocProtErr
+    })
+}
+
 /// Where the bytes of a work request come from.
 enum Source<'a> {
     Empty,
@@ -361,8 +386,7 @@ fn remote<'m>(
     len: u32,
     need: Access,
 ) -> Option<(&'m MrInner, usize)> {
-    let qp_access = Access::from_bits_truncate(responder.access.load(Ordering::Relaxed));
-    if !qp_access.contains(need) {
+    if !qp_allows(responder, need) {
         return None;
     }
     let mr = mrs.get(rkey)?;
@@ -453,11 +477,23 @@ fn execute(
         return fail(WcStatus::RetryExcErr);
     };
     let len = wqe.len;
+    let rxe = dev.config.personality == Personality::Rxe;
     match wqe.opcode {
         op::WRITE | op::WRITE_IMM => {
             let Some(src) = source(qp, wqe, index, mrs) else {
-                return fail(WcStatus::LocProtErr);
+                return local_source_error(rxe);
             };
+            if rxe && !qp_allows(peer, Access::REMOTE_WRITE) {
+                return invalid_request();
+            }
+            // rxe looks for the receive of a WRITE with immediate before it checks the key.
+            let mut rqe = None;
+            if rxe && wqe.opcode == op::WRITE_IMM {
+                match peek_recv(peer) {
+                    Some(r) => rqe = Some(r),
+                    None => return no_receive(qp),
+                }
+            }
             // The remote key of a zero-length RDMA WRITE is not checked: there is no memory
             // to protect (IBTA; this is what makes it usable as a confirm marker).
             let dst = if len == 0 {
@@ -472,17 +508,30 @@ fn execute(
                     Access::REMOTE_WRITE,
                 ) {
                     Some(d) => Some(d),
-                    None => return remote_access_error(),
+                    None => {
+                        if let Some(rqe) = rqe {
+                            // rxe completes the receive it took with the error.
+                            consume_recv(peer);
+                            let cqe = recv_cqe(
+                                peer,
+                                rqe.wr_id,
+                                WcStatus::RemAccessErr,
+                                WcOpcode::RecvRdmaWithImm,
+                                0,
+                                None,
+                            );
+                            push_recv(dev, peer, &cqe);
+                        }
+                        return remote_access_error();
+                    }
                 }
             };
-            let rqe = if wqe.opcode == op::WRITE_IMM {
+            if !rxe && wqe.opcode == op::WRITE_IMM {
                 match peek_recv(peer) {
-                    Some(r) => Some(r),
+                    Some(r) => rqe = Some(r),
                     None => return no_receive(qp),
                 }
-            } else {
-                None
-            };
+            }
             if let Some((mr, off)) = dst {
                 copy(&src, &mr.words, off, len);
             }
@@ -504,21 +553,27 @@ fn execute(
             }
         }
         op::READ => {
-            let dst = if len == 0 {
-                None
-            } else {
-                match local(
+            if rxe && !qp_allows(peer, Access::REMOTE_READ) {
+                return invalid_request();
+            }
+            let dst = |mrs| {
+                if len == 0 {
+                    return Ok(None);
+                }
+                local(
                     mrs,
                     qp.pd,
                     wqe.lkey,
                     wqe.local_addr,
                     len,
                     Access::LOCAL_WRITE,
-                ) {
-                    Some(d) => Some(d),
-                    None => return fail(WcStatus::LocProtErr),
-                }
+                )
+                .map(Some)
+                .ok_or_else(|| fail(WcStatus::LocProtErr))
             };
+            // mlx5 checks the destination before it sends the request; rxe when the
+            // response comes back (`rxe_comp.c`), after the responder checked its key.
+            let early = if rxe { None } else { Some(dst(mrs)) };
             let src = if len == 0 {
                 None
             } else {
@@ -531,8 +586,17 @@ fn execute(
                     Access::REMOTE_READ,
                 ) {
                     Some(s) => Some(s),
-                    None => return remote_access_error(),
+                    None => {
+                        return match early {
+                            Some(Err(e)) => e,
+                            _ => remote_access_error(),
+                        };
+                    }
                 }
+            };
+            let dst = match early.unwrap_or_else(|| dst(mrs)) {
+                Ok(d) => d,
+                Err(e) => return e,
             };
             if let (Some((dmr, doff)), Some((smr, soff))) = (dst, src) {
                 mem::copy(&smr.words, soff, &dmr.words, doff, len as usize);
@@ -544,7 +608,7 @@ fn execute(
         }
         op::SEND | op::SEND_IMM => {
             let Some(src) = source(qp, wqe, index, mrs) else {
-                return fail(WcStatus::LocProtErr);
+                return local_source_error(rxe);
             };
             let Some(rqe) = peek_recv(peer) else {
                 return no_receive(qp);
@@ -553,21 +617,20 @@ fn execute(
             let imm = (wqe.opcode == op::SEND_IMM).then(|| qp.sq.imm(index));
             if len > rqe.len {
                 // The receive is too small: the responder's receive fails and it goes to
-                // the error state; the requester learns of an invalid request.
+                // the error state; the requester learns of an invalid request (mlx5), or
+                // of a remote operation error after a malformed receive (rxe).
+                let (theirs, ours) = if rxe {
+                    (WcStatus::LocQpOpErr, WcStatus::RemOpErr)
+                } else {
+                    (WcStatus::LocLenErr, WcStatus::RemInvReqErr)
+                };
                 push_recv(
                     dev,
                     peer,
-                    &recv_cqe(
-                        peer,
-                        rqe.wr_id,
-                        WcStatus::LocLenErr,
-                        WcOpcode::Recv,
-                        0,
-                        None,
-                    ),
+                    &recv_cqe(peer, rqe.wr_id, theirs, WcOpcode::Recv, 0, None),
                 );
                 peer.set_error();
-                return fail(WcStatus::RemInvReqErr);
+                return fail(ours);
             }
             if len > 0 {
                 match local(mrs, peer.pd, rqe.lkey, rqe.addr, len, Access::LOCAL_WRITE) {

@@ -10,8 +10,9 @@
 //!   hardware; remote access errors move the responder QP to the error state too.
 //! - Send- and receive-queue slots are freed when a completion covering them is polled
 //!   (mlx5) or when they execute (rxe), see [`Personality`].
-//! - A completion queue that overruns goes to the error state and raises an asynchronous
-//!   event; nothing is dropped silently.
+//! - A completion queue that overruns goes to the error state (mlx5) or drops that
+//!   completion (rxe, as the kernel's rxe), and raises an asynchronous event: nothing is
+//!   dropped silently.
 //!
 //! # Memory and soundness
 //!

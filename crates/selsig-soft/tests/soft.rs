@@ -12,6 +12,10 @@ use selsig::{
 };
 use selsig_soft::{Personality, SoftConfig, SoftCq, SoftDevice, SoftMr, SoftQp};
 
+mod support {
+    pub mod rxe_errors;
+}
+
 const WAIT: Duration = Duration::from_secs(10);
 
 /// Two connected QPs of one device: `a` sends, `b` is the responder.
@@ -1730,4 +1734,28 @@ fn destroying_a_qp_removes_its_unpolled_completions_on_mlx5() {
         );
         drop(d);
     }
+}
+
+/// The rxe personality refuses, fails and overruns as the kernel's rxe does (the same
+/// cases run on rxe0 in `selsig-verbs/tests/rxe.rs`).
+#[test]
+fn rxe_personality_fails_requests_as_rxe_does() {
+    let dev = SoftDevice::open(SoftConfig::with_personality(Personality::Rxe)).unwrap();
+    for (case, expected) in support::rxe_errors::cases() {
+        let seen = support::rxe_errors::run(&dev, None, &case);
+        assert_eq!(seen, expected, "{}", case.name);
+    }
+}
+
+#[test]
+fn rxe_personality_drops_the_completions_an_overrun_cq_has_no_room_for() {
+    let dev = SoftDevice::open(SoftConfig::with_personality(Personality::Rxe)).unwrap();
+    let (got, state, events) = support::rxe_errors::overrun(&dev, None);
+    use WcStatus::Success;
+    assert_eq!(
+        got,
+        [(1, Success), (2, Success), (3, Success), (100, Success)]
+    );
+    assert_eq!(state, QpState::Rts);
+    assert_eq!(events, ["cq_err"; 3]);
 }

@@ -217,7 +217,10 @@ pub struct QueueConfig {
     /// The first sequence number (below 2^63: see [`SEND_WR_ID_BIT`]).
     pub first_seq: u64,
     /// Where zero-length confirm and drain markers are written (the key is not checked for
-    /// zero bytes, but a valid remote address is the safe choice).
+    /// zero bytes, but a valid remote address is the safe choice). The peer QP must allow
+    /// remote writes (`IBV_ACCESS_REMOTE_WRITE` in its `qp_access_flags`): rxe refuses a
+    /// zero-length WRITE to a QP that does not as an invalid request, and both QPs go to
+    /// the error state.
     pub marker_target: RemoteAddr,
     /// Completions polled per call to the provider (at least 1, at most the CQ's
     /// capacity: larger values are reduced to it).

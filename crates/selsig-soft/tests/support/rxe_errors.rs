@@ -1,0 +1,342 @@
+//! What the kernel's Soft-RoCE (rxe, Linux 6.1) does when a responder refuses a request,
+//! a READ's destination cannot be written, a SEND overflows its receive, or a CQ has no
+//! room: the cases, and a runner generic over the provider. The soft NIC's rxe
+//! personality runs them in `tests/soft.rs`; the verbs provider on the real rxe0 runs the
+//! same cases in `selsig-verbs/tests/rxe.rs` (in the project's VM), so the two cannot drift.
+
+use std::time::{Duration, Instant};
+
+use selsig::{
+    Access, CompletionQueue, ConnectOptions, Device, Local, MemoryRegion, Opcode, QpCaps, QpInit,
+    QpState, QueuePair, RecvWr, SendWr, WcStatus, WorkCompletion, connect_pair,
+};
+
+/// One request from QP a to QP b, and what b allows.
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    pub name: &'static str,
+    /// b's `qp_access_flags`.
+    pub qp_access: Access,
+    /// The access of a's local region.
+    pub local_access: Access,
+    pub opcode: Opcode,
+    pub len: u32,
+    /// The remote key is wrong.
+    pub bad_rkey: bool,
+    /// b has a receive of 16 bytes posted.
+    pub recv: bool,
+}
+
+/// What came of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// a's completion, `None` if none came within 300 ms (the request waits).
+    pub requester: Option<WcStatus>,
+    pub a: QpState,
+    pub b: QpState,
+    /// b's completions.
+    pub responder: Vec<WcStatus>,
+    /// The device's asynchronous events, by name.
+    pub events: Vec<&'static str>,
+}
+
+const ALL: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+const NO_REMOTE_WRITE: Access = Access::LOCAL_WRITE.union(Access::REMOTE_READ);
+const NO_REMOTE_READ: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
+fn case(name: &'static str, qp_access: Access, opcode: Opcode, len: u32) -> Case {
+    Case {
+        name,
+        qp_access,
+        local_access: Access::LOCAL_WRITE,
+        opcode,
+        len,
+        bad_rkey: false,
+        recv: false,
+    }
+}
+
+/// The cases and what rxe does, as seen on rxe0 (Linux 6.1, rdma-core 44).
+pub fn cases() -> Vec<(Case, Seen)> {
+    use QpState::{Err, Rts};
+    use WcStatus::*;
+    let seen = |requester, a, b, responder: &[WcStatus]| Seen {
+        requester,
+        a,
+        b,
+        responder: responder.to_vec(),
+        events: Vec::new(),
+    };
+    // The responder checks that its QP allows the operation before anything else
+    // (rxe_resp.c check_op_valid): an invalid request whatever the length or the key,
+    // and both QPs in the error state.
+    let refused = seen(Some(RemInvReqErr), Err, Err, &[]);
+    vec![
+        (
+            case(
+                "WRITE to a QP without remote write",
+                NO_REMOTE_WRITE,
+                Opcode::RdmaWrite,
+                8,
+            ),
+            refused.clone(),
+        ),
+        (
+            case(
+                "zero-length WRITE to a QP without remote write",
+                NO_REMOTE_WRITE,
+                Opcode::RdmaWrite,
+                0,
+            ),
+            refused.clone(),
+        ),
+        (
+            Case {
+                bad_rkey: true,
+                ..case(
+                    "WRITE with a bad key to a QP without remote write",
+                    NO_REMOTE_WRITE,
+                    Opcode::RdmaWrite,
+                    8,
+                )
+            },
+            refused.clone(),
+        ),
+        (
+            case(
+                "READ from a QP without remote read",
+                NO_REMOTE_READ,
+                Opcode::RdmaRead,
+                8,
+            ),
+            refused.clone(),
+        ),
+        (
+            case(
+                "zero-length READ from a QP without remote read",
+                NO_REMOTE_READ,
+                Opcode::RdmaRead,
+                0,
+            ),
+            refused,
+        ),
+        // A WRITE with immediate looks for a receive before its key is checked: without
+        // one it waits (RNR, retried for ever); with one, the receive completes in error.
+        (
+            Case {
+                bad_rkey: true,
+                ..case(
+                    "WRITE with immediate, bad key, no receive",
+                    ALL,
+                    Opcode::RdmaWriteWithImm,
+                    8,
+                )
+            },
+            seen(None, Rts, Rts, &[]),
+        ),
+        (
+            Case {
+                bad_rkey: true,
+                recv: true,
+                ..case(
+                    "WRITE with immediate, bad key, a receive",
+                    ALL,
+                    Opcode::RdmaWriteWithImm,
+                    8,
+                )
+            },
+            seen(Some(RemAccessErr), Err, Err, &[RemAccessErr]),
+        ),
+        // A READ's destination is checked when the response comes back (rxe_comp.c):
+        // after the responder checked its key, and as a local protection error.
+        (
+            Case {
+                local_access: Access::empty(),
+                ..case(
+                    "READ into a region without local write",
+                    ALL,
+                    Opcode::RdmaRead,
+                    8,
+                )
+            },
+            seen(Some(LocProtErr), Err, Rts, &[]),
+        ),
+        (
+            Case {
+                local_access: Access::empty(),
+                bad_rkey: true,
+                ..case(
+                    "READ with a bad key into a region without local write",
+                    ALL,
+                    Opcode::RdmaRead,
+                    8,
+                )
+            },
+            seen(Some(RemAccessErr), Err, Err, &[]),
+        ),
+        // A SEND longer than the receive: a malformed receive for b, a remote operation
+        // error for a.
+        (
+            Case {
+                recv: true,
+                ..case(
+                    "SEND of 100 bytes into a receive of 16",
+                    ALL,
+                    Opcode::Send,
+                    100,
+                )
+            },
+            seen(Some(RemOpErr), Err, Err, &[LocQpOpErr]),
+        ),
+        // qp_access_flags do not apply to SENDs.
+        (
+            Case {
+                recv: true,
+                ..case(
+                    "zero-length SEND to a QP without remote access",
+                    Access::LOCAL_WRITE,
+                    Opcode::Send,
+                    0,
+                )
+            },
+            seen(Some(Success), Rts, Rts, &[Success]),
+        ),
+    ]
+}
+
+/// Runs `case` on fresh QPs of `dev`.
+pub fn run<D: Device>(dev: &D, gid_index: Option<u8>, case: &Case) -> Seen {
+    let pd = dev.alloc_pd().unwrap();
+    let cq_a = dev.create_cq(16).unwrap();
+    let cq_b = dev.create_cq(16).unwrap();
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: 4,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
+    let options = ConnectOptions {
+        gid_index,
+        access: case.qp_access,
+        ..ConnectOptions::default()
+    };
+    a.connect(&b.endpoint(&options).unwrap(), &options).unwrap();
+    b.connect(&a.endpoint(&options).unwrap(), &options).unwrap();
+    let local = dev.reg_mr(&pd, 4096, case.local_access).unwrap();
+    let remote = dev.reg_mr(&pd, 4096, ALL).unwrap();
+    let inbox = dev.reg_mr(&pd, 16, Access::LOCAL_WRITE).unwrap();
+    if case.recv {
+        b.post_recv(&[RecvWr {
+            wr_id: 77,
+            sge: Some(inbox.sge(0, 16)),
+        }])
+        .unwrap();
+    }
+    let mut target = remote.remote(0);
+    if case.bad_rkey {
+        target.rkey ^= 0x5a5;
+    }
+    a.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: case.opcode,
+        local: if case.len == 0 {
+            Local::Empty
+        } else {
+            Local::Sge(local.sge(0, case.len))
+        },
+        remote: target,
+        imm_data: 5,
+        signaled: true,
+    }])
+    .unwrap();
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 4];
+    let start = Instant::now();
+    let mut requester = None;
+    while start.elapsed() < Duration::from_millis(300) {
+        if cq_a.poll(&mut buf).unwrap() > 0 {
+            requester = Some(buf[0].status);
+            break;
+        }
+    }
+    // Whatever b's side does, it has done it by now.
+    std::thread::sleep(Duration::from_millis(50));
+    let n = cq_b.poll(&mut buf).unwrap();
+    let mut events = Vec::new();
+    while let Some(e) = dev.poll_async_event() {
+        events.push(e.as_str());
+    }
+    Seen {
+        requester,
+        a: a.state(),
+        b: b.state(),
+        responder: buf[..n].iter().map(|w| w.status).collect(),
+        events,
+    }
+}
+
+/// rxe's CQ overrun: the completion that finds no room is dropped with an
+/// `IBV_EVENT_CQ_ERR` of its own, and the CQ and the QP go on (rxe_cq_post). Posts
+/// `capacity + 3` signaled WRITEs on a CQ of 2 entries without polling, then one more after
+/// polling; returns the completions polled (wr_id, status) after each, a's state at the
+/// end and the events.
+pub fn overrun<D: Device>(
+    dev: &D,
+    gid_index: Option<u8>,
+) -> (Vec<(u64, WcStatus)>, QpState, Vec<&'static str>) {
+    let pd = dev.alloc_pd().unwrap();
+    let cq_a = dev.create_cq(2).unwrap();
+    let cq_b = dev.create_cq(16).unwrap();
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
+    let options = ConnectOptions {
+        gid_index,
+        ..ConnectOptions::default()
+    };
+    connect_pair(&a, &b, &options).unwrap();
+    let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+    let remote = dev.reg_mr(&pd, 64, ALL).unwrap();
+    let write = |wr_id| SendWr {
+        wr_id,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Sge(local.sge(0, 8)),
+        remote: remote.remote(0),
+        imm_data: 0,
+        signaled: true,
+    };
+    let n = u64::from(cq_a.capacity()) + 3;
+    let wrs: Vec<_> = (1..=n).map(write).collect();
+    a.post_send(&wrs).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 16];
+    let k = cq_a.poll(&mut buf).unwrap();
+    got.extend(buf[..k].iter().map(|w| (w.wr_id, w.status)));
+    a.post_send(&[write(100)]).unwrap();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(300) {
+        let k = cq_a.poll(&mut buf).unwrap();
+        got.extend(buf[..k].iter().map(|w| (w.wr_id, w.status)));
+        if k > 0 {
+            break;
+        }
+    }
+    let mut events = Vec::new();
+    while let Some(e) = dev.poll_async_event() {
+        events.push(e.as_str());
+    }
+    (got, a.state(), events)
+}
