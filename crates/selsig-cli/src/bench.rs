@@ -1451,6 +1451,51 @@ mod tests {
     }
 
     #[test]
+    fn every_log_axis_has_two_labels_or_more() {
+        // Throughput within one decade, below 1 Gb/s too (a loaded machine's 64 B points):
+        // the powers of ten at the ends of the axis were left out by rounding.
+        for (lo, hi) in [
+            (0.2, 0.5),
+            (0.12, 0.9),
+            (2.0, 9.0),
+            (0.012, 0.05),
+            (20.0, 30.0),
+        ] {
+            let mut report = report_of(&[1.0, 1.0]);
+            report.points[0].gbit_per_sec = lo;
+            report.points[1].gbit_per_sec = hi;
+            report.points[1].size = 64;
+            let svg = crate::chart::render(&report).unwrap();
+            let texts: Vec<&str> = svg
+                .split("<text")
+                .skip(1)
+                .filter_map(|t| t.split_once('>').map(|(_, rest)| rest))
+                .filter_map(|t| t.split_once("</text>").map(|(text, _)| text.trim()))
+                .collect();
+            let from = texts
+                .iter()
+                .position(|t| t.starts_with("Throughput"))
+                .unwrap();
+            let y: Vec<f64> = texts[from..]
+                .iter()
+                .skip_while(|t| !t.starts_with("signal interval"))
+                .skip(1)
+                .map_while(|t| t.parse::<f64>().ok())
+                .collect();
+            // The y labels, then the x labels 1 and 2 (intervals of the two points).
+            let (y, x) = y.split_at(y.len() - 2);
+            assert_eq!(x, [1.0, 2.0], "{lo}..{hi}: {texts:?}");
+            // Powers of ten, from below the lowest value to above the highest.
+            assert!(y.len() >= 2, "{lo}..{hi}: {y:?}");
+            assert!(y[0] <= lo && y[y.len() - 1] >= hi, "{lo}..{hi}: {y:?}");
+            assert!(
+                y.windows(2).all(|w| (w[1] / w[0] - 10.0).abs() < 1e-9),
+                "{y:?}"
+            );
+        }
+    }
+
+    #[test]
     fn points_whose_posting_thread_lost_its_core_are_flagged() {
         assert_eq!(load_warning(&report_of(&[1.0, 0.97, 0.9])), None);
         assert!(!render(&report_of(&[1.0, 0.95])).contains("warning"));

@@ -71,7 +71,9 @@ fn log_bounds(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
         });
     if lo.is_finite() {
         let decade = |v: f64, round: fn(f64) -> f64| 10f64.powf(round(v.log10()));
-        decade(lo / 1.5, f64::floor)..decade(hi * 1.5, f64::ceil)
+        // A hair beyond the powers of ten, so that rounding cannot leave them out of the
+        // range and their labels off the axis (0.1 computed as just above 0.1).
+        decade(lo / 1.5, f64::floor) / 1.001..decade(hi * 1.5, f64::ceil) * 1.001
     } else {
         0.001..1.0
     }
