@@ -353,8 +353,9 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         eprintln!("scenario {}: {}", scenario.name, scenario.description);
     }
     let mut provider = args.provider.clone();
-    // The scenario's personality, unless the command line names one.
-    if provider.personality.is_none() {
+    // The scenario's personality, unless the command line names one; the verbs provider
+    // has the device's own (the scenario's is ignored there, as documented).
+    if provider.personality.is_none() && provider.provider == common::ProviderKind::Soft {
         provider.personality = scenario.personality.map(|p| match p {
             selsig_soft::Personality::Mlx5 => common::PersonalityArg::Mlx5,
             selsig_soft::Personality::Rxe => common::PersonalityArg::Rxe,

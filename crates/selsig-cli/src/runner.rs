@@ -460,26 +460,29 @@ impl<'a, D: Device> Runner<'a, D> {
     /// other endpoints sharing the CQ are deferred to the next step that polls, as how
     /// many of them come first depends on timing.
     fn poll_one_for_room(&mut self, qp: usize) -> Result<()> {
-        let start = Instant::now();
         let cq = self.sc.qps[qp].send_cq;
-        let name = &self.sc.qps[qp].name;
-        while self.sides[qp].queue.available() == 0 {
+        let name = self.sc.qps[qp].name.clone();
+        self.poll_one_until(cq, &name, |r| r.sides[qp].queue.available() > 0)
+    }
+
+    /// Polls `cq` one completion at a time until `room` holds: the completions of endpoint
+    /// `own` go into the trace in place, those of others are deferred (see
+    /// [`poll_one_for_room`](Self::poll_one_for_room)).
+    fn poll_one_until(&mut self, cq: usize, own: &str, room: impl Fn(&Self) -> bool) -> Result<()> {
+        let start = Instant::now();
+        while !room(self) {
             let mut events = Vec::new();
             let got = self.poll_cq(cq, 1, &mut events)?;
             for e in events {
                 match &e {
-                    Event::Cqe { qp, .. } | Event::Retire { qp, .. } if qp != name => {
+                    Event::Cqe { qp, .. } | Event::Retire { qp, .. } if qp != own => {
                         self.deferred.push(e)
                     }
                     _ => self.trace.push(e),
                 }
             }
             if got == 0 {
-                ensure!(
-                    start.elapsed() < WAIT,
-                    "qp {:?} stayed full",
-                    self.sc.qps[qp].name
-                );
+                ensure!(start.elapsed() < WAIT, "{own:?} stayed full");
                 std::thread::yield_now();
             }
         }
@@ -488,8 +491,21 @@ impl<'a, D: Device> Runner<'a, D> {
 
     fn recv(&mut self, r: &Recv) -> Result<()> {
         let name = self.sc.qp_name(r.qp);
-        let side = &mut self.sides[r.qp.index];
+        let q = r.qp.index;
+        let depth = u64::from(self.sides[q].peer.caps().max_recv_wr);
         for k in 0..r.count {
+            // A receive holds its slot until its completion is polled (mlx5 frees it only
+            // then; rxe sooner): with the queue full, poll the peer's CQ one completion at
+            // a time until one of its receives completed, so that every run polls the
+            // same completions here, whatever the NIC's timing.
+            if self.sides[q].peer_recvs - self.sides[q].peer_recv_done >= depth {
+                let cq = self.sc.qps[q].peer_cq;
+                self.poll_one_until(cq, &name, |run| {
+                    let s = &run.sides[q];
+                    s.peer_recvs - s.peer_recv_done < depth
+                })?;
+            }
+            let side = &mut self.sides[q];
             let sge = r.region.map(|g| {
                 let region = &self.regions[g];
                 Sge {

@@ -12,8 +12,11 @@ use toml::Spanned;
 
 /// Largest region a scenario may register.
 pub const MAX_REGION: u64 = 64 << 20;
-/// Most work requests one post step may post.
+/// Most work requests one post step may post (or receives one recv step).
 pub const MAX_COUNT: u64 = 1 << 20;
+/// Most work requests and receives a scenario may post in all (the trace keeps an event
+/// or more for each: about 450 bytes a work request).
+pub const MAX_TOTAL: u64 = 1 << 21;
 /// Most memory all regions of a scenario may take together.
 pub const MAX_REGIONS_TOTAL: u64 = 1 << 30;
 /// Most queue pairs (each with its peer) a scenario may create.
@@ -705,6 +708,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
         // peer's receive queue may hold at most.
         let mut deregistered: Vec<Option<usize>> = vec![None; regions.len()];
         let mut recv_bounds = vec![RecvBound::default(); qps.len()];
+        let mut total = 0u64;
         for (n, s) in raw.step.iter().enumerate() {
             let span = Some(s.span());
             let s = s.get_ref();
@@ -745,6 +749,13 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     return Err(here(format!(
                         "count {} is out of range 1..={MAX_COUNT}",
                         p.count
+                    )));
+                }
+                total += p.count;
+                if total > MAX_TOTAL {
+                    return Err(here(format!(
+                        "the steps so far post {total} work requests and receives: a scenario \
+                         posts at most {MAX_TOTAL}"
                     )));
                 }
                 if p.size > MAX_REGION {
@@ -919,6 +930,13 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     return Err(here(format!(
                         "count {} is out of range 1..={MAX_COUNT}",
                         r.count
+                    )));
+                }
+                total += r.count;
+                if total > MAX_TOTAL {
+                    return Err(here(format!(
+                        "the steps so far post {total} work requests and receives: a scenario \
+                         posts at most {MAX_TOTAL}"
                     )));
                 }
                 let offset = r.offset.unwrap_or(0);

@@ -520,6 +520,14 @@ fn scenarios_are_bounded_in_memory_and_queue_pairs() {
             "\n[[region]]\nname = \"big{i}\"\nsize = 67108864\naccess = [\"local_write\"]\n"
         ));
     }
+    // Two more steps of 2^20 work requests: with the seed's 8, the second crosses the
+    // scenario's 2^21 (the trace keeps every one).
+    let mut many = seed.clone();
+    for _ in 0..2 {
+        many.push_str(
+            "\n[[step]]\npost = { qp = \"a\", op = \"write\", remote = \"dst\", count = 1048576 }\n",
+        );
+    }
     // Sixty-four more queue pairs than the seed's one: the sixty-fifth is refused.
     let mut qps = seed.clone();
     for i in 0..64 {
@@ -531,6 +539,12 @@ fn scenarios_are_bounded_in_memory_and_queue_pairs() {
             regions,
             lines + 1 + 15 * 5 + 1,
             "region \"big15\": the regions take more than 1073741824 bytes together",
+        ),
+        (
+            "many",
+            many,
+            lines + 5,
+            "step 4: the steps so far post 2097160 work requests and receives: a scenario posts at most 2097152",
         ),
         (
             "qps",
@@ -780,18 +794,30 @@ fn svg_texts(svg: &str) -> Vec<String> {
 }
 
 /// The numbers among `texts` from the one starting with `from` to the next panel's title.
+/// The y labels of the panel titled `from`. A panel's numbers are its y labels, then its
+/// x labels, the intervals 1, 2, 4, … (the y labels may hold a 1 too: the x labels are the
+/// run of powers of two from 1 that ends the list).
 fn axis_numbers(texts: &[String], from: &str) -> Vec<f64> {
     let at = texts.iter().position(|t| t.starts_with(from)).unwrap();
-    texts[at + 1..]
+    let mut numbers: Vec<f64> = texts[at + 1..]
         .iter()
         .take_while(|t| {
             !["Throughput", "Confirmation lag", "Learned later"]
                 .iter()
                 .any(|title| t.starts_with(title))
         })
-        .filter(|t| t.contains('.'))
         .filter_map(|t| t.parse().ok())
-        .collect()
+        .collect();
+    let x_from = (0..numbers.len())
+        .find(|&i| {
+            numbers[i..]
+                .iter()
+                .enumerate()
+                .all(|(k, &v)| v == f64::from(1u32 << k))
+        })
+        .unwrap_or(numbers.len());
+    numbers.truncate(x_from);
+    numbers
 }
 
 #[test]
@@ -1366,6 +1392,97 @@ outcomes = { a = ["1-32 completed"], b = ["1-1000 completed"] }
     let (step2, _) = step2.split_once("\"n\":3,").unwrap();
     assert!(!step2.contains("\"qp\":\"b\""), "{step2}");
     assert_eq!(step2.matches("\"event\":\"cqe\"").count(), 28, "{step2}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Receives refilled right after the SENDs that use them: the checker counts those SENDs,
+/// but a receive keeps its slot until its completion is polled (mlx5), so the `recv` step
+/// waits for room as a post does, polling the peer's CQ one completion at a time. Also
+/// after `to_error`, where each receive is flushed: a hundred of them through a queue of
+/// sixteen, whose CQ holds 63.
+#[test]
+fn a_recv_step_waits_for_room_and_gives_the_same_trace_every_run() {
+    let dir = scratch("selsig-cli-recv-room");
+    let refill = r#"description = "receives refilled right after the SENDs that use them"
+[[qp]]
+name = "a"
+policy = "every:4"
+[[step]]
+recv = { qp = "a.peer", count = 16 }
+[[step]]
+post = { qp = "a", op = "send", count = 16 }
+[[step]]
+recv = { qp = "a.peer", count = 16 }
+[[step]]
+post = { qp = "a", op = "send", count = 16 }
+[[step]]
+poll = "idle"
+[expect]
+outcomes = { a = ["1-32 completed"] }
+"#;
+    let flushed = r#"description = "receives posted on a peer in the error state"
+[[qp]]
+name = "a"
+[[step]]
+to_error = "a.peer"
+[[step]]
+recv = { qp = "a.peer", count = 100 }
+[[step]]
+poll = "idle"
+"#;
+    for (name, text, recvs) in [("refill", refill, 32), ("flushed", flushed, 100)] {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        for personality in ["mlx5", "rxe"] {
+            let run = || selsig(&["run", path.to_str().unwrap(), "--personality", personality]);
+            let first = run();
+            assert_eq!(
+                first.status.code(),
+                Some(0),
+                "{name} {personality}: {}",
+                stderr(&first)
+            );
+            let trace = stdout(&first);
+            assert_eq!(
+                trace.matches("\"event\":\"recv_post\"").count(),
+                recvs,
+                "{trace}"
+            );
+            for _ in 0..10 {
+                let again = run();
+                assert_eq!(
+                    again.status.code(),
+                    Some(0),
+                    "{name} {personality}: {}",
+                    stderr(&again)
+                );
+                assert!(
+                    stdout(&again) == trace,
+                    "{name} {personality}: the trace changed"
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A scenario's `[device] personality` is the soft NIC's: with `--provider verbs` it is
+/// ignored, as documented, not refused as if `--personality` had been given.
+#[test]
+fn a_scenarios_personality_is_ignored_by_the_verbs_provider() {
+    let dir = scratch("selsig-cli-personality");
+    let path = dir.join("rxe.toml");
+    std::fs::write(
+        &path,
+        "description = \"personality rxe\"\n[device]\npersonality = \"rxe\"\n[[qp]]\nname = \"a\"\n\
+         [[step]]\nconfirm = \"a\"\n[[step]]\npoll = \"idle\"\n",
+    )
+    .unwrap();
+    // Without an RDMA device the run fails opening it (exit 1); with one it runs.
+    let o = selsig(&["run", path.to_str().unwrap(), "--provider", "verbs"]);
+    let err = stderr(&o);
+    assert_ne!(o.status.code(), Some(2), "{err}");
+    assert!(!err.contains("--personality"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
