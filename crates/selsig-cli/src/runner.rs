@@ -370,8 +370,9 @@ impl<'a, D: Device> Runner<'a, D> {
             let remote = match p.remote.map(|r| &self.regions[r]) {
                 Some(r) => {
                     let addr = if fault == Some(Fault::OutOfBounds) {
-                        // Starts inside the region, ends beyond it.
-                        r.addr + r.len as u64 - (p.size / 2).max(1) + 1
+                        // Starts inside the region (size/2 >= 1 bytes before its end), ends
+                        // beyond it (the checker refuses sizes below 2).
+                        r.addr + r.len as u64 - p.size / 2
                     } else {
                         r.addr + roff
                     };

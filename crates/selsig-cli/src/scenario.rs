@@ -859,6 +859,11 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                                 "fault {f:?} needs a post of more than 0 bytes: a zero-length transfer uses no key and touches no memory"
                             )));
                         }
+                        if kind == Fault::OutOfBounds && p.size < 2 {
+                            return Err(here(
+                                "fault \"out_of_bounds\" needs a post of 2 bytes or more: one byte cannot start in the region and end beyond it".into(),
+                            ));
+                        }
                         let fault_at = p.fault_at.unwrap_or(1);
                         if fault_at == 0 || fault_at > p.count {
                             return Err(here(format!(
@@ -1023,11 +1028,23 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             .as_ref()
             .map(|d| d.get_ref().clone())
             .unwrap_or_default();
-        for key in differs.keys() {
+        if raw.differs.is_some() && differs.is_empty() {
+            return Err(self.err(
+                differs_span,
+                "[differs] is empty: give differs.rxe, why rxe differs, with [expect.rxe]".into(),
+            ));
+        }
+        for (key, why) in &differs {
             if key != "rxe" {
                 return Err(self.err(
                     differs_span,
                     format!("differs.{key}: the only provider that may differ is rxe"),
+                ));
+            }
+            if why.trim().is_empty() {
+                return Err(self.err(
+                    differs_span,
+                    format!("differs.{key} is empty: it must say why {key} differs"),
                 ));
             }
         }

@@ -478,6 +478,27 @@ fn bad_scenarios_name_file_line_and_problem() {
             "needs a post of more than 0 bytes",
         ),
         (
+            "one-byte-out-of-bounds",
+            seed.replace(
+                "size = 64, count = 8",
+                "size = 1, count = 8, fault = \"out_of_bounds\"",
+            ),
+            19,
+            "needs a post of 2 bytes or more",
+        ),
+        (
+            "empty-differs",
+            format!("{seed}\n[differs]\n"),
+            seed.lines().count() + 2,
+            "[differs] is empty",
+        ),
+        (
+            "empty-reason",
+            format!("{seed}\n[differs]\nrxe = \" \"\n"),
+            seed.lines().count() + 2,
+            "differs.rxe is empty: it must say why rxe differs",
+        ),
+        (
             "signed-digest",
             seed.replace("1fb4b57231ed8584", "+000000000000000"),
             25,
