@@ -169,6 +169,14 @@ impl<'a, D: Device> Runner<'a, D> {
                  the peers that report to it: none is left for send completions",
                 c.name
             );
+            // The runner keeps at most a receive queue's depth of receives uncompleted, so
+            // their completions fit in a CQ that holds one for each slot.
+            ensure!(
+                capacity >= *recvs,
+                "cq {:?} holds {capacity} completions, fewer than the {recvs} receive slots of \
+                 the peers that report to it: their completions could overrun it",
+                c.name
+            );
             room.push(capacity.saturating_sub(*recvs));
         }
         // A CQ several send queues report to gets one pool of credits.

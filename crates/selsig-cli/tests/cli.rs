@@ -1269,6 +1269,37 @@ outcomes = {{ a = ["1-3 completed"] }}
         "{}",
         stderr(&o)
     );
+    // A CQ of receives only, smaller than its receive queue: twelve SENDs used twelve
+    // receives at once and overran its seven entries.
+    std::fs::write(
+        &path,
+        r#"description = "a receive-only CQ smaller than the receive queue"
+[[cq]]
+name = "r"
+size = 4
+[[qp]]
+name = "a"
+peer_cq = "r"
+policy = "always"
+[[step]]
+recv = { qp = "a.peer", count = 12 }
+[[step]]
+post = { qp = "a", op = "send", count = 12 }
+[[step]]
+poll = "idle"
+"#,
+    )
+    .unwrap();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "cq \"r\" holds 7 completions, fewer than the 16 receive slots of the peers that \
+             report to it: their completions could overrun it"
+        ),
+        "{}",
+        stderr(&o)
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
