@@ -78,9 +78,13 @@ struct Runner<'a, D: Device> {
     /// QP number → endpoint.
     qpns: BTreeMap<u32, QpRef>,
     wcs: Vec<WorkCompletion>,
-    /// Completions of other endpoints polled while a queue waited for room (how many a
-    /// wait polls depends on timing): shown with the next step that polls, in canonical
-    /// order.
+    /// Completions of other endpoints a wait for room polled (how many depends on
+    /// timing), in the order polled, not handled yet: their endpoint takes them first when
+    /// it waits for room itself, or the next step that polls does.
+    stash: Vec<WorkCompletion>,
+    /// The events of stashed completions that a wait had to hand over before then (a
+    /// shared CQ's credits held by other queues): shown with the next step that polls, in
+    /// canonical order.
     deferred: Vec<Event>,
     _pds: (D::Pd, Option<D::Pd>),
 }
@@ -242,6 +246,7 @@ impl<'a, D: Device> Runner<'a, D> {
             trace: Vec::new(),
             qpns,
             wcs: vec![WorkCompletion::new(0, WcStatus::Success, 0); 64],
+            stash: Vec::new(),
             deferred: Vec::new(),
             _pds: (pd, other),
         })
@@ -258,9 +263,13 @@ impl<'a, D: Device> Runner<'a, D> {
                 return Ok(self.stopped(e));
             }
         }
-        // Completions a last wait for room deferred, and events that arrived since the
-        // last poll.
+        // Completions a last wait for room polled for others, and events that arrived
+        // since the last poll.
         let mut events = std::mem::take(&mut self.deferred);
+        if let Err(e) = self.handle_stash(&mut events) {
+            let e = self.failed(events, e);
+            return Ok(self.stopped(e));
+        }
         self.async_events(&mut events);
         canonical(&mut events, self.sc);
         self.trace.extend(events);
@@ -298,6 +307,8 @@ impl<'a, D: Device> Runner<'a, D> {
     /// shows what led there.
     fn stopped(mut self, error: anyhow::Error) -> RunResult {
         let mut events = std::mem::take(&mut self.deferred);
+        // Best effort: the step's error is the one to report.
+        let _ = self.handle_stash(&mut events);
         canonical(&mut events, self.sc);
         self.trace.extend(events);
         RunResult {
@@ -466,34 +477,80 @@ impl<'a, D: Device> Runner<'a, D> {
 
     /// Polls the CQ of queue `qp` one completion at a time until the queue has room. The
     /// queue's own completions go into the trace in place (they made the room); those of
-    /// other endpoints sharing the CQ are deferred to the next step that polls, as how
-    /// many of them come first depends on timing.
+    /// other endpoints sharing the CQ, how many of which come first depends on timing,
+    /// wait unhandled until their endpoint needs room or a step polls.
     fn poll_one_for_room(&mut self, qp: usize) -> Result<()> {
         let cq = self.sc.qps[qp].send_cq;
-        let name = self.sc.qps[qp].name.clone();
-        self.poll_one_until(cq, &name, |r| r.sides[qp].queue.available() > 0)
+        let own = QpRef {
+            index: qp,
+            peer: false,
+        };
+        self.poll_one_until(cq, own, |r| r.sides[qp].queue.available() > 0)
     }
 
-    /// Polls `cq` one completion at a time until `room` holds: the completions of endpoint
-    /// `own` go into the trace in place, those of others are deferred (see
-    /// [`poll_one_for_room`](Self::poll_one_for_room)).
-    fn poll_one_until(&mut self, cq: usize, own: &str, room: impl Fn(&Self) -> bool) -> Result<()> {
+    /// The endpoint a completion belongs to.
+    fn owner(&self, wc: &WorkCompletion) -> Option<QpRef> {
+        self.qpns.get(&wc.qp_num).copied()
+    }
+
+    /// Polls `cq` one completion at a time until `room` holds (see
+    /// [`poll_one_for_room`](Self::poll_one_for_room)): first the completions of `own`
+    /// an earlier wait kept for it, then the CQ's. Only a send queue that has no signaled
+    /// work request outstanding, and so waits for a shared CQ's credits that other queues'
+    /// completions hold, hands those kept completions to their queues (their events go to
+    /// the next step that polls): which of them it finds first depends on timing, as
+    /// documented.
+    fn poll_one_until(
+        &mut self,
+        cq: usize,
+        own: QpRef,
+        room: impl Fn(&Self) -> bool,
+    ) -> Result<()> {
         let start = Instant::now();
         while !room(self) {
             let mut events = Vec::new();
-            let got = self.poll_cq(cq, 1, &mut events)?;
-            for e in events {
-                match &e {
-                    Event::Cqe { qp, .. } | Event::Retire { qp, .. } if qp != own => {
-                        self.deferred.push(e)
-                    }
-                    _ => self.trace.push(e),
+            if let Some(i) = self.stash.iter().position(|wc| self.owner(wc) == Some(own)) {
+                let wc = self.stash.remove(i);
+                self.handle(wc, &mut events)?;
+                self.trace.extend(events);
+                continue;
+            }
+            let k = self.cqs[cq]
+                .poll(&mut self.wcs[..1])
+                .with_context(|| format!("cannot poll cq {:?}", self.sc.cqs[cq].name))?;
+            if k == 1 {
+                let wc = self.wcs[0];
+                if self.owner(&wc) == Some(own) {
+                    self.handle(wc, &mut events)?;
+                    self.trace.extend(events);
+                } else {
+                    self.stash.push(wc);
                 }
+                continue;
             }
-            if got == 0 {
-                ensure!(start.elapsed() < WAIT, "{own:?} stayed full");
-                std::thread::yield_now();
+            let waits_for_others =
+                !own.peer && self.sides[own.index].queue.tracker().signaled_outstanding() == 0;
+            if waits_for_others && !self.stash.is_empty() {
+                let wc = self.stash.remove(0);
+                self.handle(wc, &mut events)?;
+                self.deferred.extend(events);
+                continue;
             }
+            ensure!(
+                start.elapsed() < WAIT,
+                "{:?} stayed full",
+                self.sc.qp_name(own)
+            );
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    /// Hands the completions waits kept for others to their endpoints, in the order
+    /// polled; their events go to `events`.
+    fn handle_stash(&mut self, events: &mut Vec<Event>) -> Result<()> {
+        for wc in std::mem::take(&mut self.stash) {
+            self.handle(wc, events)?;
         }
         Ok(())
     }
@@ -501,6 +558,7 @@ impl<'a, D: Device> Runner<'a, D> {
     fn recv(&mut self, r: &Recv) -> Result<()> {
         let name = self.sc.qp_name(r.qp);
         let q = r.qp.index;
+        let own = r.qp;
         let depth = u64::from(self.sides[q].peer.caps().max_recv_wr);
         for k in 0..r.count {
             // A receive holds its slot until its completion is polled (mlx5 frees it only
@@ -509,7 +567,7 @@ impl<'a, D: Device> Runner<'a, D> {
             // same completions here, whatever the NIC's timing.
             if self.sides[q].peer_recvs - self.sides[q].peer_recv_done >= depth {
                 let cq = self.sc.qps[q].peer_cq;
-                self.poll_one_until(cq, &name, |run| {
+                self.poll_one_until(cq, own, |run| {
                     let s = &run.sides[q];
                     s.peer_recvs - s.peer_recv_done < depth
                 })?;
@@ -562,6 +620,9 @@ impl<'a, D: Device> Runner<'a, D> {
         // The time of the last completion: the step fails after WAIT without one.
         let mut start = Instant::now();
         let mut events = std::mem::take(&mut self.deferred);
+        if let Err(e) = self.handle_stash(&mut events) {
+            return Err(self.failed(events, e));
+        }
         let mut got = 0u64;
         loop {
             let done = match n {
@@ -692,55 +753,61 @@ impl<'a, D: Device> Runner<'a, D> {
             .with_context(|| format!("cannot poll cq {:?}", self.sc.cqs[cq].name))?;
         for i in 0..k {
             let wc = self.wcs[i];
-            let Some(&r) = self.qpns.get(&wc.qp_num) else {
-                bail!("a completion of an unknown QP {:#x}: {wc:?}", wc.qp_num);
-            };
-            let name = self.sc.qp_name(r);
-            // byte_len and immediate data are defined for receives (and byte_len for
-            // READs); elsewhere providers leave what they like (rxe flags immediate data
-            // on the sender's completion of a *_WITH_IMM).
-            let recv = matches!(wc.opcode, Some(WcOpcode::Recv | WcOpcode::RecvRdmaWithImm));
-            let defined = recv || wc.opcode == Some(WcOpcode::RdmaRead);
-            // A send of the QP's queue is shown by its sequence number (its wr_id without
-            // the queue's bit 63), as posts and retirements are.
-            let wr_id = match r.peer {
-                false => self.sides[r.index]
-                    .queue
-                    .send_seq(&wc)
-                    .map_or(wc.wr_id, |s| s.0),
-                true => wc.wr_id,
-            };
-            events.push(Event::Cqe {
-                qp: name.clone(),
-                wr_id,
-                status: wc.status.short_name(),
-                opcode: wc.opcode.map(|o| o.short_name()),
-                byte_len: defined.then_some(wc.byte_len),
-                imm: if recv { wc.imm_data } else { None },
-            });
-            let side = &mut self.sides[r.index];
-            if r.peer {
-                side.peer_recv_done += 1;
-                continue;
-            }
-            side.queue
-                .handle_completion(&wc)
-                .map_err(|e| anyhow!("qp {name:?}: {e}"))?;
-            let mut done = Vec::new();
-            side.queue.collect(&mut done);
-            for c in done {
-                events.push(Event::Retire {
-                    qp: name.clone(),
-                    seq: c.seq.0,
-                    outcome: c.outcome.as_str(),
-                    status: match c.outcome {
-                        Outcome::Failed(s) => Some(s.short_name()),
-                        _ => None,
-                    },
-                });
-            }
+            self.handle(wc, events)?;
         }
         Ok(k)
+    }
+
+    /// Hands a completion to its endpoint: its events go to `events`.
+    fn handle(&mut self, wc: WorkCompletion, events: &mut Vec<Event>) -> Result<()> {
+        let Some(r) = self.owner(&wc) else {
+            bail!("a completion of an unknown QP {:#x}: {wc:?}", wc.qp_num);
+        };
+        let name = self.sc.qp_name(r);
+        // byte_len and immediate data are defined for receives (and byte_len for
+        // READs); elsewhere providers leave what they like (rxe flags immediate data
+        // on the sender's completion of a *_WITH_IMM).
+        let recv = matches!(wc.opcode, Some(WcOpcode::Recv | WcOpcode::RecvRdmaWithImm));
+        let defined = recv || wc.opcode == Some(WcOpcode::RdmaRead);
+        // A send of the QP's queue is shown by its sequence number (its wr_id without
+        // the queue's bit 63), as posts and retirements are.
+        let wr_id = match r.peer {
+            false => self.sides[r.index]
+                .queue
+                .send_seq(&wc)
+                .map_or(wc.wr_id, |s| s.0),
+            true => wc.wr_id,
+        };
+        events.push(Event::Cqe {
+            qp: name.clone(),
+            wr_id,
+            status: wc.status.short_name(),
+            opcode: wc.opcode.map(|o| o.short_name()),
+            byte_len: defined.then_some(wc.byte_len),
+            imm: if recv { wc.imm_data } else { None },
+        });
+        let side = &mut self.sides[r.index];
+        if r.peer {
+            side.peer_recv_done += 1;
+            return Ok(());
+        }
+        side.queue
+            .handle_completion(&wc)
+            .map_err(|e| anyhow!("qp {name:?}: {e}"))?;
+        let mut done = Vec::new();
+        side.queue.collect(&mut done);
+        for c in done {
+            events.push(Event::Retire {
+                qp: name.clone(),
+                seq: c.seq.0,
+                outcome: c.outcome.as_str(),
+                status: match c.outcome {
+                    Outcome::Failed(s) => Some(s.short_name()),
+                    _ => None,
+                },
+            });
+        }
+        Ok(())
     }
 
     fn async_events(&mut self, events: &mut Vec<Event>) {

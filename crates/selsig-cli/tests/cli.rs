@@ -1372,6 +1372,52 @@ access = ["local_write", "remote_write"]
     )
 }
 
+/// A queue that waits for room on a shared CQ keeps the completions of other queues it
+/// polls for them, unhandled: a's completions, which b's wait polls, make a's room only
+/// when a needs it, in a's own step, on every run. They used to go to a's tracker at once,
+/// so that a's next post found room and they showed in the poll step; or, in the runs where
+/// b's wait had not polled them, in a's post step.
+#[test]
+fn completions_another_queue_polled_show_where_their_queue_waits_for_them() {
+    let dir = scratch("selsig-cli-stash");
+    // a, the first QP, is the one the soft NIC serves first: a's completions come before
+    // b's, and b's wait for room polls them.
+    let text = shared_cq_scenario(
+        63,
+        "depth = 4\npolicy = \"always\"",
+        "depth = 4\npolicy = \"every:16\"",
+        r#"[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 4 }
+[[step]]
+post = { qp = "b", op = "write", local = "src", remote = "dst", size = 64, count = 8 }
+[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 4 }
+[[step]]
+poll = "idle"
+[expect]
+outcomes = { a = ["1-8 completed"], b = ["1-8 completed"] }
+"#,
+    );
+    let path = dir.join("stash.toml");
+    std::fs::write(&path, text).unwrap();
+    let first = selsig(&["run", path.to_str().unwrap()]);
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let trace = stdout(&first);
+    let (_, step3) = trace.split_once("\"n\":3,").unwrap();
+    let (step3, step4) = step3.split_once("\"n\":4,").unwrap();
+    for wr in 1..=4 {
+        let cqe = format!("{{\"event\":\"cqe\",\"qp\":\"a\",\"wr_id\":{wr},");
+        assert!(step3.contains(&cqe), "a's WRITE {wr} in step 3: {trace}");
+        assert!(!step4.contains(&cqe), "{trace}");
+    }
+    for _ in 0..10 {
+        let again = selsig(&["run", path.to_str().unwrap()]);
+        assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+        assert!(stdout(&again) == trace, "the trace changed between runs");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn a_confirm_on_a_full_shared_cq_polls_for_room() {
     let dir = scratch("selsig-cli-confirm");
