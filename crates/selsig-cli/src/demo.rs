@@ -179,6 +179,11 @@ pub fn validate(args: &DemoArgs) -> Result<()> {
             args.wrs,
             args.wrs
         );
+        ensure!(
+            args.size > 0,
+            "--fail-at {k} with --size 0: the remote key of a zero-length WRITE is not \
+             checked, so a bad one cannot fail it; give --size 1 or more"
+        );
     }
     ensure!(args.tx_depth >= 1, "--tx-depth must be at least 1");
     crate::common::cq_entries(args.tx_depth)?;
@@ -302,10 +307,11 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         Ok(k)
     };
 
-    let mut pending: std::collections::VecDeque<(u32, Buffer<D::Mr>)> = buffers
+    // Zero-length WRITEs carry no buffer.
+    let mut pending: std::collections::VecDeque<(u32, Option<Buffer<D::Mr>>)> = buffers
         .into_iter()
         .enumerate()
-        .map(|(i, b)| (i as u32 + 1, b))
+        .map(|(i, b)| (i as u32 + 1, (size > 0).then_some(b)))
         .collect();
     while let Some((wr, buf)) = pending.pop_front() {
         let mut target = target.offset((i_of(wr) * slot) as u64);
@@ -313,7 +319,11 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             // A key the responder does not know: the WRITE fails with a remote access error.
             target.rkey ^= 0x0005_a5a5;
         }
-        match queue.post(Work::write(buf, target, wr)) {
+        let work = match buf {
+            Some(buf) => Work::write(buf, target, wr),
+            None => Work::write_empty(target, wr),
+        };
+        match queue.post(work) {
             Ok(posted) => posts.push(PostView {
                 wr,
                 wr_id: selsig::send_wr_id(posted.seq),
@@ -322,9 +332,7 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             }),
             Err(QueuePostError::Refused(e)) if e.is_full() => {
                 // No room until completions are polled: put it back and poll.
-                if let Some(buf) = e.into_payload().buffer {
-                    pending.push_front((wr, buf));
-                }
+                pending.push_front((wr, e.into_payload().buffer));
                 if poll(&mut queue, &mut cqes, &mut confirmed, &markers)? > 0 {
                     last_completion = Instant::now();
                 }
@@ -340,12 +348,26 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             Err(e) => return Err(e).context(format!("cannot post WRITE {wr}")),
         }
     }
-    if matches!(queue.state(), selsig::QueueState::Ready) {
-        if let Some(seq) = queue
-            .confirm_all()
-            .context("cannot post the confirm marker")?
-        {
-            markers.push(seq.0);
+    // Confirm an unsignaled tail; a queue the last WRITE filled makes room first.
+    while matches!(queue.state(), selsig::QueueState::Ready) {
+        match queue.confirm_all() {
+            Ok(Some(seq)) => {
+                markers.push(seq.0);
+                break;
+            }
+            Ok(None) => break,
+            Err(QueuePostError::Refused(e)) if e.is_full() => {
+                if poll(&mut queue, &mut cqes, &mut confirmed, &markers)? > 0 {
+                    last_completion = Instant::now();
+                }
+                ensure!(
+                    last_completion.elapsed() < STALL,
+                    "the queue stayed full: no completion for {} s",
+                    STALL.as_secs()
+                );
+                std::thread::yield_now();
+            }
+            Err(e) => return Err(e).context("cannot post the confirm marker"),
         }
     }
     while !queue.tracker().is_idle() {

@@ -207,6 +207,37 @@ fn demo_options_size_cq_mod_policy_personality() {
     assert!(out.contains("CQE(marker): WR17–WR20 confirmed"), "{out}");
 }
 
+/// The last WRITE fills the send queue unsignaled: the confirm marker waits for room
+/// (it was refused as an error, exit 1, though every WRITE completed); zero-length WRITEs
+/// too.
+#[test]
+fn demo_confirms_a_tail_that_filled_the_queue() {
+    for (args, wrs, cqes) in [
+        (&["--wrs", "64", "--every", "3"][..], 64, 22),
+        (&["--wrs", "7", "-t", "4", "--every", "3"], 7, 3),
+        (
+            &["--wrs", "127", "--every", "7", "--personality", "rxe"],
+            127,
+            19,
+        ),
+        (&["--wrs", "64", "--policy", "adaptive:40,1s"], 64, 2),
+        (
+            &["--wrs", "5", "--size", "0", "-t", "4", "--every", "3"],
+            5,
+            2,
+        ),
+    ] {
+        let mut all = vec!["demo", "--json"];
+        all.extend_from_slice(args);
+        let o = selsig(&all);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["summary"]["completed"], wrs, "{args:?}");
+        assert_eq!(v["cqes"].as_array().unwrap().len(), cqes, "{args:?}");
+        assert_eq!(v["remote_verified"], true, "{args:?}");
+    }
+}
+
 #[test]
 fn demo_bad_input_is_an_error_not_a_panic() {
     let seed = scenarios().join("seed.toml");
@@ -214,6 +245,10 @@ fn demo_bad_input_is_an_error_not_a_panic() {
     for (args, text) in [
         (vec!["demo", "--wrs", "0"], "--wrs must be at least 1"),
         (vec!["demo", "--fail-at", "9"], "--fail-at 9 names no WRITE"),
+        (
+            vec!["demo", "--size", "0", "--fail-at", "2"],
+            "--fail-at 2 with --size 0: the remote key of a zero-length WRITE is not checked",
+        ),
         (vec!["demo", "--size", "4Q"], "invalid size \"4Q\""),
         (vec!["demo", "--policy", "sometimes"], "unknown policy"),
         (vec!["demo", "--size", "2G"], "needs"),
