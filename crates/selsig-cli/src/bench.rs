@@ -53,7 +53,7 @@ const CLOCK_BYTES: u64 = 1 << 20;
 const PAGE: usize = 4096;
 /// The most memory `--region` registers on each side (the soft provider also copies as much
 /// for its memcpy yardstick).
-const MAX_REGION: u64 = 4 << 30;
+pub const MAX_REGION: u64 = 4 << 30;
 /// perftest's cache line: its smallest address step.
 const CACHE_LINE: u64 = 64;
 /// perftest's MB: 2^20 bytes.
@@ -802,7 +802,21 @@ fn run_point<D: Device>(
     } else {
         (1, bytes as u64)
     };
-    let peer = Peer::open(dev, pd, &qp, &options, plan.connect.as_deref(), slots, slot)?;
+    // A timed point tells a server how long it runs (a counted one cannot know).
+    let run = match stop {
+        Stop::Duration(d) => Some(d),
+        Stop::Iters(_) => None,
+    };
+    let peer = Peer::open(
+        dev,
+        pd,
+        &qp,
+        &options,
+        plan.connect.as_deref(),
+        slots,
+        slot,
+        run,
+    )?;
     let mut free: Vec<Buffer<D::Mr>> = Vec::new();
     let mut fixed: Option<D::Mr> = None;
     let inline_data = pattern(1, if plan.inline { len } else { 0 });

@@ -241,6 +241,7 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         args.connect.as_deref(),
         args.wrs,
         args.size,
+        None,
     )?;
     let target = peer.target();
     let local = dev

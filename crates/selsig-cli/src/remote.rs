@@ -4,10 +4,10 @@
 //! LID, GID, and the target region's address and key. After the run the client sends the
 //! outcome of every WRITE and the server checks its memory.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
@@ -21,11 +21,17 @@ use crate::common::{DeviceInfo, OnDevice, ProviderArgs, pattern_byte};
 
 /// The default TCP port (perftest's).
 pub const DEFAULT_PORT: u16 = 18515;
-/// Largest target region a server registers for one client.
-const MAX_BYTES: u64 = 1 << 30;
-/// How long the server waits for a client's hello, and for its outcomes.
+/// Largest target region a server registers for one client: what `selsig bench
+/// --region` may ask for.
+const MAX_BYTES: u64 = crate::bench::MAX_REGION;
+/// How long the server waits for a client's hello; for its outcomes, this long after the
+/// time the client said its run takes.
 const HELLO_WAIT: Duration = Duration::from_secs(30);
 const RUN_WAIT: Duration = Duration::from_secs(300);
+/// How long a client waits for each of the server's replies.
+const REPLY_WAIT: Duration = Duration::from_secs(120);
+/// The longest hello, welcome or check reply accepted (the outcomes may be longer).
+const MAX_SHORT: u64 = 64 << 10;
 /// The server reads a WRITE back this many bytes at a time to check it.
 const CHECK_CHUNK: usize = 64 << 10;
 
@@ -90,6 +96,10 @@ struct Hello {
     qp: Wire,
     wrs: u32,
     size: u64,
+    /// How many seconds the client's run takes at most, when it knows (a timed bench):
+    /// the server waits that long and `RUN_WAIT` more for the outcomes.
+    #[serde(default)]
+    run_s: u64,
 }
 
 /// server → client: my QP and the region to write into.
@@ -147,15 +157,69 @@ fn send<T: Serialize>(w: &mut TcpStream, msg: &T) -> Result<()> {
 /// The longest message accepted: a client's outcomes, `MAX_WRS` numbers, fit easily.
 const MAX_LINE: u64 = 16 << 20;
 
-fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, what: &str) -> Result<T> {
+/// A connection read under a deadline for each message, however the peer spreads its
+/// bytes (a timeout for each read would let a peer that sends a byte now and then hold
+/// the connection for ever).
+struct Timed {
+    stream: TcpStream,
+    deadline: Instant,
+}
+
+impl Timed {
+    fn new(stream: TcpStream, wait: Duration) -> Timed {
+        Timed {
+            stream,
+            deadline: Instant::now() + wait,
+        }
+    }
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+/// Reads one message of at most `max` bytes, which must come within `wait` (the
+/// deadline is set here).
+fn receive_within<T: for<'de> Deserialize<'de>>(
+    r: &mut BufReader<Timed>,
+    what: &str,
+    wait: Duration,
+    max: u64,
+) -> Result<T> {
+    r.get_mut().deadline = Instant::now() + wait;
+    receive(r, what, max).map_err(|e| {
+        let timed_out = e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            })
+        });
+        if timed_out {
+            anyhow::anyhow!("no {what} came within {wait:?}")
+        } else {
+            e
+        }
+    })
+}
+
+fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, what: &str, max: u64) -> Result<T> {
     let mut line = String::new();
-    let n = std::io::Read::take(r, MAX_LINE)
+    let n = std::io::Read::take(r, max)
         .read_line(&mut line)
         .with_context(|| format!("cannot read the {what}"))?;
     ensure!(n > 0, "the peer closed the connection before the {what}");
     ensure!(
-        line.ends_with('\n') || (n as u64) < MAX_LINE,
-        "the peer sent a {what} longer than {MAX_LINE} bytes"
+        line.ends_with('\n') || (n as u64) < max,
+        "the peer sent a {what} longer than {max} bytes"
     );
     serde_json::from_str(line.trim()).with_context(|| {
         format!(
@@ -198,7 +262,9 @@ fn excerpt(text: &str) -> String {
 fn with_port(host: &str) -> String {
     use std::net::{IpAddr, SocketAddr};
     let host = host.trim();
-    if host.parse::<SocketAddr>().is_ok() {
+    // An address with a port, a bracketed IPv6 one (with a scope name, as
+    // `[fe80::1%eth0]:9000`, which the parser does not take) too.
+    if host.parse::<SocketAddr>().is_ok() || (host.starts_with('[') && host.contains("]:")) {
         return host.to_string();
     }
     let bare = host
@@ -217,8 +283,10 @@ fn with_port(host: &str) -> String {
 
 /// The client side: a connection to a server, its region, and the check at the end.
 pub struct RemotePeer {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<Timed>,
     writer: TcpStream,
+    /// The slots asked for: the server's check names WRITEs among them.
+    slots: u32,
     pub target: RemoteAddr,
     pub endpoint: Endpoint,
     pub device: String,
@@ -226,8 +294,15 @@ pub struct RemotePeer {
 }
 
 impl RemotePeer {
-    /// Connects to `host[:port]` and exchanges addresses; `local` is this side's QP.
-    pub fn connect(host: &str, local: &Endpoint, wrs: u32, size: u64) -> Result<RemotePeer> {
+    /// Connects to `host[:port]` and exchanges addresses; `local` is this side's QP, `run`
+    /// how long the run takes at most, when known.
+    pub fn connect(
+        host: &str,
+        local: &Endpoint,
+        wrs: u32,
+        size: u64,
+        run: Option<Duration>,
+    ) -> Result<RemotePeer> {
         let address = with_port(host);
         let addrs: Vec<_> = address
             .to_socket_addrs()
@@ -239,18 +314,19 @@ impl RemotePeer {
             .with_context(|| {
                 format!("cannot connect to selsig serve at {address}: is it running?")
             })?;
-        stream.set_read_timeout(Some(Duration::from_secs(60)))?;
         let mut writer = stream.try_clone()?;
-        let mut reader = BufReader::new(stream);
+        let mut reader = BufReader::new(Timed::new(stream, REPLY_WAIT));
         send(
             &mut writer,
             &Hello {
                 qp: Wire::from_endpoint(local),
                 wrs,
                 size,
+                run_s: run.map_or(0, |d| d.as_secs().saturating_add(1)),
             },
         )?;
-        let welcome = match receive::<Reply>(&mut reader, "server's reply")? {
+        let reply = receive_within::<Reply>(&mut reader, "server's reply", REPLY_WAIT, MAX_SHORT)?;
+        let welcome = match reply {
             Reply::Welcome(w) => w,
             Reply::Refusal(r) => bail!("selsig serve at {address} refused: {}", r.error),
         };
@@ -260,9 +336,17 @@ impl RemotePeer {
                 addr: welcome.addr,
                 rkey: welcome.rkey,
             },
-            device: welcome.device,
+            // Printed: no control characters from the peer reach the terminal.
+            device: welcome
+                .device
+                .chars()
+                .take(64)
+                .collect::<String>()
+                .escape_debug()
+                .to_string(),
             reader,
             writer,
+            slots: wrs,
             address,
         })
     }
@@ -276,7 +360,18 @@ impl RemotePeer {
                 verify: true,
             },
         )?;
-        let checked: Checked = receive(&mut self.reader, "server's check")?;
+        let checked: Checked =
+            receive_within(&mut self.reader, "server's check", REPLY_WAIT, MAX_LINE)?;
+        if let Some(wr) = checked
+            .mismatches
+            .iter()
+            .find(|&&wr| wr == 0 || wr > self.slots)
+        {
+            bail!(
+                "the server's check names WRITE {wr}, which was not posted (1 to {})",
+                self.slots
+            );
+        }
         Ok(checked.mismatches)
     }
 
@@ -289,7 +384,7 @@ impl RemotePeer {
                 verify: false,
             },
         )?;
-        receive::<Checked>(&mut self.reader, "server's reply")?;
+        receive_within::<Checked>(&mut self.reader, "server's reply", REPLY_WAIT, MAX_SHORT)?;
         Ok(())
     }
 }
@@ -308,7 +403,9 @@ pub enum Peer<D: Device> {
 
 impl<D: Device> Peer<D> {
     /// Sets up `slots` slots of `slot` bytes (at least 1) of target memory, in this
-    /// process or at `connect`'s server, and connects `qp` to its queue pair.
+    /// process or at `connect`'s server, and connects `qp` to its queue pair; `run` is how
+    /// long the run takes at most, when known (a server waits that long for the outcomes).
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         dev: &D,
         pd: &D::Pd,
@@ -317,10 +414,11 @@ impl<D: Device> Peer<D> {
         connect: Option<&str>,
         slots: u32,
         slot: u64,
+        run: Option<Duration>,
     ) -> Result<Peer<D>> {
         if let Some(host) = connect {
             let mine = qp.endpoint(options)?;
-            let remote = RemotePeer::connect(host, &mine, slots, slot)?;
+            let remote = RemotePeer::connect(host, &mine, slots, slot, run)?;
             qp.connect(&remote.endpoint, options).with_context(|| {
                 format!(
                     "cannot connect to the server's queue pair{}",
@@ -389,6 +487,15 @@ pub fn validate(args: &ServeArgs) -> Result<()> {
         args.provider.provider == crate::common::ProviderKind::Verbs,
         "selsig serve needs --provider verbs (the soft NIC connects queue pairs of one process only)"
     );
+    (args.bind.as_str(), args.port)
+        .to_socket_addrs()
+        .with_context(|| {
+            format!(
+                "--bind {}: not an address of this host (a name or an IP address, no port: \
+                 that is --port)",
+                args.bind
+            )
+        })?;
     Ok(())
 }
 
@@ -396,8 +503,18 @@ impl OnDevice for &ServeArgs {
     type Output = bool;
 
     fn run<D: Device>(self, dev: &D, info: &DeviceInfo) -> Result<bool> {
-        let listener = TcpListener::bind((self.bind.as_str(), self.port))
-            .with_context(|| format!("cannot listen on {}:{}", self.bind, self.port))?;
+        let listener = TcpListener::bind((self.bind.as_str(), self.port)).map_err(|e| {
+            let not_ours = e.kind() == std::io::ErrorKind::AddrNotAvailable;
+            let e = anyhow::Error::new(e)
+                .context(format!("cannot listen on {}:{}", self.bind, self.port));
+            if not_ours {
+                e.context(crate::common::BadOption(
+                    "--bind names an address this host does not have",
+                ))
+            } else {
+                e
+            }
+        })?;
         let at = listener
             .local_addr()
             .context("cannot read the listening address")?;
@@ -477,11 +594,9 @@ fn mismatches<M: MemoryRegion>(
 fn serve_one<D: Device>(dev: &D, info: &DeviceInfo, stream: TcpStream) -> Result<(u32, Vec<u32>)> {
     // A client says hello as it connects: one that does not must not keep the others
     // (served one at a time) waiting long. Its outcomes come after its run: minutes.
-    stream.set_read_timeout(Some(HELLO_WAIT))?;
     let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
-    let hello: Hello = receive(&mut reader, "client's hello")?;
-    reader.get_ref().set_read_timeout(Some(RUN_WAIT))?;
+    let mut reader = BufReader::new(Timed::new(stream, HELLO_WAIT));
+    let hello: Hello = receive_within(&mut reader, "client's hello", HELLO_WAIT, MAX_SHORT)?;
     match prepare(dev, info, &hello) {
         Ok(prepared) => finish(prepared, &hello, dev, &mut reader, &mut writer),
         Err(e) => {
@@ -510,7 +625,7 @@ fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepa
     let bytes = u64::from(hello.wrs).saturating_mul(slot);
     if hello.wrs == 0 || hello.wrs > crate::demo::MAX_WRS || bytes > MAX_BYTES {
         bail!(
-            "the client asked for {} WRITEs of {} bytes: at most {} WRITEs and {MAX_BYTES} bytes in all",
+            "the client asked for {} slots of {} bytes: at most {} slots and {MAX_BYTES} bytes in all",
             hello.wrs,
             hello.size,
             crate::demo::MAX_WRS
@@ -567,7 +682,7 @@ fn finish<D: Device>(
     p: Prepared<D>,
     hello: &Hello,
     dev: &D,
-    reader: &mut BufReader<TcpStream>,
+    reader: &mut BufReader<Timed>,
     writer: &mut TcpStream,
 ) -> Result<(u32, Vec<u32>)> {
     let Prepared {
@@ -583,7 +698,8 @@ fn finish<D: Device>(
             device: dev.name().to_string(),
         },
     )?;
-    let mut check: Check = receive(reader, "client's outcomes")?;
+    let wait = RUN_WAIT + Duration::from_secs(hello.run_s);
+    let mut check: Check = receive_within(reader, "client's outcomes", wait, MAX_LINE)?;
     check.completed.sort_unstable();
     let checked = if check.verify { hello.wrs } else { 0 };
     let mismatches = mismatches(
@@ -627,6 +743,85 @@ mod tests {
         assert_eq!(with_port("::1"), "[::1]:18515");
         assert_eq!(with_port("[::1]"), "[::1]:18515");
         assert_eq!(with_port("[::1]:9000"), "[::1]:9000");
+        // A scope name, which the address parser does not take: kept as given.
+        assert_eq!(with_port("[fe80::1%eth0]:9000"), "[fe80::1%eth0]:9000");
+        assert_eq!(with_port("[fe80::1%eth0]"), "[fe80::1%eth0]:18515");
+    }
+
+    /// A local listener and a connection to it: (the accepted side, the connecting side).
+    fn tcp_pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        (server, client)
+    }
+
+    #[test]
+    fn a_peer_that_sends_a_byte_now_and_then_runs_out_of_time_for_its_message() {
+        let (server, mut client) = tcp_pair();
+        let trickle = std::thread::spawn(move || {
+            // A byte every 50 ms, for 1 s: each read gets one within any per-read timeout.
+            for _ in 0..20 {
+                if client.write_all(b" ").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let wait = Duration::from_millis(300);
+        let mut reader = BufReader::new(Timed::new(server, wait));
+        let start = Instant::now();
+        let err = receive_within::<Hello>(&mut reader, "client's hello", wait, MAX_SHORT)
+            .expect_err("no hello")
+            .to_string();
+        assert!(
+            start.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(err, "no client's hello came within 300ms");
+        trickle.join().unwrap();
+    }
+
+    #[test]
+    fn a_client_refuses_a_check_that_names_writes_it_did_not_post_and_escapes_the_device() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut writer = stream.try_clone().unwrap();
+            let mut reader = BufReader::new(stream);
+            let hello: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            assert_eq!((hello.wrs, hello.run_s), (4, 3));
+            send(
+                &mut writer,
+                &Welcome {
+                    qp: wire(&"0".repeat(32)),
+                    addr: 4096,
+                    rkey: 7,
+                    device: "rxe0\u{1b}[2J\nfake line".into(),
+                },
+            )
+            .unwrap();
+            let _: Check = receive(&mut reader, "client's outcomes", MAX_LINE).unwrap();
+            send(
+                &mut writer,
+                &Checked {
+                    mismatches: vec![2, 5],
+                },
+            )
+            .unwrap();
+        });
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        let peer =
+            RemotePeer::connect(&at, &mine, 4, 64, Some(Duration::from_millis(2500))).unwrap();
+        assert_eq!(peer.device, "rxe0\\u{1b}[2J\\nfake line");
+        let err = peer.check(vec![1, 2]).expect_err("WRITE 5").to_string();
+        assert_eq!(
+            err,
+            "the server's check names WRITE 5, which was not posted (1 to 4)"
+        );
+        server.join().unwrap();
     }
 
     #[test]
@@ -651,12 +846,12 @@ mod tests {
         let mut long = vec![b'['; MAX_LINE as usize + 10];
         long.push(b'\n');
         let mut r = std::io::Cursor::new(long);
-        let err = receive::<Check>(&mut r, "client's outcomes")
+        let err = receive::<Check>(&mut r, "client's outcomes", MAX_LINE)
             .expect_err("too long")
             .to_string();
         assert!(err.contains("longer than"), "{err}");
         let mut r = std::io::Cursor::new(b"{\"completed\":[3,1]}\n".to_vec());
-        let check: Check = receive(&mut r, "client's outcomes").expect("a short message");
+        let check: Check = receive(&mut r, "client's outcomes", MAX_LINE).expect("a short message");
         assert_eq!(check.completed, [3, 1]);
     }
 

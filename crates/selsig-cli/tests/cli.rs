@@ -271,6 +271,10 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             "selsig serve needs --provider verbs",
         ),
         (
+            vec!["serve", "--provider", "verbs", "--bind", "0.0.0.0:9"],
+            "--bind 0.0.0.0:9: not an address of this host (a name or an IP address, no port",
+        ),
+        (
             vec!["demo", "--provider", "verbs", "--personality", "rxe"],
             "--personality is for the soft provider",
         ),

@@ -145,6 +145,20 @@ fn two_processes_serve_and_connect() {
     assert_eq!(v["summary"]["completed"], 12);
 }
 
+/// `--bind` naming an address this host does not have is a bad option (exit 2), found
+/// when the server, its device open, tries to listen.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn serve_refuses_an_address_this_host_does_not_have() {
+    let o = verbs(&["serve", "--bind", "10.255.255.1", "--once"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--bind names an address this host does not have"),
+        "{err}"
+    );
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn bench_writes_into_serve_and_the_server_checks_the_bytes() {
