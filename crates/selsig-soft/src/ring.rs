@@ -688,12 +688,13 @@ mod loom_tests {
         send_and_complete(false);
     }
 
-    /// Receives: the application posts N RQEs into 2 slots; the NIC consumes them.
-    #[test]
-    fn loom_receive_queue() {
+    /// Receives: the application posts N RQEs into 2 slots; the NIC consumes them, and
+    /// their slots come back as it consumes them (rxe) or as their completions are polled
+    /// (mlx5: here the NIC thread stands for the poller too, right after each receive).
+    fn receive_queue(on_poll: bool) {
         let mut builder = loom::model::Builder::new();
         builder.preemption_bound = Some(3);
-        builder.check(|| {
+        builder.check(move || {
             let rq = Arc::new(RecvRing::new(2));
             let nic = {
                 let rq = Arc::clone(&rq);
@@ -711,12 +712,15 @@ mod loom_tests {
                         );
                         consumer += 1;
                         rq.set_consumed(consumer);
+                        if on_poll {
+                            rq.polled_one();
+                        }
                     }
                 })
             };
             let mut head = 0;
             while head < N {
-                if head - rq.freed() < rq.limit() {
+                if head - rq.freed(on_poll) < rq.limit() {
                     rq.write(
                         head,
                         &Rqe {
@@ -734,5 +738,15 @@ mod loom_tests {
             }
             nic.join().expect("the NIC thread");
         });
+    }
+
+    #[test]
+    fn loom_receive_queue_rxe() {
+        receive_queue(false);
+    }
+
+    #[test]
+    fn loom_receive_queue_mlx5() {
+        receive_queue(true);
     }
 }
