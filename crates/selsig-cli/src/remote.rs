@@ -21,6 +21,9 @@ use crate::common::{DeviceInfo, OnDevice, ProviderArgs, pattern_byte};
 
 /// The default TCP port (perftest's).
 pub const DEFAULT_PORT: u16 = 18515;
+/// The exchange's version: both sides must speak the same (0: a selsig from before
+/// versions).
+const PROTOCOL: u32 = 1;
 /// Largest target region a server registers for one client: what `selsig bench
 /// --region` may ask for.
 const MAX_BYTES: u64 = crate::bench::MAX_REGION;
@@ -93,6 +96,8 @@ impl Wire {
 /// client → server: who I am and how much memory I will write.
 #[derive(Debug, Serialize, Deserialize)]
 struct Hello {
+    #[serde(default)]
+    version: u32,
     qp: Wire,
     wrs: u32,
     size: u64,
@@ -105,6 +110,8 @@ struct Hello {
 /// server → client: my QP and the region to write into.
 #[derive(Debug, Serialize, Deserialize)]
 struct Welcome {
+    #[serde(default)]
+    version: u32,
     qp: Wire,
     addr: u64,
     rkey: u32,
@@ -308,17 +315,24 @@ impl RemotePeer {
             .to_socket_addrs()
             .with_context(|| format!("cannot resolve {address}"))?
             .collect();
+        let mut last = None;
         let stream = addrs
             .iter()
-            .find_map(|a| TcpStream::connect_timeout(a, Duration::from_secs(5)).ok())
+            .find_map(|a| {
+                TcpStream::connect_timeout(a, Duration::from_secs(5))
+                    .map_err(|e| last = Some(e))
+                    .ok()
+            })
             .with_context(|| {
-                format!("cannot connect to selsig serve at {address}: is it running?")
+                let why = last.map_or("no address".to_string(), |e| e.to_string());
+                format!("cannot connect to selsig serve at {address} ({why}): is it running?")
             })?;
         let mut writer = stream.try_clone()?;
         let mut reader = BufReader::new(Timed::new(stream, REPLY_WAIT));
         send(
             &mut writer,
             &Hello {
+                version: PROTOCOL,
                 qp: Wire::from_endpoint(local),
                 wrs,
                 size,
@@ -330,6 +344,12 @@ impl RemotePeer {
             Reply::Welcome(w) => w,
             Reply::Refusal(r) => bail!("selsig serve at {address} refused: {}", r.error),
         };
+        ensure!(
+            welcome.version == PROTOCOL,
+            "selsig serve at {address} speaks version {} of the exchange, this selsig {PROTOCOL}: \
+             run the same selsig on both sides",
+            welcome.version
+        );
         Ok(RemotePeer {
             endpoint: welcome.qp.endpoint()?,
             target: RemoteAddr {
@@ -524,7 +544,16 @@ impl OnDevice for &ServeArgs {
             info.provider.as_str(),
         );
         loop {
-            let (stream, from) = listener.accept().context("accept failed")?;
+            let (stream, from) = match listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // A client that gave up, or no file descriptor left for a moment: the
+                    // next clients are still served.
+                    eprintln!("selsig serve: cannot accept a connection: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
             let ok = match serve_one(dev, info, stream) {
                 Ok((0, _)) => {
                     eprintln!("selsig serve: client {from}: done (nothing to check)");
@@ -621,6 +650,12 @@ struct Prepared<D: Device> {
 }
 
 fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepared<D>> {
+    ensure!(
+        hello.version == PROTOCOL,
+        "the client speaks version {} of the exchange, this server {PROTOCOL}: run the same \
+         selsig on both sides",
+        hello.version
+    );
     let slot = hello.size.max(1);
     let bytes = u64::from(hello.wrs).saturating_mul(slot);
     if hello.wrs == 0 || hello.wrs > crate::demo::MAX_WRS || bytes > MAX_BYTES {
@@ -692,6 +727,7 @@ fn finish<D: Device>(
     send(
         writer,
         &Welcome {
+            version: PROTOCOL,
             qp: Wire::from_endpoint(&mine),
             addr: region.addr(),
             rkey: region.rkey(),
@@ -796,6 +832,7 @@ mod tests {
             send(
                 &mut writer,
                 &Welcome {
+                    version: PROTOCOL,
                     qp: wire(&"0".repeat(32)),
                     addr: 4096,
                     rkey: 7,
@@ -822,6 +859,80 @@ mod tests {
             "the server's check names WRITE 5, which was not posted (1 to 4)"
         );
         server.join().unwrap();
+    }
+
+    #[test]
+    fn both_sides_refuse_a_peer_of_another_version_of_the_exchange() {
+        // The server, before it creates anything for the client.
+        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
+        let info = DeviceInfo {
+            provider: crate::common::ProviderKind::Soft,
+            device: "soft0".into(),
+            personality: None,
+            gid_index: None,
+            rxe: false,
+        };
+        let old: Hello = serde_json::from_str(&format!(
+            r#"{{"qp":{},"wrs":8,"size":64}}"#,
+            serde_json::to_string(&wire(&"0".repeat(32))).unwrap()
+        ))
+        .unwrap();
+        let err = prepare(&dev, &info, &old)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert_eq!(
+            err,
+            "the client speaks version 0 of the exchange, this server 1: run the same selsig \
+             on both sides"
+        );
+        // The client, of a server that sent no version.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            let welcome = format!(
+                r#"{{"qp":{},"addr":0,"rkey":1,"device":"rxe0"}}"#,
+                serde_json::to_string(&wire(&"0".repeat(32))).unwrap()
+            );
+            stream.write_all(format!("{welcome}\n").as_bytes()).unwrap();
+        });
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        let err = RemotePeer::connect(&at, &mine, 4, 64, None)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "selsig serve at {at} speaks version 0 of the exchange, this selsig 1: run the \
+                 same selsig on both sides"
+            )
+        );
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_connection_that_fails_says_why() {
+        // A port nobody listens on: the one a listener had, closed.
+        let at = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        let err = RemotePeer::connect(&at, &mine, 4, 64, None)
+            .err()
+            .expect("nobody listens")
+            .to_string();
+        assert!(
+            err.starts_with(&format!(
+                "cannot connect to selsig serve at {at} (Connection refused"
+            )),
+            "{err}"
+        );
     }
 
     #[test]
