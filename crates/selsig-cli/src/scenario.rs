@@ -993,7 +993,10 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 })
             } else if let Some(p) = &s.poll {
                 match p {
-                    PollStep::Word(w) if w == "idle" => Action::PollIdle,
+                    PollStep::Word(w) if w == "idle" => {
+                        unused_receives(&recv_bounds, &qps).map_err(here)?;
+                        Action::PollIdle
+                    }
                     PollStep::Word(w) => {
                         return Err(here(format!(
                             "poll = {w:?}: expected \"idle\" or {{ cqes = N }}"
@@ -1004,7 +1007,9 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             } else if let Some(q) = &s.confirm {
                 Action::Confirm(find_qp(q, span.clone(), false)?.index)
             } else if let Some(q) = &s.drain {
-                Action::Drain(find_qp(q, span.clone(), false)?.index)
+                let qp = find_qp(q, span.clone(), false)?.index;
+                unused_receives(&recv_bounds, &qps).map_err(here)?;
+                Action::Drain(qp)
             } else if let Some(r) = &s.dereg {
                 let i = find_region(r, span.clone())?;
                 if let Some(k) = deregistered[i] {
@@ -1287,6 +1292,26 @@ struct RecvBound {
     posted: u64,
     consumers: u64,
     flushed: bool,
+}
+
+/// A poll until idle (`poll = "idle"`, `drain`) waits for every receive to complete: one
+/// that no SEND or WRITE with immediate posted before uses, and no error flushes, never
+/// does. The error names the first such peer.
+fn unused_receives(bounds: &[RecvBound], qps: &[Qp]) -> Result<(), String> {
+    for (b, q) in bounds.iter().zip(qps) {
+        if !b.flushed && b.posted > b.consumers {
+            return Err(format!(
+                "{} of the {} receives posted on \"{}.peer\" are used by no SEND or WRITE \
+                 with immediate posted before: this poll would wait for them for ever (post \
+                 the SENDs first, or move the pair to the error state with to_error, which \
+                 flushes them)",
+                b.posted - b.consumers,
+                b.posted,
+                q.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// One item of `expect.outcomes`: `"1-2 completed"`, `"3 failed:rem_access_err"`,

@@ -517,6 +517,16 @@ fn bad_scenarios_name_file_line_and_problem() {
             "needs a post of more than 0 bytes",
         ),
         (
+            "unused-receives",
+            seed.replace(
+                "[[step]]\npoll = \"idle\"",
+                "[[step]]\nrecv = { qp = \"a.peer\", count = 2 }\n\n[[step]]\npoll = \"idle\"",
+            ),
+            25,
+            "2 of the 2 receives posted on \"a.peer\" are used by no SEND or WRITE with \
+             immediate posted before: this poll would wait for them for ever",
+        ),
+        (
             "one-byte-out-of-bounds",
             seed.replace(
                 "size = 64, count = 8",
