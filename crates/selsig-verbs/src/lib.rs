@@ -21,8 +21,8 @@ use std::fmt;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use selsig::{
     Access, AsyncEvent, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Local,
@@ -808,11 +808,20 @@ pub struct VerbsQp {
     sq_sig_all: bool,
     dev: VerbsDevice,
     psn: AtomicU32,
+    /// The state as this QP's modifies and queries last found it (libibverbs caches it in
+    /// `ibv_qp.state` too, which its calls write without a lock: this is read instead).
+    state: AtomicU32,
+    /// Whether the QP ever reached RTS (mlx5 takes no work request in the error state
+    /// before it has: `ENOMEM` for ever).
+    reached_rts: AtomicBool,
+    /// Held across `ibv_modify_qp` and `ibv_query_qp`, which write `ibv_qp.state` unlocked.
+    attr_calls: Mutex<()>,
 }
 
-// SAFETY: `ibv_post_send`, `ibv_post_recv`, `ibv_modify_qp` and `ibv_query_qp` are
-// thread-safe (libmlx5 unless `MLX5_SINGLE_THREADED=1`, which
-// `VerbsDevice::open` refuses); the handle is owned until `Drop`.
+// SAFETY: `ibv_post_send` and `ibv_post_recv` are thread-safe (libmlx5 unless
+// `MLX5_SINGLE_THREADED=1`, which `VerbsDevice::open` refuses); `ibv_modify_qp` and
+// `ibv_query_qp`, which write the QP's cached state without a lock, are called under
+// `attr_calls`, and nothing here reads that field; the handle is owned until `Drop`.
 unsafe impl Send for VerbsQp {}
 // SAFETY: as above.
 unsafe impl Sync for VerbsQp {}
@@ -831,6 +840,17 @@ impl Drop for VerbsQp {
     }
 }
 
+/// Whether a send queue in `state` takes no work request: below RTS, and in the error
+/// state before it ever reached RTS (mlx5 refuses every post there with `ENOMEM`, for
+/// ever, which would read as a full queue; rxe takes them and flushes them).
+fn takes_no_sends(state: QpState, reached_rts: bool) -> bool {
+    match state {
+        QpState::Reset | QpState::Init | QpState::Rtr => true,
+        QpState::Err | QpState::Sqe => !reached_rts,
+        _ => false,
+    }
+}
+
 fn state_name(s: u32) -> QpState {
     QpState::try_from(s).unwrap_or(QpState::Err)
 }
@@ -838,12 +858,21 @@ fn state_name(s: u32) -> QpState {
 impl VerbsQp {
     /// The attributes `mask` names (`ibv_query_qp`); `None` if they cannot be read.
     fn query(&self, mask: c_int) -> Option<sys::ibv_qp_attr> {
+        let _calls = self.attr_calls.lock().unwrap_or_else(|e| e.into_inner());
+        self.query_locked(mask)
+    }
+
+    /// [`query`](Self::query), `attr_calls` held.
+    fn query_locked(&self, mask: c_int) -> Option<sys::ibv_qp_attr> {
         let mut attr = sys::ibv_qp_attr::default();
         // SAFETY: `init` is a valid `ibv_qp_init_attr` to fill; `attr` likewise.
         let rc = unsafe {
             let mut init: sys::ibv_qp_init_attr = std::mem::zeroed();
             (self.dev.v().fns.query_qp)(self.qp.as_ptr(), &mut attr, mask, &mut init)
         };
+        if rc == 0 && mask & sys::IBV_QP_STATE != 0 {
+            self.state.store(attr.qp_state, Ordering::Release);
+        }
         (rc == 0).then_some(attr)
     }
 
@@ -868,9 +897,18 @@ impl VerbsQp {
         to: QpState,
         what: &str,
     ) -> Result<(), ProviderError> {
-        let from = self.state();
+        let _calls = self.attr_calls.lock().unwrap_or_else(|e| e.into_inner());
+        let from = self
+            .query_locked(sys::IBV_QP_STATE)
+            .map_or_else(|| self.cached_state(), |a| state_name(a.qp_state));
         // SAFETY: `attr` is a valid `ibv_qp_attr` whose fields named by `mask` are set.
         let rc = unsafe { (self.dev.v().fns.modify_qp)(self.qp.as_ptr(), attr, mask) };
+        if rc == 0 {
+            self.state.store(attr.qp_state, Ordering::Release);
+            if to == QpState::Rts {
+                self.reached_rts.store(true, Ordering::Release);
+            }
+        }
         if rc != 0 {
             let code = errno_of(rc, io::Error::last_os_error().raw_os_error());
             return Err(ProviderError::Transition {
@@ -884,6 +922,11 @@ impl VerbsQp {
             });
         }
         Ok(())
+    }
+
+    /// The state this QP's calls last found.
+    fn cached_state(&self) -> QpState {
+        state_name(self.state.load(Ordering::Acquire))
     }
 
     fn local_psn(&self) -> u32 {
@@ -1067,9 +1110,8 @@ impl QueuePair for VerbsQp {
     fn state(&self) -> QpState {
         match self.query(sys::IBV_QP_STATE) {
             Some(attr) => state_name(attr.qp_state),
-            // The state libibverbs last set.
-            // SAFETY: the QP is valid until `Drop`.
-            None => state_name(unsafe { (*self.qp.as_ptr()).state }),
+            // The state the last modify or query found.
+            None => self.cached_state(),
         }
     }
 
@@ -1200,12 +1242,11 @@ impl QueuePair for VerbsQp {
         if wrs.is_empty() {
             return Ok(());
         }
-        // libibverbs' cached state, which `ibv_modify_qp` keeps: below RTS a send queue
-        // takes nothing (rxe would queue the work requests and run them after RTS while
-        // the post reports them refused).
-        // SAFETY: the QP is valid until `Drop`.
-        let cached = state_name(unsafe { (*self.qp.as_ptr()).state });
-        if matches!(cached, QpState::Reset | QpState::Init | QpState::Rtr) {
+        // The state the last modify or query found: below RTS a send queue takes nothing
+        // (rxe would queue the work requests and run them after RTS while the post
+        // reports them refused), nor in the error state before it ever reached RTS.
+        let cached = self.cached_state();
+        if takes_no_sends(cached, self.reached_rts.load(Ordering::Acquire)) {
             return Err(PostWrError {
                 index: 0,
                 failure: PostFailure::State(cached),
@@ -1546,6 +1587,9 @@ impl Device for VerbsDevice {
             sq_sig_all: init.sq_sig_all,
             dev: self.clone(),
             psn: AtomicU32::new(u32::MAX),
+            state: AtomicU32::new(sys::IBV_QPS_RESET),
+            reached_rts: AtomicBool::new(false),
+            attr_calls: Mutex::new(()),
         })
     }
 
@@ -1586,6 +1630,26 @@ impl Device for VerbsDevice {
 mod tests {
     use super::*;
     use std::ffi::c_uint;
+
+    #[test]
+    fn a_send_queue_takes_work_from_rts_on_and_in_the_error_state_only_after_rts() {
+        for (state, reached_rts, refused) in [
+            (QpState::Reset, false, true),
+            (QpState::Init, false, true),
+            (QpState::Rtr, false, true),
+            (QpState::Rts, true, false),
+            // mlx5 would answer ENOMEM for ever (its qp_state_max_gs is -1 until RTS).
+            (QpState::Err, false, true),
+            (QpState::Err, true, false),
+            (QpState::Sqe, true, false),
+        ] {
+            assert_eq!(
+                takes_no_sends(state, reached_rts),
+                refused,
+                "{state:?}, reached RTS: {reached_rts}"
+            );
+        }
+    }
 
     #[test]
     fn reads_in_flight_are_what_the_device_allows_and_the_peer_serves() {

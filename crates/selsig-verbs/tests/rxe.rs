@@ -630,6 +630,36 @@ fn unconnected(send_wr: u32) -> Unconnected {
     }
 }
 
+/// A QP that reached RTS takes work requests in the error state, and flushes them (the
+/// provider refuses them up front only in the error state before RTS, where mlx5 would
+/// answer ENOMEM for ever: a unit test covers that; rxe does not let a QP go from RESET
+/// to ERR, and the API moves it past INIT and RTR in one connect).
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_qp_in_error_after_rts_takes_posts_and_flushes_them() {
+    let Unconnected {
+        a,
+        b,
+        cq_a,
+        options,
+        ..
+    } = unconnected(4);
+    let eb = b.endpoint(&options).unwrap();
+    a.connect(&eb, &options).unwrap();
+    a.to_error().unwrap();
+    a.post_send(&[SendWr {
+        wr_id: 2,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Empty,
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: true,
+    }])
+    .expect("flushed, not refused");
+    let wc = poll_n(&cq_a, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::WrFlushErr));
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn the_path_mtu_is_the_smallest_both_sides_take() {
