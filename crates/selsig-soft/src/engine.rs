@@ -556,9 +556,10 @@ fn execute(
             if rxe && !qp_allows(peer, Access::REMOTE_READ) {
                 return invalid_request();
             }
-            let dst = |mrs| {
+            // The destination, `Some(None)` for none; `None` if it cannot be written.
+            let destination = || {
                 if len == 0 {
-                    return Ok(None);
+                    return Some(None);
                 }
                 local(
                     mrs,
@@ -569,11 +570,16 @@ fn execute(
                     Access::LOCAL_WRITE,
                 )
                 .map(Some)
-                .ok_or_else(|| fail(WcStatus::LocProtErr))
             };
             // mlx5 checks the destination before it sends the request; rxe when the
             // response comes back (`rxe_comp.c`), after the responder checked its key.
-            let early = if rxe { None } else { Some(dst(mrs)) };
+            let mut dst = None;
+            if !rxe {
+                let Some(d) = destination() else {
+                    return fail(WcStatus::LocProtErr);
+                };
+                dst = d;
+            }
             let src = if len == 0 {
                 None
             } else {
@@ -586,18 +592,15 @@ fn execute(
                     Access::REMOTE_READ,
                 ) {
                     Some(s) => Some(s),
-                    None => {
-                        return match early {
-                            Some(Err(e)) => e,
-                            _ => remote_access_error(),
-                        };
-                    }
+                    None => return remote_access_error(),
                 }
             };
-            let dst = match early.unwrap_or_else(|| dst(mrs)) {
-                Ok(d) => d,
-                Err(e) => return e,
-            };
+            if rxe {
+                let Some(d) = destination() else {
+                    return fail(WcStatus::LocProtErr);
+                };
+                dst = d;
+            }
             if let (Some((dmr, doff)), Some((smr, soff))) = (dst, src) {
                 mem::copy(&smr.words, soff, &dmr.words, doff, len as usize);
             }

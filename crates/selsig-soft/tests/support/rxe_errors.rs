@@ -206,28 +206,55 @@ pub fn cases() -> Vec<(Case, Seen)> {
     ]
 }
 
-/// Runs `case` on fresh QPs of `dev`.
-pub fn run<D: Device>(dev: &D, gid_index: Option<u8>, case: &Case) -> Seen {
+/// Two connected QPs of `dev` (fields drop in order: the QPs before their CQs and PD).
+struct Pair<D: Device> {
+    a: D::Qp,
+    b: D::Qp,
+    cq_a: D::Cq,
+    cq_b: D::Cq,
+    pd: D::Pd,
+}
+
+/// QPs `a` (its CQ of `cq_a` entries) and `b` (16), each of `depths` (send, receive)
+/// slots, connected with `options`.
+fn pair<D: Device>(dev: &D, cq_a: u32, depths: (u32, u32), options: &ConnectOptions) -> Pair<D> {
     let pd = dev.alloc_pd().unwrap();
-    let cq_a = dev.create_cq(16).unwrap();
+    let cq_a = dev.create_cq(cq_a).unwrap();
     let cq_b = dev.create_cq(16).unwrap();
     let init = QpInit {
         caps: QpCaps {
-            max_send_wr: 8,
-            max_recv_wr: 4,
+            max_send_wr: depths.0,
+            max_recv_wr: depths.1,
             ..QpCaps::default()
         },
         sq_sig_all: false,
     };
     let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
     let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
+    connect_pair(&a, &b, options).unwrap();
+    Pair {
+        a,
+        b,
+        cq_a,
+        cq_b,
+        pd,
+    }
+}
+
+/// Runs `case` on fresh QPs of `dev`.
+pub fn run<D: Device>(dev: &D, gid_index: Option<u8>, case: &Case) -> Seen {
     let options = ConnectOptions {
         gid_index,
         access: case.qp_access,
         ..ConnectOptions::default()
     };
-    a.connect(&b.endpoint(&options).unwrap(), &options).unwrap();
-    b.connect(&a.endpoint(&options).unwrap(), &options).unwrap();
+    let Pair {
+        a,
+        b,
+        cq_a,
+        cq_b,
+        pd,
+    } = pair(dev, 16, (8, 4), &options);
     let local = dev.reg_mr(&pd, 4096, case.local_access).unwrap();
     let remote = dev.reg_mr(&pd, 4096, ALL).unwrap();
     let inbox = dev.reg_mr(&pd, 16, Access::LOCAL_WRITE).unwrap();
@@ -289,24 +316,18 @@ pub fn overrun<D: Device>(
     dev: &D,
     gid_index: Option<u8>,
 ) -> (Vec<(u64, WcStatus)>, QpState, Vec<&'static str>) {
-    let pd = dev.alloc_pd().unwrap();
-    let cq_a = dev.create_cq(2).unwrap();
-    let cq_b = dev.create_cq(16).unwrap();
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 1,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
-    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
-    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
     let options = ConnectOptions {
         gid_index,
         ..ConnectOptions::default()
     };
-    connect_pair(&a, &b, &options).unwrap();
+    // b, the responder, must live as long as the run (`..` would drop it here).
+    let Pair {
+        a,
+        b: _b,
+        cq_a,
+        cq_b: _cq_b,
+        pd,
+    } = pair(dev, 2, (16, 1), &options);
     let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
     let remote = dev.reg_mr(&pd, 64, ALL).unwrap();
     let write = |wr_id| SendWr {
