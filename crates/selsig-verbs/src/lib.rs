@@ -1372,8 +1372,8 @@ fn errno_of(rc: i32, errno: Option<i32>) -> i32 {
 /// The error of a failed `ibv_post_send` / `ibv_post_recv`: `rc` is what the provider
 /// returned (rxe and mlx5 return the errno; others may return -1 and set `errno`, read
 /// right after the call), `bad` the position of `bad_wr` in the list of `len` work
-/// requests (`None` when the provider left it null), `state` queries the QP's state (only
-/// for `EINVAL`).
+/// requests (`None` when the provider left it null: a send batch was taken whole, a
+/// receive batch not at all), `state` queries the QP's state (only for `EINVAL`).
 fn post_error(
     rc: i32,
     errno: Option<i32>,
@@ -1383,6 +1383,18 @@ fn post_error(
     state: impl FnOnce() -> QpState,
 ) -> PostWrError {
     let code = errno_of(rc, errno);
+    if bad.is_none() && queue == Queue::Send {
+        // Every provider but rxe names the work request that failed. rxe leaves `bad_wr`
+        // null when it took every work request and then its doorbell `write()` failed
+        // (`rxe_post_send`): they are in its queue and run with the next doorbell (even
+        // one rung after RTS, when the kernel refused this one for the state). Taken as
+        // posted, so no buffer comes back while the NIC may still read it.
+        return PostWrError {
+            index: len,
+            failure: PostFailure::AfterPosting,
+            source: Some(io::Error::from_raw_os_error(code)),
+        };
+    }
     let index = bad.map_or(0, |i| i.clamp(0, len as isize - 1) as usize);
     let failure = match code {
         libc::ENOMEM | libc::ENOSPC => PostFailure::Full,
@@ -1730,13 +1742,13 @@ mod tests {
                 (e.failure, errno_of(&e)),
                 (PostFailure::Full, Some(libc::ENOMEM))
             );
-            let e = post_error(-1, Some(libc::EIO), None, 2, queue, never);
+            let e = post_error(-1, Some(libc::EIO), Some(0), 2, queue, never);
             assert_eq!(
                 (e.index, e.failure, errno_of(&e)),
                 (0, PostFailure::Other, Some(libc::EIO))
             );
             // -1 without an errno: EINVAL, judged by the state.
-            let e = post_error(-1, Some(0), None, 2, queue, || QpState::Rts);
+            let e = post_error(-1, Some(0), Some(0), 2, queue, || QpState::Rts);
             assert_eq!(errno_of(&e), Some(libc::EINVAL));
             assert!(matches!(e.failure, PostFailure::Invalid(_)), "{e:?}");
             // Others (siw, erdma, bnxt_re) return the errno negated; errno is stale then.
@@ -1763,11 +1775,24 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!((e.index, e.failure), (2, PostFailure::Full));
-        let e = post_result(libc::ENOMEM, std::ptr::null(), base, 4, Queue::Recv, || {
-            QpState::Rts
+        // A null `bad_wr`: a receive batch was refused whole (rxe in RESET), a send batch
+        // was taken whole before the provider failed (rxe's doorbell).
+        let e = post_result(libc::EINVAL, std::ptr::null(), base, 4, Queue::Recv, || {
+            QpState::Reset
         })
         .unwrap_err();
-        assert_eq!(e.index, 0);
+        assert_eq!(
+            (e.index, e.failure),
+            (0, PostFailure::State(QpState::Reset))
+        );
+        let e = post_result(libc::EINVAL, std::ptr::null(), base, 4, Queue::Send, || {
+            panic!("a batch taken whole is no state error")
+        })
+        .unwrap_err();
+        assert_eq!(
+            (e.index, e.failure, errno_of(&e)),
+            (4, PostFailure::AfterPosting, Some(libc::EINVAL))
+        );
     }
 
     #[test]
@@ -1775,7 +1800,7 @@ mod tests {
         let at = |bad| post_error(libc::ENOMEM, None, bad, 4, Queue::Send, || QpState::Rts).index;
         assert_eq!(
             [at(None), at(Some(0)), at(Some(2)), at(Some(3))],
-            [0, 0, 2, 3]
+            [4, 0, 2, 3]
         );
         // A pointer outside the list is not trusted beyond it.
         assert_eq!([at(Some(-1)), at(Some(9))], [0, 3]);
@@ -1783,7 +1808,8 @@ mod tests {
 
     #[test]
     fn einval_is_a_state_error_where_the_queue_takes_no_work_requests() {
-        let send = |state| post_error(libc::EINVAL, None, None, 1, Queue::Send, || state).failure;
+        let send =
+            |state| post_error(libc::EINVAL, None, Some(0), 1, Queue::Send, || state).failure;
         let recv = |state| post_error(libc::EINVAL, None, None, 1, Queue::Recv, || state).failure;
         for state in [QpState::Reset, QpState::Init, QpState::Rtr] {
             assert_eq!(send(state), PostFailure::State(state));

@@ -378,14 +378,22 @@ pub enum PostFailure {
     Invalid(&'static str),
     /// Any other error of the provider.
     Other,
+    /// The provider took every work request of the batch and failed after, without
+    /// saying whether the NIC was told of them (rxe: its doorbell `write()` failed). They
+    /// are posted: they run with the next doorbell, or are flushed in the error state.
+    AfterPosting,
 }
 
 /// A failed `post_send` or `post_recv`: the work requests before `index` were posted
-/// (and the doorbell rung), the one at `index` and all after it were not.
+/// (and the doorbell rung), the one at `index` and all after it were not. An `index` equal
+/// to the batch's length means the provider took every work request and failed after (rxe
+/// queues them all, then returns the errno of its doorbell `write()`): none comes back,
+/// and whether they run before the next doorbell is unknown.
 #[derive(Debug, thiserror::Error)]
-#[error("work request {index} of the batch was not posted: {}", describe_failure(.failure))]
+#[error("{}", describe_post_error(*.index, .failure))]
 pub struct PostWrError {
-    /// The position of the first work request that was not posted (`bad_wr`).
+    /// The position of the first work request that was not posted (`bad_wr`); the
+    /// batch's length when all were.
     pub index: usize,
     /// Why.
     pub failure: PostFailure,
@@ -394,8 +402,21 @@ pub struct PostWrError {
     pub source: Option<io::Error>,
 }
 
+fn describe_post_error(index: usize, f: &PostFailure) -> String {
+    match f {
+        PostFailure::AfterPosting => {
+            format!("the provider failed after taking all {index} work requests of the batch")
+        }
+        f => format!(
+            "work request {index} of the batch was not posted: {}",
+            describe_failure(f)
+        ),
+    }
+}
+
 fn describe_failure(f: &PostFailure) -> String {
     match f {
+        PostFailure::AfterPosting => "the provider failed after posting".to_string(),
         PostFailure::Full => "the queue is full".to_string(),
         PostFailure::State(s) => format!("the queue pair is in state {s}"),
         PostFailure::Invalid(why) => format!("invalid work request: {why}"),

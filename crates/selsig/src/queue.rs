@@ -264,7 +264,11 @@ pub enum QueuePostError<T> {
     #[error(transparent)]
     Refused(PostError<T>),
     /// The provider refused a work request: those before it were posted, it and all after
-    /// it come back (in posting order) in `returned`.
+    /// it come back (in posting order) in `returned`. When the provider failed after
+    /// taking every work request (`source.index` at the end of the batch: rxe's doorbell
+    /// `write()` failed), `returned` holds only a work request the tracker refused, if
+    /// any: the others stay outstanding and their completions retire them (the caller
+    /// may drain: the marker's doorbell runs them, or the error state flushes them).
     #[error("the provider refused a work request")]
     Provider {
         /// The payloads of the work requests that were not posted, in posting order.
@@ -657,11 +661,15 @@ impl<D: Device, U> SignaledQueue<D, U> {
             signaled: posted.signaled(),
         };
         if let Err(source) = self.qp.post_send(std::slice::from_ref(&wr)) {
-            // The work request was just registered and is the last one: the rollback is
-            // accepted.
-            let returned: Vec<_> = match self.tracker.rollback(posted.seq) {
-                Ok(items) => items.collect(),
-                Err(_) => Vec::new(),
+            // Index 1 (or beyond): the provider took it and failed after; it stays
+            // outstanding. Index 0: it was just registered and is the last one, so the
+            // rollback is accepted.
+            let returned: Vec<_> = match source.index {
+                0 => match self.tracker.rollback(posted.seq) {
+                    Ok(items) => items.collect(),
+                    Err(_) => Vec::new(),
+                },
+                _ => Vec::new(),
             };
             return Err(QueuePostError::Provider { returned, source });
         }
@@ -676,7 +684,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// poll and post the rest again) comes back in the error (those before it are
     /// posted). If the provider refuses one, the tracker forgets it and every later one,
     /// and their payloads come back in the error's `returned`, followed by the one the
-    /// tracker refused, if any.
+    /// tracker refused, if any. A provider that took every work request and failed after
+    /// (the error's `index` is the batch's length) hands none back: they stay outstanding.
     pub fn post_batch<'a, I>(
         &mut self,
         works: &mut I,
@@ -742,15 +751,19 @@ impl<D: Device, U> SignaledQueue<D, U> {
         let count = self.staged.len();
         if count > 0 {
             if let Err(e) = self.submit(&inline) {
-                // An index beyond the list (a provider breaking its contract) is taken as
-                // the last work request's: the rest is handed back, nothing panics.
-                let failed = e.index.min(count - 1);
-                let first = self.staged[failed].wr_id & !SEND_WR_ID_BIT;
-                // The work requests from `first` on were staged by this call and are
-                // outstanding, so the rollback is accepted.
-                let mut returned: Vec<_> = match self.tracker.rollback(Seq(first)) {
-                    Ok(items) => items.collect(),
-                    Err(_) => Vec::new(),
+                // An index at or beyond the end of the list: the provider took every work
+                // request and failed after (rxe's doorbell). They stay outstanding: their
+                // completions (or the flushes of a drain) retire them.
+                let mut returned: Vec<_> = match self.staged.get(e.index) {
+                    // The work requests from `first` on were staged by this call and are
+                    // outstanding, so the rollback is accepted.
+                    Some(failed) => {
+                        match self.tracker.rollback(Seq(failed.wr_id & !SEND_WR_ID_BIT)) {
+                            Ok(items) => items.collect(),
+                            Err(_) => Vec::new(),
+                        }
+                    }
+                    None => Vec::new(),
                 };
                 // The work request refused before the post comes after them.
                 match refused {
@@ -932,8 +945,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
         };
         if let Err(source) = self.qp.post_send(&[wr]) {
             // The marker was just registered and is the last work request: rolling it back
-            // is always accepted.
-            let _ = self.tracker.rollback(seq).map(|it| it.count());
+            // is always accepted. At index 1 (or beyond) the provider took it and failed
+            // after: it stays outstanding.
+            if source.index == 0 {
+                let _ = self.tracker.rollback(seq).map(|it| it.count());
+            }
             return Err(QueuePostError::Provider {
                 returned: Vec::new(),
                 source,

@@ -1,7 +1,8 @@
 //! Queues that share one completion queue and each poll it ([`SharedCq`]), on a fake
 //! device whose CQ the tests fill as a NIC would: every queue sees its completions in CQ
 //! order whichever queue polled them, credits come back, and CQ budgets beyond the CQ are
-//! refused.
+//! refused. Also, on the same fake, what a queue hands back when the provider fails a
+//! post part-way or after taking the whole batch.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -9,8 +10,8 @@ use std::time::Duration;
 
 use selsig::{
     Access, CompletionQueue, ConfigError, ConnectOptions, CqBudget, CqCredits, CqError, Device,
-    DrainError, Endpoint, MemoryRegion, Outcome, Policy, PostWrError, ProviderError, QpCaps,
-    QpInit, QpState, QueueConfig, QueuePair, RecvWr, RemoteAddr, SendWr, Seq, SharedCq,
+    DrainError, Endpoint, MemoryRegion, Outcome, Policy, PostFailure, PostWrError, ProviderError,
+    QpCaps, QpInit, QpState, QueueConfig, QueuePair, RecvWr, RemoteAddr, SendWr, Seq, SharedCq,
     SignaledQueue, WcStatus, Work, WorkCompletion, send_wr_id,
 };
 
@@ -77,10 +78,13 @@ impl CompletionQueue for FakeCq {
     }
 }
 
-/// A QP that accepts every post (the tests write its completions).
+/// A QP that accepts every post (the tests write its completions), unless a test set a
+/// failure for the next post.
 struct FakeQp {
     num: u32,
     depth: u32,
+    /// The next post fails with (index, failure).
+    fail_next: Mutex<Option<(usize, PostFailure)>>,
 }
 
 impl QueuePair for FakeQp {
@@ -110,7 +114,14 @@ impl QueuePair for FakeQp {
         Ok(())
     }
     fn post_send(&self, _: &[SendWr<'_>]) -> Result<(), PostWrError> {
-        Ok(())
+        match self.fail_next.lock().unwrap().take() {
+            Some((index, failure)) => Err(PostWrError {
+                index,
+                failure,
+                source: None,
+            }),
+            None => Ok(()),
+        }
     }
     fn post_recv(&self, _: &[RecvWr]) -> Result<(), PostWrError> {
         Ok(())
@@ -154,7 +165,11 @@ impl Device for FakeDevice {
 }
 
 fn qp(num: u32, depth: u32) -> FakeQp {
-    FakeQp { num, depth }
+    FakeQp {
+        num,
+        depth,
+        fail_next: Mutex::new(None),
+    }
 }
 
 type Queue = SignaledQueue<FakeDevice, u32>;
@@ -358,4 +373,71 @@ fn a_cq_budget_beyond_the_cq_is_refused() {
         ..QueueConfig::default()
     };
     Queue::with_config(qp(1, 64), Arc::clone(&cq), fits).unwrap();
+}
+
+/// A provider that fails part-way hands back the work request it names and those after it;
+/// one that took the whole batch and failed after (rxe, when its doorbell `write()` fails:
+/// the error's index is the batch's length) hands back none. Those stay outstanding until
+/// a completion covers them: their buffers must not be reused while the NIC may still read
+/// them.
+#[test]
+fn work_requests_the_provider_took_before_failing_stay_outstanding() {
+    let cq = FakeCq::new(16);
+    let mut q = Queue::with_config(
+        qp(1, 8),
+        Arc::clone(&cq),
+        QueueConfig::with_policy(Policy::Never),
+    )
+    .unwrap();
+    let remote = RemoteAddr::default();
+    let fail_next = |q: &Queue, index, failure| {
+        *q.qp().fail_next.lock().unwrap() = Some((index, failure));
+    };
+    let returned_users =
+        |r: Result<_, selsig::QueuePostError<selsig::Payload<FakeMr, u32>>>| match r {
+            Err(selsig::QueuePostError::Provider { returned, source }) => (
+                returned.iter().map(|p| p.user).collect::<Vec<_>>(),
+                source.index,
+            ),
+            other => panic!("expected a provider error, got {other:?}"),
+        };
+
+    fail_next(&q, 3, PostFailure::AfterPosting);
+    let mut batch = (1..=3).map(|i| Work::write_empty(remote, i));
+    assert_eq!(
+        returned_users(q.post_batch(&mut batch).map(|_| ())),
+        (vec![], 3)
+    );
+    assert_eq!(q.outstanding(), 3);
+
+    fail_next(&q, 1, PostFailure::AfterPosting);
+    assert_eq!(
+        returned_users(q.post(Work::write_empty(remote, 4)).map(|_| ())),
+        (vec![], 1)
+    );
+    assert_eq!(q.outstanding(), 4);
+
+    fail_next(&q, 1, PostFailure::Other);
+    let mut batch = (5..=7).map(|i| Work::write_empty(remote, i));
+    assert_eq!(
+        returned_users(q.post_batch(&mut batch).map(|_| ())),
+        (vec![6, 7], 1)
+    );
+    assert_eq!(q.outstanding(), 5);
+
+    // Nothing is retired until the NIC says so: the marker's completion covers all five.
+    let mut done = Vec::new();
+    assert_eq!(q.poll(&mut done).unwrap(), 0);
+    assert!(done.is_empty());
+    let marker = q
+        .confirm_all()
+        .unwrap()
+        .expect("an unsignaled tail needs a marker");
+    cq.complete(marker.0, WcStatus::Success, 1);
+    q.poll(&mut done).unwrap();
+    assert_eq!(
+        outcomes(&done),
+        (1..=5).map(|i| (i, Outcome::Completed)).collect::<Vec<_>>()
+    );
+    assert_eq!(q.outstanding(), 0);
 }
