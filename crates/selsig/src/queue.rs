@@ -715,10 +715,12 @@ impl<D: Device, U> SignaledQueue<D, U> {
             else {
                 break;
             };
+            // Inline bytes are staged apart (`submit` puts them back), once the tracker
+            // took the work request.
+            let mut inline_bytes = None;
             let (local, buffer) = match local_of(data) {
                 Ok((Local::Inline(bytes), buffer)) => {
-                    // Staged without its bytes; `submit` puts them back.
-                    inline.push((self.staged.len(), bytes));
+                    inline_bytes = Some(bytes);
                     (Local::Empty, buffer)
                 }
                 Ok((Local::Empty, buffer)) => (Local::Empty, buffer),
@@ -733,6 +735,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
             };
             match self.tracker.post(Payload { buffer, user }, signal, now) {
                 Ok(posted) => {
+                    if let Some(bytes) = inline_bytes {
+                        inline.push((self.staged.len(), bytes));
+                    }
                     self.staged.push(SendWr {
                         wr_id: send_wr_id(posted.seq),
                         opcode,

@@ -441,3 +441,62 @@ fn work_requests_the_provider_took_before_failing_stay_outstanding() {
     );
     assert_eq!(q.outstanding(), 0);
 }
+
+/// Another queue's thread takes the pool's last credits while a batch is built (here the
+/// batch's own iterator does it, deterministically): the inline work request that finds no
+/// credit comes back refused, and the one before it is posted. (Its staged bytes once
+/// pointed past the batch, and the post panicked.)
+#[test]
+fn an_inline_work_request_refused_part_way_through_a_batch_comes_back() {
+    let cq = FakeCq::new(8);
+    let shared = SharedCq::new(Arc::clone(&cq));
+    let mut q =
+        Queue::on_shared_cq(qp(1, 8), &shared, QueueConfig::with_policy(Policy::Never)).unwrap();
+    let pool = shared.credits().clone();
+    let bytes = [7u8; 8];
+    let remote = RemoteAddr::default();
+    let mut i = 0;
+    let mut works = std::iter::from_fn(|| {
+        i += 1;
+        match i {
+            1 => Some(Work::write_empty(remote, 1)),
+            2 => {
+                assert!(pool.try_acquire(pool.available()).is_some());
+                Some(Work::write_inline(&bytes, remote, 2))
+            }
+            _ => None,
+        }
+    });
+    match q.post_batch(&mut works) {
+        Err(selsig::QueuePostError::Refused(e)) => {
+            assert!(e.is_full(), "{e}");
+            assert_eq!(e.into_payload().user, 2);
+        }
+        other => panic!("expected the inline work request refused, got {other:?}"),
+    }
+    assert_eq!(q.outstanding(), 1);
+}
+
+/// The same through the last sequence numbers: the third work request, inline, is refused.
+#[test]
+fn an_inline_work_request_past_the_last_sequence_number_comes_back() {
+    let cq = FakeCq::new(64);
+    let config = QueueConfig {
+        first_seq: (1 << 63) - 2,
+        ..QueueConfig::with_policy(Policy::Never)
+    };
+    let mut q = Queue::with_config(qp(1, 8), cq, config).unwrap();
+    let bytes = [7u8; 8];
+    let remote = RemoteAddr::default();
+    let mut works = [
+        Work::write_empty(remote, 1),
+        Work::write_empty(remote, 2),
+        Work::write_inline(&bytes, remote, 3),
+    ]
+    .into_iter();
+    match q.post_batch(&mut works) {
+        Err(selsig::QueuePostError::Refused(e)) => assert_eq!(e.into_payload().user, 3),
+        other => panic!("expected the inline work request refused, got {other:?}"),
+    }
+    assert_eq!(q.outstanding(), 2);
+}
