@@ -538,6 +538,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
     ///
     /// A completion of a QP that has no queue on `shared` (receives of any QP among them)
     /// goes to the queue that polled it, for [`take_unclaimed`](Self::take_unclaimed).
+    /// When the QP's receive completions go to `shared` too, its receive slots must fit
+    /// in the CQ beside the pool's credits and the receive slots of the queues already on
+    /// it ([`ConfigError::NoCqRoomForReceives`]).
     pub fn on_shared_cq(
         qp: D::Qp,
         shared: &SharedCq<D>,
@@ -549,9 +552,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
             Some(_) => return Err(ConfigError::NotTheSharedPool),
         }
         let qp_num = qp.qp_num();
-        if !shared.register(qp_num) {
-            return Err(ConfigError::SharedCqHasQp { qp_num });
-        }
+        let receives = match qp.recv_cq_is_send_cq() {
+            true => qp.caps().max_recv_wr,
+            false => 0,
+        };
+        shared.register(qp_num, receives)?;
         match Self::with_config(qp, Arc::clone(shared.cq()), config) {
             Ok(mut queue) => {
                 queue.shared = Some(shared.clone());

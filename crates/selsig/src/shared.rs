@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::credits::CqCredits;
 use crate::provider::{CompletionQueue, CqError, Device};
+use crate::tracker::ConfigError;
 use crate::wc::WorkCompletion;
 
 /// A completion queue shared by several queues, with its pool of credits and the
@@ -44,6 +45,8 @@ struct Inner<D: Device> {
     credits: CqCredits,
     /// Completions polled for each registered QP (by number) and not yet taken by it.
     inboxes: Mutex<HashMap<u32, VecDeque<WorkCompletion>>>,
+    /// The receive slots of registered QPs whose receive completions go to this CQ.
+    receives: Mutex<HashMap<u32, u32>>,
 }
 
 impl<D: Device> Clone for SharedCq<D> {
@@ -66,7 +69,8 @@ impl<D: Device> std::fmt::Debug for SharedCq<D> {
 
 impl<D: Device> SharedCq<D> {
     /// `cq`, shared, with a pool of credits for its whole capacity: for CQs that only
-    /// send completions go to.
+    /// send completions go to (a queue whose QP's receive completions go to it too is
+    /// refused: give the pool fewer credits with [`with_credits`](Self::with_credits)).
     pub fn new(cq: Arc<D::Cq>) -> Self {
         let credits = CqCredits::new(cq.capacity());
         Self::with_credits(cq, credits)
@@ -74,13 +78,16 @@ impl<D: Device> SharedCq<D> {
 
     /// `cq`, shared, with a pool of `credits`: receive completions that go to the same CQ
     /// need room of their own (every receive completes, if only flushed), so give the
-    /// senders a pool of the capacity less the receive queues' capacities.
+    /// senders a pool of the capacity less the receive queues' capacities. A queue whose
+    /// QP's receive queue reports here is refused when its slots and those of the queues
+    /// before it do not fit beside the pool.
     pub fn with_credits(cq: Arc<D::Cq>, credits: CqCredits) -> Self {
         SharedCq {
             inner: Arc::new(Inner {
                 cq,
                 credits,
                 inboxes: Mutex::new(HashMap::new()),
+                receives: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -109,19 +116,48 @@ impl<D: Device> SharedCq<D> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Gives the QP `qp_num` an inbox; `false` when it has one already.
-    pub(crate) fn register(&self, qp_num: u32) -> bool {
+    /// Gives the QP `qp_num` an inbox, and `receives` slots of the CQ beside the pool's
+    /// credits (its receive queue's capacity when its receive completions go to this CQ:
+    /// every receive completes, if only flushed).
+    pub(crate) fn register(&self, qp_num: u32, receives: u32) -> Result<(), ConfigError> {
         let mut inboxes = self.inboxes();
         if inboxes.contains_key(&qp_num) {
-            return false;
+            return Err(ConfigError::SharedCqHasQp { qp_num });
+        }
+        let mut reserved = self.receives();
+        let total = reserved
+            .values()
+            .fold(receives, |sum, &r| sum.saturating_add(r));
+        let (capacity, credits) = (self.inner.cq.capacity(), self.inner.credits.capacity());
+        if receives > 0 && credits.saturating_add(total) > capacity {
+            return Err(ConfigError::NoCqRoomForReceives {
+                capacity,
+                credits,
+                receives: total,
+            });
         }
         inboxes.insert(qp_num, VecDeque::new());
-        true
+        if receives > 0 {
+            reserved.insert(qp_num, receives);
+        }
+        Ok(())
     }
 
-    /// Removes the inbox of `qp_num`, returning what it held.
+    /// Removes the inbox of `qp_num`, returning what it held, and frees its receive
+    /// slots.
     pub(crate) fn unregister(&self, qp_num: u32) -> VecDeque<WorkCompletion> {
-        self.inboxes().remove(&qp_num).unwrap_or_default()
+        let mut inboxes = self.inboxes();
+        self.receives().remove(&qp_num);
+        inboxes.remove(&qp_num).unwrap_or_default()
+    }
+
+    /// The receive slots of registered QPs (taken after the inboxes' lock). A poisoned
+    /// lock is taken as it is: every change is one `HashMap` operation.
+    fn receives(&self) -> MutexGuard<'_, HashMap<u32, u32>> {
+        self.inner
+            .receives
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Completions waiting for queues other than that of `qp_num`.

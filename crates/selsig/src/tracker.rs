@@ -284,6 +284,20 @@ pub enum ConfigError {
         /// The completion queue's capacity.
         room: u32,
     },
+    /// A queue joins a shared CQ that its QP's receive completions go to as well, and the
+    /// CQ cannot hold the pool's credits beside the receive slots of the queues on it
+    /// (this one's included): an error would complete every send and every receive.
+    #[error(
+        "the completion queue ({capacity} entries) cannot hold the shared pool's {credits} credits beside the {receives} receive slots that report to it: give the pool fewer credits"
+    )]
+    NoCqRoomForReceives {
+        /// The CQ's capacity.
+        capacity: u32,
+        /// The shared pool's credits.
+        credits: u32,
+        /// The receive slots of the queues' QPs that report to the CQ.
+        receives: u32,
+    },
     /// A queue on a shared CQ was given a budget other than the shared CQ's pool.
     #[error("a queue on a shared CQ takes its credits from the shared CQ's pool")]
     NotTheSharedPool,

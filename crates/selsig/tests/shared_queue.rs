@@ -83,6 +83,8 @@ impl CompletionQueue for FakeCq {
 struct FakeQp {
     num: u32,
     depth: u32,
+    /// Receive slots, whose completions go to the send CQ.
+    recvs: u32,
     /// The next post fails with (index, failure).
     fail_next: Mutex<Option<(usize, PostFailure)>>,
 }
@@ -94,7 +96,7 @@ impl QueuePair for FakeQp {
     fn caps(&self) -> QpCaps {
         QpCaps {
             max_send_wr: self.depth,
-            max_recv_wr: 0,
+            max_recv_wr: self.recvs,
             ..QpCaps::default()
         }
     }
@@ -127,7 +129,7 @@ impl QueuePair for FakeQp {
         Ok(())
     }
     fn recv_cq_is_send_cq(&self) -> bool {
-        false
+        self.recvs > 0
     }
 }
 
@@ -168,6 +170,7 @@ fn qp(num: u32, depth: u32) -> FakeQp {
     FakeQp {
         num,
         depth,
+        recvs: 0,
         fail_next: Mutex::new(None),
     }
 }
@@ -499,4 +502,44 @@ fn an_inline_work_request_past_the_last_sequence_number_comes_back() {
         other => panic!("expected the inline work request refused, got {other:?}"),
     }
     assert_eq!(q.outstanding(), 2);
+}
+
+/// Every receive completes (if only flushed): a queue whose QP's receive completions go to
+/// the shared CQ needs its receive slots beside the pool's credits, with those of the
+/// queues before it. A pool of the whole CQ (`SharedCq::new`) leaves none.
+#[test]
+fn a_shared_cq_keeps_room_for_the_receives_that_report_to_it() {
+    let with_recvs = |num, recvs| FakeQp {
+        recvs,
+        ..qp(num, 8)
+    };
+    let config = || QueueConfig::with_policy(Policy::Never);
+    let cq = FakeCq::new(8);
+    let whole = SharedCq::new(Arc::clone(&cq));
+    assert_eq!(
+        Queue::on_shared_cq(with_recvs(1, 8), &whole, config()).err(),
+        Some(ConfigError::NoCqRoomForReceives {
+            capacity: 8,
+            credits: 8,
+            receives: 8
+        })
+    );
+    // Refused, it left nothing behind: the QP can join without receives here.
+    Queue::on_shared_cq(qp(1, 8), &whole, config()).unwrap();
+
+    let shared = SharedCq::with_credits(Arc::clone(&cq), CqCredits::new(4));
+    let q1 = Queue::on_shared_cq(with_recvs(1, 2), &shared, config()).unwrap();
+    let _q2 = Queue::on_shared_cq(with_recvs(2, 2), &shared, config()).unwrap();
+    assert_eq!(
+        Queue::on_shared_cq(with_recvs(3, 1), &shared, config()).err(),
+        Some(ConfigError::NoCqRoomForReceives {
+            capacity: 8,
+            credits: 4,
+            receives: 5
+        })
+    );
+    let _q3 = Queue::on_shared_cq(qp(3, 8), &shared, config()).unwrap();
+    // A dropped queue gives its receive slots back.
+    drop(q1);
+    let _q4 = Queue::on_shared_cq(with_recvs(4, 2), &shared, config()).unwrap();
 }
