@@ -1003,8 +1003,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// On a CQ shared with other queues, completions of theirs that this drain polls wait
     /// for them (in [`take_unclaimed`](Self::take_unclaimed), or on a [`SharedCq`] until
     /// they poll); when the marker needs a credit of a shared pool that those completions
-    /// hold, the drain ends with [`DrainError::Unrouted`]: route them (or poll those
-    /// queues), and drain again.
+    /// hold, and no completion of this queue's own is on its way to free one, the drain
+    /// ends with [`DrainError::Unrouted`]: route them (or poll those queues), and drain
+    /// again.
     pub fn drain(
         &mut self,
         timeout: Duration,
@@ -1019,15 +1020,21 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     self.post_drain_marker().map_err(DrainError::Marker)?,
                     DrainMarker::NoRoom
                 );
-                // No room, and completions of other queues that hold credits of a shared
-                // pool parked here: only their queues can give those credits back.
+                // No room, no completion of this queue on its way to give a credit back
+                // (a signaled work request outstanding, or in the error state any), and
+                // completions of other queues that hold credits of a shared pool parked
+                // here: only their queues can give those credits back.
                 let own = self.qp.qp_num();
+                let own_coming = match self.tracker.state() {
+                    QueueState::Error { .. } => self.tracker.outstanding() > 0,
+                    _ => self.tracker.signaled_outstanding() > 0,
+                };
                 let foreign = self.unclaimed.iter().filter(|wc| wc.qp_num != own).count()
                     + self
                         .shared
                         .as_ref()
                         .map_or(0, |shared| shared.waiting_for_others(own));
-                if !marker_posted && foreign > 0 {
+                if !marker_posted && !own_coming && foreign > 0 {
                     return Err(DrainError::Unrouted {
                         completions: foreign,
                     });

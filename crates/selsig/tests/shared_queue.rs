@@ -543,3 +543,30 @@ fn a_shared_cq_keeps_room_for_the_receives_that_report_to_it() {
     drop(q1);
     let _q4 = Queue::on_shared_cq(with_recvs(4, 2), &shared, config()).unwrap();
 }
+
+/// A's drain finds no credit for its marker while B's completion waits in B's inbox, but
+/// A's own signaled WRITE is on its way and frees credits: the drain waits for it instead
+/// of giving up.
+#[test]
+fn a_drain_waits_for_its_own_completion_before_blaming_another_queue() {
+    let cq = FakeCq::new(4);
+    let (mut qa, mut qb, _shared) = shared_pair(&cq, Policy::Never);
+    let remote = RemoteAddr::default();
+    assert!(!qa.post(Work::write_empty(remote, 1)).unwrap().signaled());
+    let forced = Work::write_empty(remote, 2).signal(selsig::Signal::Force);
+    assert!(qa.post(forced).unwrap().signaled());
+    assert!(!qa.post(Work::write_empty(remote, 3)).unwrap().signaled());
+    assert!(qb.post(Work::write_empty(remote, 9)).unwrap().signaled());
+    cq.complete(1, WcStatus::Success, 2);
+    let mut done = Vec::new();
+    // A polls B's completion into B's inbox; its own is not written yet.
+    qa.poll(&mut done).unwrap();
+    cq.complete(2, WcStatus::Success, 1);
+    // The marker of the drain: the fake NIC completes it when A posts it (seq 4).
+    cq.complete(4, WcStatus::Success, 1);
+    qa.drain(Duration::from_secs(5), &mut done).unwrap();
+    assert_eq!(
+        outcomes(&done),
+        (1..=3).map(|i| (i, Outcome::Completed)).collect::<Vec<_>>()
+    );
+}
