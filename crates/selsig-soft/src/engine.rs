@@ -22,6 +22,13 @@ use crate::ring::{Cqe, Wqe, op};
 pub(crate) const BUDGET: u64 = 256;
 /// WQEs fetched at once.
 const FETCH: usize = 16;
+
+/// While recording execution times, a work request is stamped when it finishes once this
+/// many bytes were moved since the last stamp; smaller ones share the stamp of the next
+/// (at the latest the end of their fetch group). A stamp is then late by at most the time
+/// to move this much and a fetch group's overhead, and costs one clock read per this many
+/// bytes at most.
+const STAMP_BYTES: u64 = 16 << 10;
 const EMPTY_WQE: Wqe = Wqe {
     opcode: 0,
     signaled: false,
@@ -148,6 +155,7 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
         qp.sq.touch(exec + n as u64, (exec + 2 * n as u64).min(end));
         let recording = qp.times.on();
         let mut stamped = exec;
+        let mut unstamped_bytes = 0u64;
         for wqe in &group[..n] {
             let counter = exec as u16;
             let cqe = if state == QpState::Err {
@@ -203,9 +211,17 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                 if recording {
                     qp.times.stamp(stamped, exec);
                     stamped = exec;
+                    unstamped_bytes = 0;
                 }
                 if !push(dev, qp, &qp.send_cq, &cqe) {
                     state = QpState::Err;
+                }
+            } else if recording {
+                unstamped_bytes += u64::from(wqe.len);
+                if unstamped_bytes >= STAMP_BYTES {
+                    qp.times.stamp(stamped, exec);
+                    stamped = exec;
+                    unstamped_bytes = 0;
                 }
             }
         }

@@ -2,8 +2,9 @@
 //! unsignaled work request produces nothing), recorded so that benchmarks can measure how
 //! much later the application learns of a completion than the NIC knew it.
 //!
-//! One record per send-queue slot, written by the NIC thread: the clock is read once per
-//! fetch group and before each completion is written, and every work request executed
+//! One record per send-queue slot, written by the NIC thread: the clock is read before
+//! each completion is written, after a work request that brings the bytes moved since the
+//! last reading to 16 KiB, and at the end of each fetch group; every work request executed
 //! since the last reading gets the new one (an upper bound of its own finish, never later
 //! than the completion that covers it). A record is kept until the slot's next work
 //! request executes, and carries the work request's index, so a reader never takes a

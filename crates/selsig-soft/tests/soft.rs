@@ -1449,6 +1449,37 @@ fn execution_times_are_recorded_for_unsignaled_work_requests_too() {
     );
 }
 
+/// An unsignaled WRITE of a kilobyte or more is stamped when it finishes, not at the end
+/// of the group of work requests the NIC fetched with it: each 64 KiB WRITE of a run with
+/// one signal has a time of its own, later than the one before (copying 64 KiB takes
+/// microseconds). With one time for the group, the "learned later" gap of the first ones
+/// was hidden.
+#[test]
+fn large_unsignaled_writes_are_stamped_when_each_finishes() {
+    const LEN: usize = 64 << 10;
+    let p = pair();
+    let local = p.mr(16 * LEN, Access::LOCAL_WRITE);
+    let remote = p.mr(16 * LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    assert!(p.a.record_execution_times(true));
+    let wrs: Vec<SendWr<'static>> = (0..16u64)
+        .map(|i| {
+            let off = i as usize * LEN;
+            write(i + 1, &local, off, LEN as u32, remote.remote(off), i == 15)
+        })
+        .collect();
+    let posted = Instant::now();
+    p.a.post_send(&wrs).unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(16, WcStatus::Success)]);
+    let learned = Instant::now();
+    let times: Vec<Instant> = (0..16).map(|i| p.a.executed_at(i).unwrap()).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] < w[1]),
+        "each WRITE stamped when it finished: {:?}",
+        times.iter().map(|&t| t - posted).collect::<Vec<_>>()
+    );
+    assert!(posted <= times[0] && times[15] <= learned);
+}
+
 #[test]
 fn adaptive_tick_on_a_full_queue_waits_for_room_instead_of_failing() {
     let p = pair_with(Personality::Mlx5, 8, 64, false);
