@@ -191,6 +191,25 @@ impl OutputFile {
         }
     }
 
+    /// Whether this is the file or pipe standard output writes to (`/dev/stdout`, or the
+    /// file standard output was redirected to). A terminal or `/dev/null` does not count:
+    /// two texts written there in turn are what the user sees (or drops).
+    fn is_stdout(&self) -> bool {
+        use std::os::fd::AsFd as _;
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+        let stdout = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map(std::fs::File::from)
+            .and_then(|f| f.metadata());
+        match (self.file.metadata(), stdout) {
+            (Ok(a), Ok(b)) => {
+                !b.file_type().is_char_device() && (a.dev(), a.ino()) == (b.dev(), b.ino())
+            }
+            _ => false,
+        }
+    }
+
     fn cannot_write(&self, e: std::io::Error) -> Failure {
         Failure::Run(anyhow::Error::new(e).context(format!("cannot write {}", self.path.display())))
     }
@@ -279,6 +298,22 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         Some(path) if !svg_to_stdout => Some(OutputFile::open("--svg", path)?),
         _ => None,
     };
+    // Standard output takes the table, or the other of the two: a file that is standard
+    // output would mix with it (or, replaced, lose it).
+    for (option, file) in [("--json", &json_file), ("--svg", &svg_file)] {
+        if let Some(file) = file.as_ref().filter(|f| f.is_stdout()) {
+            let taken_by = match (json_to_stdout, svg_to_stdout) {
+                (true, _) => "--json -",
+                (_, true) => "--svg -",
+                _ => "the table",
+            };
+            return Err(Failure::Input(anyhow::anyhow!(
+                "{option} {}: standard output, which {taken_by} takes too (use {option} - \
+                 and send the other elsewhere)",
+                file.path.display()
+            )));
+        }
+    }
     // One file named two ways (the same path, relative and absolute, or through a link).
     if let (Some(json), Some(svg)) = (&json_file, &svg_file) {
         if json.is(svg) {

@@ -1168,6 +1168,48 @@ fn bench_outputs_are_written_all_or_nothing() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Standard output takes the table, or the JSON or SVG sent there with `-`: a file that is
+/// standard output (`/dev/stdout`, or the file it was redirected to) would mix with it or,
+/// replaced, lose it. Refused before the run; `/dev/null` is no such file.
+#[test]
+fn bench_refuses_an_output_file_that_is_standard_output() {
+    let quick = ["bench", "-n", "100", "-s", "64", "-e", "1"];
+    let dir = std::env::temp_dir().join(format!("selsig-stdout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out");
+    for (args, taken_by) in [
+        (vec!["--json", "-", "--svg", "/dev/stdout"], "--json -"),
+        (vec!["--svg", "-", "--json", "/dev/stdout"], "--svg -"),
+        (vec!["--json", out.to_str().unwrap()], "the table"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+            .args(quick)
+            .args(&args)
+            .stdout(std::fs::File::create(&out).unwrap())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("standard output, which {taken_by} takes too")),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "",
+            "{args:?}: nothing written"
+        );
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(quick)
+        .args(["--json", "/dev/null"])
+        .stdout(std::fs::File::create("/dev/null").unwrap())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bench_keeps_the_signal_interval_within_the_buffers_the_region_holds() {
     // 64 KiB WRITEs, a 1 MiB region: 16 buffers, so at most 16 WRITEs outstanding. An
