@@ -33,8 +33,10 @@ for v in "$cq_mod" "$depth" "$iters" "$reps" $sizes; do
 done
 
 scripts/rxe-vm/build.sh >&2
-cargo build -q --release -p selsig-cli
-bin=$PWD/target/release/selsig
+# The binary cargo built, wherever the target directory is (CARGO_TARGET_DIR, a config).
+bin=$(cargo build -q --release -p selsig-cli --message-format=json \
+  | sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p' | tail -n 1)
+[ -x "$bin" ] || { echo "perftest-compare: could not build selsig" >&2; exit 1; }
 
 # Inside the VM: GID index 1 is rxe0's stable RoCE v2 address, 10.77.0.1 (scripts/rxe-vm).
 read -r -d '' inside <<'EOF' || true

@@ -466,12 +466,15 @@ pub struct Point {
     pub mib_per_sec: f64,
     /// perftest's `MsgRate[Mpps]`.
     pub mpps: f64,
-    /// Completions polled (signaled WRITEs, and the marker that confirms the tail of a
-    /// timed run).
+    /// Completions polled (signaled WRITEs, and the markers).
     pub cqes: u64,
     pub cqes_per_1000: f64,
     /// WRITEs signaled against the policy (to keep the queue from deadlocking).
     pub forced: u64,
+    /// Signaled zero-length WRITEs posted besides the stream, each with its completion
+    /// among `cqes`: they confirm a tail with nothing posted behind it (a timed run's
+    /// last; an adaptive point's when its lag bound comes due between posts).
+    pub markers: u64,
     /// Mean WRITEs retired per completion.
     pub wrs_per_cqe: f64,
     /// CPU time of the posting thread (posting and polling) per WRITE.
@@ -1059,6 +1062,7 @@ fn run_point<D: Device>(
         cqes: stats.cqes,
         cqes_per_1000: stats.cqes as f64 * 1000.0 / posted as f64,
         forced: stats.forced,
+        markers: stats.markers,
         wrs_per_cqe: stats.mean_wrs_per_cqe(),
         cpu_ns_per_wr: cpu.as_nanos() as f64 / posted as f64,
         cpu_share: cpu.as_secs_f64() / seconds,
@@ -1429,6 +1433,7 @@ mod tests {
             cqes: 1000,
             cqes_per_1000: 1000.0,
             forced: 0,
+            markers: 0,
             wrs_per_cqe: 1.0,
             cpu_ns_per_wr: share * 500_000.0,
             cpu_share: share,

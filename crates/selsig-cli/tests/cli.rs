@@ -646,6 +646,21 @@ fn bench_json(args: &[&str]) -> Value {
     serde_json::from_slice(&o.stdout).expect("one JSON object")
 }
 
+/// A timed run stops wherever the clock says: an unsignaled tail is confirmed by one
+/// marker, whose completion is counted with the rest.
+#[test]
+fn a_timed_bench_point_counts_the_marker_that_confirms_its_tail() {
+    let v = bench_json(&["-D", "0.05", "-s", "64", "-e", "7", "-t", "8", "-l", "1"]);
+    let p = &v["points"][0];
+    let (wrs, cqes, markers) = (
+        p["wrs"].as_u64().unwrap(),
+        p["cqes"].as_u64().unwrap(),
+        p["markers"].as_u64().unwrap(),
+    );
+    assert_eq!(markers, u64::from(wrs % 7 != 0), "{p}");
+    assert_eq!(cqes, wrs / 7 + markers, "{p}");
+}
+
 #[test]
 fn bench_counts_exactly_the_completions_each_interval_implies() {
     let v = bench_json(&["-n", "2000", "-s", "64,4K", "-e", "1,3,64,adaptive"]);
@@ -670,10 +685,17 @@ fn bench_counts_exactly_the_completions_each_interval_implies() {
         assert_eq!(p["wrs"], 2000, "{policy}");
         assert_eq!(p["forced"], 0, "{policy}");
         let cqes = p["cqes"].as_u64().unwrap();
+        let markers = p["markers"].as_u64().unwrap();
         match p["interval"].as_u64() {
-            // Every N-th, and the last of the run (perftest's accounting).
-            Some(n) => assert_eq!(cqes, 2000 / n + u64::from(2000 % n != 0), "{policy}"),
-            None => assert!((2000 / 64..=2000).contains(&cqes), "{policy}: {cqes}"),
+            // Every N-th, and the last of the run (perftest's accounting): no marker.
+            Some(n) => {
+                assert_eq!(cqes, 2000 / n + u64::from(2000 % n != 0), "{policy}");
+                assert_eq!(markers, 0, "{policy}");
+            }
+            None => {
+                assert!((2000 / 64..=2000).contains(&cqes), "{policy}: {cqes}");
+                assert!(markers <= cqes, "{policy}: {markers} markers");
+            }
         }
         let per_1000 = p["cqes_per_1000"].as_f64().unwrap();
         assert!((per_1000 - cqes as f64 / 2.0).abs() < 1e-9, "{policy}");
