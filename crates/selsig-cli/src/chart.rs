@@ -7,7 +7,7 @@ use plotters::prelude::*;
 
 use crate::bench::{Point, Report};
 
-const WIDTH: u32 = 900;
+const WIDTH: u32 = 1000;
 /// Height of one panel.
 const PANEL: u32 = 370;
 /// One color per message size (colorblind-safe: Okabe and Ito's).
@@ -44,6 +44,46 @@ pub fn render(report: &Report) -> Result<String> {
 type DrawResult<'a> = Result<(), Box<dyn std::error::Error + 'a>>;
 
 const AXIS: &str = "signal interval (WRITEs per completion)";
+
+/// The width of the column right of each panel's plot that holds its legend, which so
+/// never hides a line.
+const LEGEND_WIDTH: u32 = 110;
+
+/// Splits a panel into its plot and its legend column.
+fn split_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+) -> (
+    DrawingArea<DB, plotters::coord::Shift>,
+    DrawingArea<DB, plotters::coord::Shift>,
+) {
+    let (width, _) = area.dim_in_pixel();
+    area.split_horizontally(width.saturating_sub(LEGEND_WIDTH))
+}
+
+/// The legend of a panel: a line of each size's color and its name, top-aligned with the
+/// plot (below its caption).
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    sizes: &[u64],
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let (top, step) = (46, 20);
+    let height = step * sizes.len() as i32 + 8;
+    area.draw(&Rectangle::new(
+        [(4, top - 12), (LEGEND_WIDTH as i32 - 8, top - 12 + height)],
+        BLACK.stroke_width(1),
+    ))?;
+    for (i, &size) in sizes.iter().enumerate() {
+        let y = top + step * i as i32;
+        let c = color(i);
+        area.draw(&PathElement::new(vec![(12, y), (32, y)], c.stroke_width(2)))?;
+        area.draw(&Text::new(
+            size_label(size),
+            (40, y - 7),
+            ("sans-serif", 13).into_font(),
+        ))?;
+    }
+    Ok(())
+}
 
 /// The x range: log2 of the largest interval, with a margin.
 fn x_range(report: &Report) -> std::ops::Range<f64> {
@@ -97,7 +137,8 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
     let xr = x_range(report);
 
     // Throughput, log scale: the same ratio is the same slope for every size.
-    let mut chart = ChartBuilder::on(&areas[0])
+    let (plot, legend) = split_panel(&areas[0]);
+    let mut chart = ChartBuilder::on(&plot)
         .caption("Throughput (log scale)", ("sans-serif", 15))
         .margin(12)
         .x_label_area_size(36)
@@ -118,10 +159,7 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
     for (i, &size) in sizes.iter().enumerate() {
         let c = color(i);
         let line = series(report, size, |p| p.gbit_per_sec);
-        chart
-            .draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))?
-            .label(size_label(size))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        chart.draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))?;
         chart.draw_series(
             line.iter()
                 .map(|&(x, y)| Circle::new((x, y), 3, c.filled())),
@@ -131,12 +169,8 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
                 .map(|(x, y)| TriangleMarker::new((x, y), 6, c.filled())),
         )?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::MiddleRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
+
+    draw_legend(&legend, &sizes)?;
 
     let us = |ns: u64| ns as f64 / 1e3;
     let mut next = areas[1..].iter();
@@ -175,7 +209,8 @@ fn percentile_panel<'a, DB: DrawingBackend + 'a>(
             .filter_map(&of)
             .flat_map(|(a, b)| [a, b]),
     );
-    let mut chart = ChartBuilder::on(area)
+    let (plot, legend) = split_panel(area);
+    let mut chart = ChartBuilder::on(&plot)
         .caption(
             format!("{caption} (p50 solid, p99 dashed, adaptive: triangles)"),
             ("sans-serif", 15),
@@ -201,9 +236,7 @@ fn percentile_panel<'a, DB: DrawingBackend + 'a>(
         let p99 = series_opt(report, size, |p| of(p).map(|v| v.1));
         chart
             .draw_series(LineSeries::new(p50.clone(), c.stroke_width(2)))
-            .map_err(|e| e.to_string())?
-            .label(size_label(size))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+            .map_err(|e| e.to_string())?;
         chart
             .draw_series(p50.iter().map(|&(x, y)| Circle::new((x, y), 3, c.filled())))
             .map_err(|e| e.to_string())?;
@@ -221,13 +254,7 @@ fn percentile_panel<'a, DB: DrawingBackend + 'a>(
             )
             .map_err(|e| e.to_string())?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| e.to_string())?;
+    draw_legend(&legend, &sizes(report)).map_err(|e| e.to_string())?;
     Ok(())
 }
 

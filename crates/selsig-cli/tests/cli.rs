@@ -930,6 +930,23 @@ fn bench_svg_lines_follow_the_interval_axis_and_every_axis_has_numbers() {
         .collect();
     assert_eq!(xs.len(), 3, "{xs:?}");
     assert!(xs.windows(2).all(|w| w[0] < w[1]), "x = {xs:?}");
+    // Each panel's legend stands right of its plot, where it hides no line.
+    let legend_xs: Vec<i64> = svg
+        .split("<text x=\"")
+        .skip(1)
+        .filter(|t| {
+            t[t.find('>').unwrap() + 1..]
+                .trim_start()
+                .starts_with("64 B")
+        })
+        .map(|t| t[..t.find('"').unwrap()].parse().unwrap())
+        .collect();
+    assert_eq!(legend_xs.len(), 3, "a legend per panel");
+    assert!(
+        legend_xs.iter().all(|&x| x > xs[2] + 20),
+        "legends at {legend_xs:?}, the line ends at {}",
+        xs[2]
+    );
     let texts = svg_texts(&svg);
     for panel in ["Throughput", "Confirmation lag", "Learned later"] {
         assert!(axis_numbers(&texts, panel).len() >= 2, "{panel}: {texts:?}");
