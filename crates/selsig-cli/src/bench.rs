@@ -131,8 +131,8 @@ pub struct BenchArgs {
     )]
     pub region: u64,
     /// Do not record when the soft NIC finished each WRITE (it costs the NIC a clock
-    /// reading per completion and the application a lookup and two histogram records per
-    /// WRITE).
+    /// reading per completion and per 16 KiB moved, and the application a lookup and two
+    /// histogram records per WRITE).
     #[arg(long)]
     pub no_nic_times: bool,
     /// Write every figure and the settings as JSON to FILE, or to stdout with `-`

@@ -45,7 +45,8 @@ impl From<PersonalityArg> for Personality {
 /// Where to run: provider, device, personality.
 #[derive(Debug, Clone, Args)]
 pub struct ProviderArgs {
-    /// The provider.
+    /// The provider (`serve` and `--connect` need verbs: the soft NIC connects queue pairs
+    /// of one process only).
     #[arg(long, value_enum, default_value_t = ProviderKind::Soft)]
     pub provider: ProviderKind,
     /// The device (verbs: an RDMA device name such as mlx5_0 or rxe0, default the first;

@@ -418,10 +418,11 @@ impl VerbsDevice {
                 .get(attr.state as usize)
                 .copied()
                 .unwrap_or("unknown");
-            return Err(ProviderError::Invalid {
-                what: "port",
-                why: format!("port {port} of {} is {state}, not ACTIVE", ctx.name),
-            });
+            // The port exists: its link is the host's state, not a bad parameter.
+            return Err(ProviderError::Unavailable(format!(
+                "port {port} of {} is {state}, not ACTIVE (is its link up?)",
+                ctx.name
+            )));
         }
         let ethernet = attr.link_layer == sys::IBV_LINK_LAYER_ETHERNET;
         let query_gid = |index: u8| {
