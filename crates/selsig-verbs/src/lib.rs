@@ -738,7 +738,8 @@ impl CompletionQueue for VerbsCq {
 
 /// Polls `out.len()` completions at most through `poll`, a chunk at a time through a
 /// buffer on the stack: no lock, no allocation. A failure after completions of the same
-/// call were handed over is kept in `failed` for the next call.
+/// call (earlier chunks, or entries of the failing provider call that carry a status) is
+/// kept in `failed` for the next call, and those completions are handed over.
 ///
 /// # Safety
 ///
@@ -760,33 +761,51 @@ unsafe fn poll_chunks(
         let want = (out.len() - polled).min(POLL_CHUNK);
         // Providers write only the fields a completion defines (mlx5: not `byte_len` for a
         // WRITE, not `vendor_err` on success): the others must read as 0, not as whatever
-        // the stack or an earlier chunk left there.
-        raw[..want].fill(MaybeUninit::zeroed());
+        // the stack or an earlier chunk left there. The status, which every completion
+        // has, starts as no status at all: a failed call's completions are those that
+        // have one.
+        raw[..want].fill(MaybeUninit::new(sys::ibv_wc {
+            status: NO_STATUS,
+            ..sys::ibv_wc::default()
+        }));
         // SAFETY: `poll` writes at most `want` entries at the start of `raw`, which has
         // room for them (the caller's contract; `MaybeUninit<T>` has `T`'s layout).
-        let n = unsafe { poll(cq, want as c_int, raw.as_mut_ptr().cast()) };
-        if n < 0 {
-            if polled > 0 {
-                // Hand over what was polled; the next call reports the failure (mlx5
-                // consumed the completion it could not parse: it would not fail again).
-                failed.store(n, Ordering::Relaxed);
-                break;
-            }
-            return Err(poll_failure(n));
-        }
-        let n = (n as usize).min(want);
+        let rc = unsafe { poll(cq, want as c_int, raw.as_mut_ptr().cast()) };
+        let n = match usize::try_from(rc) {
+            Ok(n) => n.min(want),
+            // mlx5 returns -2 for a completion it cannot parse after consuming those before
+            // it in the same call (and the one it failed on): they are in `raw`, each with
+            // its status written; the failing one has none.
+            Err(_) => raw[..want]
+                .iter()
+                // SAFETY: every entry was initialized above.
+                .take_while(|w| unsafe { w.assume_init_ref() }.status != NO_STATUS)
+                .count(),
+        };
         for (o, w) in out[polled..].iter_mut().zip(&raw[..n]) {
-            // SAFETY: the first `want` entries were zeroed, and an all-zero `ibv_wc` is a
-            // valid one (integers only); the provider then wrote some of their fields.
+            // SAFETY: the first `want` entries were initialized above (integers only); the
+            // provider then wrote some of their fields.
             *o = decode(unsafe { w.assume_init_ref() });
         }
         polled += n;
+        if rc < 0 {
+            if polled > 0 {
+                // Hand over what was polled; the next call reports the failure (mlx5
+                // consumed the completion it could not parse: it would not fail again).
+                failed.store(rc, Ordering::Relaxed);
+                break;
+            }
+            return Err(poll_failure(rc));
+        }
         if n < want {
             break;
         }
     }
     Ok(polled)
 }
+
+/// An `ibv_wc.status` no provider writes (the statuses run from 0 to 21).
+const NO_STATUS: std::ffi::c_uint = std::ffi::c_uint::MAX;
 
 /// A negative return of `poll_cq`: `ibv_poll_cq(3)` promises only "negative", not an
 /// errno (mlx5 returns -2 for a completion it cannot parse).
@@ -1959,6 +1978,38 @@ mod tests {
         n
     }
 
+    /// As mlx5 when the third completion names no QP it knows: writes two completions
+    /// (wr_id 1, 2), the third's `qp_num` but no status, and returns -2, then on the next
+    /// call one completion (wr_id 4), as the failing one was consumed.
+    unsafe extern "C" fn fails_on_the_third(
+        _cq: *mut sys::ibv_cq,
+        n: c_int,
+        wc: *mut sys::ibv_wc,
+    ) -> c_int {
+        static CALLS: AtomicI32 = AtomicI32::new(0);
+        let write = |i: usize, wr_id: u64| {
+            // SAFETY: the poll loop passes room for `n` entries; `i < n` below.
+            unsafe {
+                let w = wc.add(i);
+                (&raw mut (*w).wr_id).write(wr_id);
+                (&raw mut (*w).status).write(WcStatus::Success as c_uint);
+                (&raw mut (*w).opcode).write(WcOpcode::RdmaWrite as c_uint);
+                (&raw mut (*w).qp_num).write(7);
+            }
+        };
+        assert!(n >= 3);
+        if CALLS.fetch_add(1, Ordering::Relaxed) == 0 {
+            write(0, 1);
+            write(1, 2);
+            // SAFETY: as above.
+            unsafe { (&raw mut (*wc.add(2)).qp_num).write(0x99) };
+            -2
+        } else {
+            write(0, 4);
+            1
+        }
+    }
+
     /// Writes `n` RDMA READ completions of 4096 bytes with a value in every field, those a
     /// successful READ does not define included (a provider that copies whole entries, as
     /// rxe does, may leave any there).
@@ -2002,6 +2053,23 @@ mod tests {
             .unwrap();
         out.truncate(k);
         out
+    }
+
+    /// mlx5 consumes the completions before one it cannot parse, and that one, and returns
+    /// -2: the completions it wrote are handed over, the failure comes with the next call,
+    /// and the call after goes on behind the one that failed.
+    #[test]
+    fn completions_before_a_failed_one_in_the_same_call_are_kept() {
+        let failed = AtomicI32::new(0);
+        let mut out = vec![WorkCompletion::new(0, WcStatus::GeneralErr, 0); 8];
+        let mut poll = || {
+            // SAFETY: the fake writes at most the entries asked for and ignores the CQ.
+            unsafe { poll_chunks(fails_on_the_third, std::ptr::null_mut(), &failed, &mut out) }
+        };
+        assert_eq!(poll().unwrap(), 2);
+        assert!(poll().is_err(), "the failure is reported once");
+        assert_eq!(poll().unwrap(), 1);
+        assert_eq!(out[0].wr_id, 4);
     }
 
     #[test]
