@@ -655,17 +655,17 @@ fn execute(
                 match local(mrs, peer.pd, rqe.lkey, rqe.addr, len, Access::LOCAL_WRITE) {
                     Some((mr, off)) => copy(&src, &mr.words, off, len),
                     None => {
+                        // A receive the NIC cannot write into: a local protection error on
+                        // mlx5; rxe finds the receive malformed, as one too short.
+                        let theirs = if rxe {
+                            WcStatus::LocQpOpErr
+                        } else {
+                            WcStatus::LocProtErr
+                        };
                         push_recv(
                             dev,
                             peer,
-                            &recv_cqe(
-                                peer,
-                                rqe.wr_id,
-                                WcStatus::LocProtErr,
-                                WcOpcode::Recv,
-                                0,
-                                None,
-                            ),
+                            &recv_cqe(peer, rqe.wr_id, theirs, WcOpcode::Recv, 0, None),
                         );
                         peer.set_error();
                         return fail(WcStatus::RemOpErr);

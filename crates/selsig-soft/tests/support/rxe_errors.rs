@@ -25,6 +25,8 @@ pub struct Case {
     pub bad_rkey: bool,
     /// b has a receive of 16 bytes posted.
     pub recv: bool,
+    /// The access of the region b's receive points into.
+    pub inbox_access: Access,
 }
 
 /// What came of it.
@@ -55,6 +57,7 @@ fn case(name: &'static str, qp_access: Access, opcode: Opcode, len: u32) -> Case
         len,
         bad_rkey: false,
         recv: false,
+        inbox_access: Access::LOCAL_WRITE,
     }
 }
 
@@ -190,6 +193,20 @@ pub fn cases() -> Vec<(Case, Seen)> {
             },
             seen(Some(RemOpErr), Err, Err, &[LocQpOpErr]),
         ),
+        // A receive into a region without local write: as malformed as one too short.
+        (
+            Case {
+                recv: true,
+                inbox_access: Access::empty(),
+                ..case(
+                    "SEND into a receive without local write",
+                    ALL,
+                    Opcode::Send,
+                    8,
+                )
+            },
+            seen(Some(RemOpErr), Err, Err, &[LocQpOpErr]),
+        ),
         // qp_access_flags do not apply to SENDs.
         (
             Case {
@@ -257,7 +274,7 @@ pub fn run<D: Device>(dev: &D, gid_index: Option<u8>, case: &Case) -> Seen {
     } = pair(dev, 16, (8, 4), &options);
     let local = dev.reg_mr(&pd, 4096, case.local_access).unwrap();
     let remote = dev.reg_mr(&pd, 4096, ALL).unwrap();
-    let inbox = dev.reg_mr(&pd, 16, Access::LOCAL_WRITE).unwrap();
+    let inbox = dev.reg_mr(&pd, 16, case.inbox_access).unwrap();
     if case.recv {
         b.post_recv(&[RecvWr {
             wr_id: 77,
