@@ -42,8 +42,27 @@ struct Side<D: Device> {
     /// Receives posted on the peer (its wr_ids count from 1).
     peer_recvs: u64,
     peer_recv_done: u64,
+    /// SENDs and WRITEs with immediate posted on this queue: each uses a receive at most.
+    consumers: u64,
+    /// The peer may be in the error state (moved there, or a request of this queue with a
+    /// bad remote key or address), which flushes its receives.
+    peer_flushable: bool,
     /// Markers posted on this queue.
     markers: Vec<u64>,
+}
+
+impl<D: Device> Side<D> {
+    /// The outstanding receives on the peer that can still complete: those a SEND or
+    /// WRITE with immediate posted may still use, or every one once the peer may be in the
+    /// error state and flush them.
+    fn usable_receives(&self) -> u64 {
+        let waiting = self.peer_recvs - self.peer_recv_done;
+        match self.peer_flushable {
+            true => waiting,
+            // Every receive completed so far was used by one of them.
+            false => waiting.min(self.consumers.saturating_sub(self.peer_recv_done)),
+        }
+    }
 }
 
 struct KeyedRegion<M> {
@@ -208,6 +227,8 @@ impl<'a, D: Device> Runner<'a, D> {
                 peer,
                 peer_recvs: 0,
                 peer_recv_done: 0,
+                consumers: 0,
+                peer_flushable: false,
                 markers: Vec::new(),
             });
         }
@@ -336,9 +357,10 @@ impl<'a, D: Device> Runner<'a, D> {
                 Ok(())
             }
             Action::ToError(r) => {
-                let side = &self.sides[r.index];
+                let side = &mut self.sides[r.index];
                 if r.peer {
                     side.peer.to_error()?;
+                    side.peer_flushable = true;
                 } else {
                     side.queue.qp().to_error()?;
                 }
@@ -418,6 +440,13 @@ impl<'a, D: Device> Runner<'a, D> {
             .signal(signal);
             match self.sides[p.qp].queue.post(work) {
                 Ok(posted) => {
+                    let side = &mut self.sides[p.qp];
+                    if matches!(p.op, Op::Send | Op::SendImm | Op::WriteImm) {
+                        side.consumers += 1;
+                    }
+                    if matches!(fault, Some(Fault::BadRkey | Fault::OutOfBounds)) {
+                        side.peer_flushable = true;
+                    }
                     self.trace.push(Event::Post {
                         qp: name.clone(),
                         seq: posted.seq.0,
@@ -653,7 +682,7 @@ impl<'a, D: Device> Runner<'a, D> {
                     if got + possible < n {
                         let e = anyhow!(
                             "only {got} of {n} completions arrived and no more can: {}",
-                            if possible == 0 {
+                            if self.idle() {
                                 "nothing is outstanding".to_string()
                             } else {
                                 format!(
@@ -721,21 +750,31 @@ impl<'a, D: Device> Runner<'a, D> {
                 } else {
                     String::new()
                 };
+                let waiting = s.peer_recvs - s.peer_recv_done;
+                let unused = waiting - s.usable_receives();
+                let unused = if unused > 0 {
+                    format!(
+                        " ({unused} of them used by no SEND or WRITE with immediate posted, \
+                         and not flushed)"
+                    )
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{}: {outstanding} work requests{tail}, {} receives outstanding",
+                    "{}: {outstanding} work requests{tail}, {waiting} receives outstanding{unused}",
                     q.name,
-                    s.peer_recvs - s.peer_recv_done
                 )
             })
             .collect()
     }
 
-    /// The most completions that can still arrive: one per outstanding work request and
-    /// receive.
+    /// The most completions that can still arrive: one per outstanding work request, and
+    /// one per outstanding receive that a SEND or WRITE with immediate posted may still use
+    /// (every one, once the peer may be in the error state and flush them).
     fn completions_possible(&self) -> u64 {
         self.sides
             .iter()
-            .map(|s| u64::from(s.queue.outstanding()) + (s.peer_recvs - s.peer_recv_done))
+            .map(|s| u64::from(s.queue.outstanding()) + s.usable_receives())
             .sum()
     }
 

@@ -427,19 +427,37 @@ impl Scenario {
 
 /// Reads and checks a scenario file.
 pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    use std::io::Read as _;
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+    let error = |message: String| ScenarioError {
         file: file.clone(),
         line: 0,
         column: 0,
-        message: format!("cannot read the scenario: {e}"),
-    })?;
+        message,
+    };
+    // Read up to one byte past the limit: a file larger than any scenario (or a device
+    // that never ends, as /dev/zero) is refused, not read until memory runs out. A pipe
+    // (`selsig run <(generate)`) is read as a file is.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE + 1).read_to_string(&mut text))
+        .map_err(|e| error(format!("cannot read the scenario: {e}")))?;
+    if text.len() as u64 > MAX_FILE {
+        return Err(error(format!(
+            "larger than {} MiB: not a scenario",
+            MAX_FILE >> 20
+        )));
+    }
     let name = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| file.clone());
     parse(&file, &name, &text)
 }
+
+/// The largest scenario file read. Scenarios are a few kilobytes; counts, not lines,
+/// make long runs.
+const MAX_FILE: u64 = 4 << 20;
 
 /// Parses and checks scenario text; `file` names it in errors.
 pub fn parse(file: &str, name: &str, text: &str) -> Result<Scenario, ScenarioError> {
@@ -602,6 +620,33 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 rnr_retry: q.rnr_retry,
                 peer_depth: q.peer_depth,
             });
+        }
+        // Every receive completes (if only flushed): a CQ holds those of the peers that
+        // report to it, and room for a send completion when a send queue reports to it too.
+        // (The providers may round sizes up; the run checks what they made.)
+        for (i, c) in raw.cq.iter().enumerate() {
+            let receives: u64 = qps
+                .iter()
+                .filter(|q| q.peer_cq == i)
+                .map(|q| u64::from(q.peer_depth))
+                .sum();
+            let needed = receives + u64::from(cqs[i].senders > 0);
+            if u64::from(cqs[i].size) < needed {
+                return Err(self.err(
+                    Some(c.span()),
+                    format!(
+                        "cq {:?}: size {} holds less than the {receives} receive slots \
+                         (peer_depth) of the peers that report to it{}",
+                        cqs[i].name,
+                        cqs[i].size,
+                        if cqs[i].senders > 0 {
+                            " and a send completion"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+            }
         }
         let mut regions: Vec<Region> = Vec::new();
         let mut total = 0u64;
@@ -903,11 +948,25 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     }
                 }
                 let bound = &mut recv_bounds[qp];
-                if matches!(op, Op::Send | Op::SendImm | Op::WriteImm) {
-                    bound.consumers += p.count;
+                // SENDs and WRITEs with immediate use the peer's receives, unless the QP is
+                // in the error state (they are flushed): up to a bad local key, which fails
+                // on this side; a bad remote key or address fails at the peer, which goes to
+                // the error state too and flushes its receives.
+                if matches!(op, Op::Send | Op::SendImm | Op::WriteImm) && !bound.requester_error {
+                    bound.consumers += match fault {
+                        Some((Fault::BadLkey, at)) => at - 1,
+                        _ => p.count,
+                    };
+                    bound.consumer_steps.push((bound.consumers, span.clone()));
                 }
-                // A fault may move the peer to the error state, which flushes its receives.
-                bound.flushed |= fault.is_some();
+                match fault {
+                    Some((Fault::BadLkey, _)) => bound.requester_error = true,
+                    Some(_) => {
+                        bound.requester_error = true;
+                        bound.flushed = true;
+                    }
+                    None => {}
+                }
                 Action::Post(Post {
                     qp,
                     op,
@@ -1019,13 +1078,40 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 Action::Dereg(i)
             } else if let Some(q) = &s.to_error {
                 let qp = find_qp(q, span.clone(), true)?;
-                // Either end in the error state flushes the peer's receives.
-                recv_bounds[qp.index].flushed = true;
+                // The peer in the error state flushes its receives; the QP in the error state
+                // flushes the SENDs it posts after, which use none. (Either one in the error
+                // state also ends, with an error, a SEND waiting for a receive.)
+                let bound = &mut recv_bounds[qp.index];
+                match qp.peer {
+                    true => bound.flushed = true,
+                    false => bound.requester_error = true,
+                }
                 Action::ToError(qp)
             } else {
                 unreachable!("exactly one field is set")
             };
             steps.push(action);
+        }
+        // With rnr_retry 7 a SEND or WRITE with immediate that no receive ever serves
+        // waits for one for ever (the NIC retries without end), and so does every step
+        // that waits for it: refused at the first post that has no receive left, unless
+        // an error state ends the wait.
+        for (b, q) in recv_bounds.iter().zip(&qps) {
+            if q.rnr_retry < 7 || b.flushed || b.requester_error || b.consumers <= b.posted {
+                continue;
+            }
+            if let Some((_, span)) = b.consumer_steps.iter().find(|(c, _)| *c > b.posted) {
+                return Err(self.err(
+                    span.clone(),
+                    format!(
+                        "qp {:?} posts {} SENDs and WRITEs with immediate, and the file posts \
+                         {} receives on \"{}.peer\": the rest would wait for a receive for \
+                         ever (rnr_retry 7 retries without end; post the receives, or give \
+                         the qp a smaller rnr_retry to see it fail)",
+                        q.name, b.consumers, b.posted, q.name
+                    ),
+                ));
+            }
         }
         let differs_span = raw.differs.as_ref().map(Spanned::span);
         let differs = raw
@@ -1285,13 +1371,19 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
 }
 
 /// What a peer's receive queue holds at most, as far as the file tells: the receives posted
-/// on it less the SENDs and WRITEs with immediate posted to it (each uses one at most).
-/// Once either end may be in the error state, its receives may be flushed: no bound.
-#[derive(Debug, Clone, Copy, Default)]
+/// on it less the SENDs and WRITEs with immediate posted to it (each uses one at most; those
+/// posted once the QP may be in the error state are flushed and use none). Once the peer
+/// may be in the error state, its receives may be flushed: no bound.
+#[derive(Debug, Clone, Default)]
 struct RecvBound {
     posted: u64,
     consumers: u64,
+    /// The peer may be in the error state (its receives flushed).
     flushed: bool,
+    /// The QP may be in the error state (its later SENDs flushed).
+    requester_error: bool,
+    /// The post steps that added consumers: the consumers after each, and its span.
+    consumer_steps: Vec<(u64, Option<Range<usize>>)>,
 }
 
 /// A poll until idle (`poll = "idle"`, `drain`) waits for every receive to complete: one
@@ -1303,10 +1395,11 @@ fn unused_receives(bounds: &[RecvBound], qps: &[Qp]) -> Result<(), String> {
             return Err(format!(
                 "{} of the {} receives posted on \"{}.peer\" are used by no SEND or WRITE \
                  with immediate posted before: this poll would wait for them for ever (post \
-                 the SENDs first, or move the pair to the error state with to_error, which \
-                 flushes them)",
+                 the SENDs first, or move the peer to the error state, to_error = \
+                 \"{}.peer\", which flushes them)",
                 b.posted - b.consumers,
                 b.posted,
+                q.name,
                 q.name
             ));
         }

@@ -418,6 +418,27 @@ fn failed_expectations_fail_the_run() {
         stderr(&o)
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    // A receive that no SEND or WRITE with immediate can use, and no error flushes, gives
+    // no completion either: the same at once, naming it.
+    let path = dir.join("unused-receive.toml");
+    let text = seed.replace(
+        "poll = \"idle\"",
+        "recv = { qp = \"a.peer\" }\n\n[[step]]\npoll = { cqes = 3 }",
+    );
+    std::fs::write(&path, text).unwrap();
+    let started = std::time::Instant::now();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "2 of 3 completions arrived and no more can: at most 0 more (a: 0 work requests, 1 \
+             receives outstanding (1 of them used by no SEND or WRITE with immediate posted, \
+             and not flushed))"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -527,6 +548,53 @@ fn bad_scenarios_name_file_line_and_problem() {
              immediate posted before: this poll would wait for them for ever",
         ),
         (
+            // Moving the QP (not its peer) to the error state flushes its later SENDs, not
+            // the peer's receives: they still wait.
+            "receives-after-the-requester-failed",
+            seed.replace(
+                "[[step]]\npoll = \"idle\"",
+                "[[step]]\nto_error = \"a\"\n\n[[step]]\nrecv = { qp = \"a.peer\" }\n\n\
+                 [[step]]\npoll = \"idle\"",
+            ),
+            28,
+            "1 of the 1 receives posted on \"a.peer\" are used by no SEND",
+        ),
+        (
+            // A bad local key fails on the QP's side: the peer's receives still wait.
+            "receives-after-a-bad-local-key",
+            seed.replace(
+                "[[step]]\npost",
+                "[[step]]\nrecv = { qp = \"a.peer\" }\n\n[[step]]\npost",
+            )
+            .replace("count = 8 }", "count = 8, fault = \"bad_lkey\" }"),
+            25,
+            "1 of the 1 receives posted on \"a.peer\" are used by no SEND",
+        ),
+        (
+            "sends-that-no-receive-serves",
+            seed.replace(
+                "op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 8",
+                "op = \"send\", size = 0, count = 2",
+            )
+            .replace(
+                "[[step]]\npoll",
+                "[[step]]\nrecv = { qp = \"a.peer\" }\n\n[[step]]\npoll",
+            ),
+            19,
+            "qp \"a\" posts 2 SENDs and WRITEs with immediate, and the file posts 1 \
+             receives on \"a.peer\": the rest would wait for a receive for ever",
+        ),
+        (
+            "cq-smaller-than-its-receives",
+            format!(
+                "{}\n[[cq]]\nname = \"s\"\nsize = 16\n",
+                seed.replace("depth = 16", "depth = 16\nsend_cq = \"s\"\npeer_cq = \"s\"")
+            ),
+            seed.lines().count() + 4,
+            "cq \"s\": size 16 holds less than the 16 receive slots (peer_depth) of the \
+             peers that report to it and a send completion",
+        ),
+        (
             "one-byte-out-of-bounds",
             seed.replace(
                 "size = 64, count = 8",
@@ -567,6 +635,15 @@ fn bad_scenarios_name_file_line_and_problem() {
         assert!(err.contains(problem), "{name}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+    // A file larger than any scenario is refused, not read to the end: /dev/zero ends
+    // never.
+    let o = selsig(&["run", "/dev/zero"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("error: /dev/zero: larger than 4 MiB"),
+        "{}",
+        stderr(&o)
+    );
     let o = selsig(&["run", "/nonexistent/x.toml"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
@@ -1387,34 +1464,38 @@ outcomes = {{ a = ["1-3 completed"] }}
     std::fs::write(&path, scenario("")).unwrap();
     let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    // The peer's four receive slots on the same CQ: nothing is left for the sends.
+    // The peer's four receive slots on the same CQ: nothing is left for the sends. The
+    // file says so (with its line).
     std::fs::write(&path, scenario("peer_cq = \"c\"")).unwrap();
     let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains(
-            "cq \"c\" holds 1 completions, no more than the 4 receive slots of the peers \
-             that report to it: none is left for send completions"
+            ":2:1: cq \"c\": size 1 holds less than the 4 receive slots (peer_depth) of the \
+             peers that report to it and a send completion"
         ),
         "{}",
         stderr(&o)
     );
-    // A CQ of receives only, smaller than its receive queue: twelve SENDs used twelve
-    // receives at once and overran its seven entries.
+    // A CQ of receives only, as large as the receive queue asked for, but the device
+    // rounds them differently (mlx5: 6 entries make 7, 5 receive slots make 8): the queue
+    // could hold eight receives, whose completions would overrun it. Refused when the run
+    // creates them.
     std::fs::write(
         &path,
         r#"description = "a receive-only CQ smaller than the receive queue"
 [[cq]]
 name = "r"
-size = 4
+size = 6
 [[qp]]
 name = "a"
 peer_cq = "r"
+peer_depth = 5
 policy = "always"
 [[step]]
-recv = { qp = "a.peer", count = 12 }
+recv = { qp = "a.peer", count = 5 }
 [[step]]
-post = { qp = "a", op = "send", count = 12 }
+post = { qp = "a", op = "send", count = 5 }
 [[step]]
 poll = "idle"
 "#,
@@ -1424,7 +1505,7 @@ poll = "idle"
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains(
-            "cq \"r\" holds 7 completions, fewer than the 16 receive slots of the peers that \
+            "cq \"r\" holds 7 completions, fewer than the 8 receive slots of the peers that \
              report to it: their completions could overrun it"
         ),
         "{}",
