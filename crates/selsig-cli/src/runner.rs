@@ -54,10 +54,38 @@ struct Side<D: Device> {
 impl<D: Device> Side<D> {
     /// The outstanding receives on the peer that can still complete: those a SEND or
     /// WRITE with immediate posted may still use, or every one once the peer may be in the
-    /// error state and flush them.
+    /// error state and flush them: moved there, or while this queue has work outstanding
+    /// or an error (a request can fail at the peer without a fault: a region without
+    /// remote access, one deregistered, a receive too short).
+    /// When this queue posted more SENDs and WRITEs with immediate than receives were
+    /// posted on its peer, and nothing failed: what the rest wait for.
+    fn rnr_hint(&self, qp: &crate::scenario::Qp) -> String {
+        let healthy =
+            !self.peer_flushable && !matches!(self.queue.state(), QueueState::Error { .. });
+        if !healthy || self.consumers <= self.peer_recvs {
+            return String::new();
+        }
+        format!(
+            " ({} SENDs and WRITEs with immediate beyond the {} receives posted on \"{}.peer\" \
+             wait for one: the peer answers RNR, which rnr_retry {} {})",
+            self.consumers - self.peer_recvs,
+            self.peer_recvs,
+            qp.name,
+            qp.rnr_retry,
+            if qp.rnr_retry == 7 {
+                "retries for ever"
+            } else {
+                "retries a few times, then fails"
+            }
+        )
+    }
+
     fn usable_receives(&self) -> u64 {
         let waiting = self.peer_recvs - self.peer_recv_done;
-        match self.peer_flushable {
+        let may_flush = self.peer_flushable
+            || self.queue.outstanding() > 0
+            || matches!(self.queue.state(), QueueState::Error { .. });
+        match may_flush {
             true => waiting,
             // Every receive completed so far was used by one of them.
             false => waiting.min(self.consumers.saturating_sub(self.peer_recv_done)),
@@ -567,8 +595,12 @@ impl<'a, D: Device> Runner<'a, D> {
             }
             ensure!(
                 start.elapsed() < WAIT,
-                "{:?} stayed full",
-                self.sc.qp_name(own)
+                "{:?} stayed full{}",
+                self.sc.qp_name(own),
+                match own.peer {
+                    false => self.sides[own.index].rnr_hint(&self.sc.qps[own.index]),
+                    true => String::new(),
+                }
             );
             std::thread::yield_now();
         }
@@ -761,8 +793,10 @@ impl<'a, D: Device> Runner<'a, D> {
                     String::new()
                 };
                 format!(
-                    "{}: {outstanding} work requests{tail}, {waiting} receives outstanding{unused}",
+                    "{}: {outstanding} work requests{tail}, {waiting} receives \
+                     outstanding{unused}{}",
                     q.name,
+                    s.rnr_hint(q),
                 )
             })
             .collect()

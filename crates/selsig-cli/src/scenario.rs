@@ -957,7 +957,6 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         Some((Fault::BadLkey, at)) => at - 1,
                         _ => p.count,
                     };
-                    bound.consumer_steps.push((bound.consumers, span.clone()));
                 }
                 match fault {
                     Some((Fault::BadLkey, _)) => bound.requester_error = true,
@@ -1091,27 +1090,6 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 unreachable!("exactly one field is set")
             };
             steps.push(action);
-        }
-        // With rnr_retry 7 a SEND or WRITE with immediate that no receive ever serves
-        // waits for one for ever (the NIC retries without end), and so does every step
-        // that waits for it: refused at the first post that has no receive left, unless
-        // an error state ends the wait.
-        for (b, q) in recv_bounds.iter().zip(&qps) {
-            if q.rnr_retry < 7 || b.flushed || b.requester_error || b.consumers <= b.posted {
-                continue;
-            }
-            if let Some((_, span)) = b.consumer_steps.iter().find(|(c, _)| *c > b.posted) {
-                return Err(self.err(
-                    span.clone(),
-                    format!(
-                        "qp {:?} posts {} SENDs and WRITEs with immediate, and the file posts \
-                         {} receives on \"{}.peer\": the rest would wait for a receive for \
-                         ever (rnr_retry 7 retries without end; post the receives, or give \
-                         the qp a smaller rnr_retry to see it fail)",
-                        q.name, b.consumers, b.posted, q.name
-                    ),
-                ));
-            }
         }
         let differs_span = raw.differs.as_ref().map(Spanned::span);
         let differs = raw
@@ -1374,7 +1352,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
 /// on it less the SENDs and WRITEs with immediate posted to it (each uses one at most; those
 /// posted once the QP may be in the error state are flushed and use none). Once the peer
 /// may be in the error state, its receives may be flushed: no bound.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 struct RecvBound {
     posted: u64,
     consumers: u64,
@@ -1382,8 +1360,6 @@ struct RecvBound {
     flushed: bool,
     /// The QP may be in the error state (its later SENDs flushed).
     requester_error: bool,
-    /// The post steps that added consumers: the consumers after each, and its span.
-    consumer_steps: Vec<(u64, Option<Range<usize>>)>,
 }
 
 /// A poll until idle (`poll = "idle"`, `drain`) waits for every receive to complete: one
