@@ -765,6 +765,7 @@ unsafe fn poll_chunks(
         // has, starts as no status at all: a failed call's completions are those that
         // have one.
         raw[..want].fill(MaybeUninit::new(sys::ibv_wc {
+            wr_id: NO_WR_ID,
             status: NO_STATUS,
             ..sys::ibv_wc::default()
         }));
@@ -775,12 +776,19 @@ unsafe fn poll_chunks(
             Ok(n) => n.min(want),
             // mlx5 returns -2 for a completion it cannot parse after consuming those before
             // it in the same call (and the one it failed on): they are in `raw`, each with
-            // its status written; the failing one has none.
-            Err(_) => raw[..want]
-                .iter()
+            // its status written. The failing one has no status, or (an error completion of
+            // a QP it does not know) a status but no wr_id.
+            Err(_) => {
                 // SAFETY: every entry was initialized above.
-                .take_while(|w| unsafe { w.assume_init_ref() }.status != NO_STATUS)
-                .count(),
+                let entry = |i: usize| unsafe { raw[i].assume_init_ref() };
+                let written = (0..want)
+                    .take_while(|&i| entry(i).status != NO_STATUS)
+                    .count();
+                match written.checked_sub(1) {
+                    Some(last) if entry(last).wr_id == NO_WR_ID => last,
+                    _ => written,
+                }
+            }
         };
         for (o, w) in out[polled..].iter_mut().zip(&raw[..n]) {
             // SAFETY: the first `want` entries were initialized above (integers only); the
@@ -806,6 +814,11 @@ unsafe fn poll_chunks(
 
 /// An `ibv_wc.status` no provider writes (the statuses run from 0 to 21).
 const NO_STATUS: std::ffi::c_uint = std::ffi::c_uint::MAX;
+
+/// The `wr_id` a polled entry starts with: a completion that fails to parse has none
+/// written. (A queue's sends reach it only at sequence number 2^63 - 1; a real
+/// completion with it, last in a failed call, would be taken for the failing one.)
+const NO_WR_ID: u64 = u64::MAX;
 
 /// A negative return of `poll_cq`: `ibv_poll_cq(3)` promises only "negative", not an
 /// errno (mlx5 returns -2 for a completion it cannot parse).
@@ -2053,6 +2066,61 @@ mod tests {
             .unwrap();
         out.truncate(k);
         out
+    }
+
+    /// As mlx5 when the third completion is an error completion of a QP it does not know:
+    /// its status and `qp_num` are written, not its `wr_id`.
+    unsafe extern "C" fn fails_on_an_error_completion(
+        _cq: *mut sys::ibv_cq,
+        n: c_int,
+        wc: *mut sys::ibv_wc,
+    ) -> c_int {
+        assert!(n >= 3);
+        for i in 0..3 {
+            // SAFETY: the poll loop passes room for `n` entries; `i < 3 <= n`.
+            unsafe {
+                let w = wc.add(i);
+                if i < 2 {
+                    (&raw mut (*w).wr_id).write(i as u64 + 1);
+                }
+                let status = if i < 2 {
+                    WcStatus::Success
+                } else {
+                    WcStatus::WrFlushErr
+                };
+                (&raw mut (*w).status).write(status as c_uint);
+                (&raw mut (*w).qp_num).write(if i < 2 { 7 } else { 0x99 });
+            }
+        }
+        -2
+    }
+
+    #[test]
+    fn a_failed_error_completion_is_not_handed_over() {
+        let failed = AtomicI32::new(0);
+        let mut out = vec![WorkCompletion::new(0, WcStatus::GeneralErr, 0); 8];
+        // SAFETY: the fake writes at most the entries asked for and ignores the CQ.
+        let n = unsafe {
+            poll_chunks(
+                fails_on_an_error_completion,
+                std::ptr::null_mut(),
+                &failed,
+                &mut out,
+            )
+        }
+        .unwrap();
+        assert_eq!(
+            out[..n]
+                .iter()
+                .map(|w| (w.wr_id, w.qp_num))
+                .collect::<Vec<_>>(),
+            [(1, 7), (2, 7)]
+        );
+        assert_eq!(
+            failed.load(Ordering::Relaxed),
+            -2,
+            "reported with the next poll"
+        );
     }
 
     /// mlx5 consumes the completions before one it cannot parse, and that one, and returns
