@@ -407,9 +407,12 @@ impl<D: Device, U> Drop for SignaledQueue<D, U> {
         // Completions another queue polled for this one are out of the CQ: they retire
         // their work requests (and give their credits back) as if this queue had polled
         // them.
+        // Its receive slots beside the pool stay taken if its receives' completions may
+        // stay in the CQ, as the credits below.
         if let Some(shared) = self.shared.take() {
             let now = self.now();
-            for wc in shared.unregister(self.qp.qp_num()) {
+            let keep_receives = !self.qp.destroy_cleans_cq();
+            for wc in shared.unregister(self.qp.qp_num(), keep_receives) {
                 let _ = self.handle(&wc, now);
             }
         }
@@ -563,7 +566,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 Ok(queue)
             }
             Err(e) => {
-                shared.unregister(qp_num);
+                shared.unregister(qp_num, false);
                 Err(e)
             }
         }

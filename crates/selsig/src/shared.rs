@@ -144,10 +144,13 @@ impl<D: Device> SharedCq<D> {
     }
 
     /// Removes the inbox of `qp_num`, returning what it held, and frees its receive
-    /// slots.
-    pub(crate) fn unregister(&self, qp_num: u32) -> VecDeque<WorkCompletion> {
+    /// slots unless `keep_receives` (its QP is destroyed without its completions being
+    /// removed from the CQ, as on rxe: its receives' completions may still come).
+    pub(crate) fn unregister(&self, qp_num: u32, keep_receives: bool) -> VecDeque<WorkCompletion> {
         let mut inboxes = self.inboxes();
-        self.receives().remove(&qp_num);
+        if !keep_receives {
+            self.receives().remove(&qp_num);
+        }
         inboxes.remove(&qp_num).unwrap_or_default()
     }
 

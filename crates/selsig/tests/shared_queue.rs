@@ -85,6 +85,8 @@ struct FakeQp {
     depth: u32,
     /// Receive slots, whose completions go to the send CQ.
     recvs: u32,
+    /// Destroying the QP removes its completions from the CQ (mlx5).
+    cleans: bool,
     /// The next post fails with (index, failure).
     fail_next: Mutex<Option<(usize, PostFailure)>>,
 }
@@ -131,6 +133,9 @@ impl QueuePair for FakeQp {
     fn recv_cq_is_send_cq(&self) -> bool {
         self.recvs > 0
     }
+    fn destroy_cleans_cq(&self) -> bool {
+        self.cleans
+    }
 }
 
 struct FakeDevice;
@@ -171,6 +176,7 @@ fn qp(num: u32, depth: u32) -> FakeQp {
         num,
         depth,
         recvs: 0,
+        cleans: false,
         fail_next: Mutex::new(None),
     }
 }
@@ -529,7 +535,12 @@ fn a_shared_cq_keeps_room_for_the_receives_that_report_to_it() {
 
     let shared = SharedCq::with_credits(Arc::clone(&cq), CqCredits::new(4));
     let q1 = Queue::on_shared_cq(with_recvs(1, 2), &shared, config()).unwrap();
-    let _q2 = Queue::on_shared_cq(with_recvs(2, 2), &shared, config()).unwrap();
+    // Destroying q2's QP removes its completions from the CQ (mlx5).
+    let cleaning = FakeQp {
+        cleans: true,
+        ..with_recvs(2, 2)
+    };
+    let q2 = Queue::on_shared_cq(cleaning, &shared, config()).unwrap();
     assert_eq!(
         Queue::on_shared_cq(with_recvs(3, 1), &shared, config()).err(),
         Some(ConfigError::NoCqRoomForReceives {
@@ -539,8 +550,19 @@ fn a_shared_cq_keeps_room_for_the_receives_that_report_to_it() {
         })
     );
     let _q3 = Queue::on_shared_cq(qp(3, 8), &shared, config()).unwrap();
-    // A dropped queue gives its receive slots back.
+    // A dropped queue whose QP's destruction leaves its completions in the CQ (rxe)
+    // keeps its receive slots: its receives' completions may still come.
     drop(q1);
+    assert_eq!(
+        Queue::on_shared_cq(with_recvs(4, 2), &shared, config()).err(),
+        Some(ConfigError::NoCqRoomForReceives {
+            capacity: 8,
+            credits: 4,
+            receives: 6
+        })
+    );
+    // One whose destruction removes them gives them back.
+    drop(q2);
     let _q4 = Queue::on_shared_cq(with_recvs(4, 2), &shared, config()).unwrap();
 }
 
