@@ -301,6 +301,12 @@ pub enum PollError {
     Completion(#[from] CompletionError),
 }
 
+/// How long a drain whose marker finds no credit waits for a completion of its own before
+/// it blames other queues' completions parked with it ([`DrainError::Unrouted`]): one of
+/// its own may be held by another queue that polled it (routed by hand). A NIC writes a
+/// completion within microseconds of the work request's end.
+const OWN_COMPLETION_WAIT: Duration = Duration::from_millis(100);
+
 /// What [`SignaledQueue::post_drain_marker`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainMarker {
@@ -1006,9 +1012,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// On a CQ shared with other queues, completions of theirs that this drain polls wait
     /// for them (in [`take_unclaimed`](Self::take_unclaimed), or on a [`SharedCq`] until
     /// they poll); when the marker needs a credit of a shared pool that those completions
-    /// hold, and no completion of this queue's own is on its way to free one, the drain
-    /// ends with [`DrainError::Unrouted`]: route them (or poll those queues), and drain
-    /// again.
+    /// hold, and no completion of this queue's own is on its way to free one (or none came
+    /// for 100 ms: another queue may have polled it), the drain ends with
+    /// [`DrainError::Unrouted`]: route them (or poll those queues), and drain again.
     pub fn drain(
         &mut self,
         timeout: Duration,
@@ -1017,6 +1023,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
         let start = Instant::now();
         self.start_drain();
         let mut marker_posted = false;
+        // When this queue's own completions last came (or the drain began).
+        let mut own_progress = start;
         loop {
             if !marker_posted {
                 marker_posted = !matches!(
@@ -1024,14 +1032,15 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     DrainMarker::NoRoom
                 );
                 // No room, no completion of this queue on its way to give a credit back
-                // (a signaled work request outstanding, or in the error state any), and
+                // (a signaled work request outstanding, or in the error state any; or none
+                // came for a while: another queue may hold it, routed by hand), and
                 // completions of other queues that hold credits of a shared pool parked
                 // here: only their queues can give those credits back.
                 let own = self.qp.qp_num();
                 let own_coming = match self.tracker.state() {
                     QueueState::Error { .. } => self.tracker.outstanding() > 0,
                     _ => self.tracker.signaled_outstanding() > 0,
-                };
+                } && own_progress.elapsed() < OWN_COMPLETION_WAIT;
                 let foreign = self.unclaimed.iter().filter(|wc| wc.qp_num != own).count()
                     + self
                         .shared
@@ -1043,7 +1052,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     });
                 }
             }
+            let before = self.tracker.outstanding();
             self.poll(out)?;
+            if self.tracker.outstanding() < before {
+                own_progress = Instant::now();
+            }
             if self.tracker.is_idle() {
                 return Ok(());
             }

@@ -592,3 +592,36 @@ fn a_drain_waits_for_its_own_completion_before_blaming_another_queue() {
         (1..=3).map(|i| (i, Outcome::Completed)).collect::<Vec<_>>()
     );
 }
+
+/// Queues routed by hand (a shared pool, no `SharedCq`): B polled A's completion, A polled
+/// B's. A's drain finds no credit; its own completion is not coming (B holds it): after a
+/// while without one, the drain says which completions wait, rather than timing out.
+#[test]
+fn a_drain_whose_own_completion_another_queue_holds_says_so() {
+    let cq = FakeCq::new(3);
+    let pool = CqCredits::new(3);
+    let config = QueueConfig {
+        poll_batch: 1,
+        cq: Some(CqBudget::Shared(pool.clone())),
+        ..QueueConfig::with_policy(Policy::Never)
+    };
+    let mut qa = Queue::with_config(qp(1, 8), Arc::clone(&cq), config.clone()).unwrap();
+    let mut qb = Queue::with_config(qp(2, 8), Arc::clone(&cq), config).unwrap();
+    let remote = RemoteAddr::default();
+    let forced = Work::write_empty(remote, 1).signal(selsig::Signal::Force);
+    assert!(qa.post(forced).unwrap().signaled());
+    assert!(!qa.post(Work::write_empty(remote, 2)).unwrap().signaled());
+    assert!(qb.post(Work::write_empty(remote, 9)).unwrap().signaled());
+    cq.complete(1, WcStatus::Success, 1);
+    cq.complete(1, WcStatus::Success, 2);
+    let (mut done_a, mut done_b) = (Vec::new(), Vec::new());
+    qb.poll(&mut done_b).unwrap();
+    qa.poll(&mut done_a).unwrap();
+    assert!(done_a.is_empty() && done_b.is_empty());
+    let started = std::time::Instant::now();
+    match qa.drain(Duration::from_secs(10), &mut done_a) {
+        Err(DrainError::Unrouted { completions: 1 }) => {}
+        other => panic!("expected Unrouted, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
