@@ -966,6 +966,37 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     }
                     None => {}
                 }
+                // Without a fault, a request may still fail. At the peer, which goes to the
+                // error state and flushes its receives: a region the operation may not
+                // touch (access, the other protection domain, deregistered), a QP that
+                // does not allow it, a receive too short or that cannot be written. Here:
+                // a local region of the other protection domain or deregistered, or one a
+                // READ cannot write. Taken as possible errors, they loosen the bounds.
+                let unusable = |i: usize, need: Access| {
+                    !regions[i].access.contains(need)
+                        || regions[i].other_pd
+                        || deregistered[i].is_some()
+                };
+                let remote_need = match op {
+                    Op::Write | Op::WriteImm => Some(Access::REMOTE_WRITE),
+                    Op::Read => Some(Access::REMOTE_READ),
+                    Op::Send | Op::SendImm => None,
+                };
+                let fails_at_peer = remote_need.is_some_and(|need| {
+                    !qps[qp].peer_access.contains(need) || remote.is_some_and(|r| unusable(r, need))
+                }) || (matches!(op, Op::Send | Op::SendImm | Op::WriteImm)
+                    && (bound.recv_may_fail || bound.smallest_recv.is_some_and(|m| m < p.size)));
+                let local_need = match op {
+                    Op::Read => Access::LOCAL_WRITE,
+                    _ => Access::empty(),
+                };
+                let fails_here = !p.inline && local.is_some_and(|l| unusable(l, local_need));
+                if fails_at_peer {
+                    bound.flushed = true;
+                }
+                if fails_at_peer || fails_here {
+                    bound.requester_error = true;
+                }
                 Action::Post(Post {
                     qp,
                     op,
@@ -1032,6 +1063,14 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 };
                 let bound = &mut recv_bounds[qp.index];
                 bound.posted += r.count;
+                // What may make a SEND into these receives fail (see the post step).
+                bound.smallest_recv = Some(bound.smallest_recv.map_or(r.size, |m| m.min(r.size)));
+                if let Some(i) = region {
+                    bound.recv_regions.push(i);
+                    bound.recv_may_fail |= !regions[i].access.contains(Access::LOCAL_WRITE)
+                        || regions[i].other_pd
+                        || deregistered[i].is_some();
+                }
                 let depth = qps[qp.index].peer_depth;
                 if !bound.flushed && bound.posted.saturating_sub(bound.consumers) > u64::from(depth)
                 {
@@ -1074,6 +1113,10 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     return Err(here(format!("region {r:?} was deregistered by step {k}")));
                 }
                 deregistered[i] = Some(n + 1);
+                // SENDs into receives posted in it will fail.
+                for bound in &mut recv_bounds {
+                    bound.recv_may_fail |= bound.recv_regions.contains(&i);
+                }
                 Action::Dereg(i)
             } else if let Some(q) = &s.to_error {
                 let qp = find_qp(q, span.clone(), true)?;
@@ -1352,7 +1395,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
 /// on it less the SENDs and WRITEs with immediate posted to it (each uses one at most; those
 /// posted once the QP may be in the error state are flushed and use none). Once the peer
 /// may be in the error state, its receives may be flushed: no bound.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct RecvBound {
     posted: u64,
     consumers: u64,
@@ -1360,6 +1403,13 @@ struct RecvBound {
     flushed: bool,
     /// The QP may be in the error state (its later SENDs flushed).
     requester_error: bool,
+    /// The smallest receive posted on the peer: a longer SEND into it fails.
+    smallest_recv: Option<u64>,
+    /// A receive posted on the peer is in a region the NIC cannot write (no local write,
+    /// the other protection domain, deregistered): a SEND into it fails.
+    recv_may_fail: bool,
+    /// The regions receives on the peer were posted in.
+    recv_regions: Vec<usize>,
 }
 
 /// A poll until idle (`poll = "idle"`, `drain`) waits for every receive to complete: one

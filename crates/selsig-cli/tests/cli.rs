@@ -444,7 +444,8 @@ fn failed_expectations_fail_the_run() {
 
 /// A request that fails at the peer without a fault (here a WRITE to a region without
 /// remote write) moves the peer to the error state, which flushes its receives: a
-/// `poll = { cqes = N }` counting on those flushes waits for them.
+/// `poll = { cqes = N }` counting on those flushes waits for them, and a poll until idle
+/// is accepted.
 #[test]
 fn receives_a_failed_request_flushes_count_for_a_poll() {
     let dir = scratch("selsig-cli-flushed-recvs");
@@ -481,6 +482,43 @@ outcomes = { a = ["1 failed:rem_access_err"] }
         let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     }
+    // The checker knows such failures flush the receives: a poll until idle is no wait
+    // for ever. Nor is it after a SEND longer than its receive.
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace("poll = { cqes = 3 }", "poll = \"idle\""),
+    )
+    .unwrap();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    std::fs::write(
+        &path,
+        r#"description = "two SENDs of 64 bytes into a receive of 8"
+[[qp]]
+name = "a"
+policy = "always"
+[[region]]
+name = "src"
+size = 128
+access = ["local_write"]
+[[region]]
+name = "dst"
+size = 64
+access = ["local_write"]
+[[step]]
+recv = { qp = "a.peer", region = "dst", size = 8, count = 2 }
+[[step]]
+post = { qp = "a", op = "send", local = "src", size = 64, count = 1 }
+[[step]]
+poll = "idle"
+[expect]
+outcomes = { a = ["1 failed:rem_inv_req_err"] }
+"#,
+    )
+    .unwrap();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     std::fs::remove_dir_all(&dir).ok();
 }
 
