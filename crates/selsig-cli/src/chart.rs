@@ -67,20 +67,31 @@ fn draw_legend<DB: DrawingBackend>(
     sizes: &[u64],
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let (top, step) = (46, 20);
-    let height = step * sizes.len() as i32 + 8;
+    // As many lines as the panel holds; the last says how many more there are.
+    let (_, height) = area.dim_in_pixel();
+    let room = ((height as i32 - top - 12) / step).max(1) as usize;
+    let (shown, more) = match sizes.len() > room {
+        true => (room - 1, sizes.len() - (room - 1)),
+        false => (sizes.len(), 0),
+    };
+    let lines = (shown + usize::from(more > 0)) as i32;
     area.draw(&Rectangle::new(
-        [(4, top - 12), (LEGEND_WIDTH as i32 - 8, top - 12 + height)],
+        [
+            (4, top - 12),
+            (LEGEND_WIDTH as i32 - 8, top - 12 + step * lines + 8),
+        ],
         BLACK.stroke_width(1),
     ))?;
-    for (i, &size) in sizes.iter().enumerate() {
+    let font = ("sans-serif", 13).into_font();
+    for (i, &size) in sizes.iter().take(shown).enumerate() {
         let y = top + step * i as i32;
         let c = color(i);
         area.draw(&PathElement::new(vec![(12, y), (32, y)], c.stroke_width(2)))?;
-        area.draw(&Text::new(
-            size_label(size),
-            (40, y - 7),
-            ("sans-serif", 13).into_font(),
-        ))?;
+        area.draw(&Text::new(size_label(size), (40, y - 7), font.clone()))?;
+    }
+    if more > 0 {
+        let y = top + step * shown as i32;
+        area.draw(&Text::new(format!("+{more} more"), (12, y - 7), font))?;
     }
     Ok(())
 }

@@ -2066,3 +2066,19 @@ fn fields_that_would_be_ignored_contradict_or_fail_later_are_refused() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A legend holds as many sizes as its panel has room for, and says how many more there
+/// are: it never runs into the next panel.
+#[test]
+fn bench_svg_legends_that_do_not_fit_say_how_many_more() {
+    let sizes = "8,16,32,64,128,256,512,1K,2K,4K,8K,16K,32K,64K,128K,256K,512K,1M";
+    let o = selsig(&["bench", "-n", "20", "-s", sizes, "-e", "1", "--svg", "-"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let texts = svg_texts(&stdout(&o));
+    assert_eq!(
+        texts.iter().filter(|t| *t == "+4 more").count(),
+        3,
+        "{texts:?}"
+    );
+    assert!(!texts.iter().any(|t| t == "131072 B"), "{texts:?}");
+}
