@@ -751,7 +751,16 @@ impl<'a, D: Device> Runner<'a, D> {
 
     fn stuck(&self, n: Option<u64>, got: u64) -> String {
         match n {
-            Some(n) => format!("only {got} of {n} completions arrived (none for {WAIT:?})"),
+            Some(n) => {
+                let waiting = self.outstanding();
+                match waiting.is_empty() {
+                    true => format!("only {got} of {n} completions arrived (none for {WAIT:?})"),
+                    false => format!(
+                        "only {got} of {n} completions arrived (none for {WAIT:?}): {}",
+                        waiting.join("; ")
+                    ),
+                }
+            }
             None => format!(
                 "not idle (no completion for {WAIT:?}): {}",
                 self.outstanding().join("; ")

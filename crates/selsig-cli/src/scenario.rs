@@ -1,7 +1,7 @@
 //! Scenario files: a send-queue story in TOML (see docs/scenarios.md), parsed and checked
 //! before anything runs. Every error names the file, the line and the problem.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
 use std::ops::Range;
 use std::path::Path;
@@ -947,16 +947,29 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         )));
                     }
                 }
+                // A region the NIC cannot use for `need`: its access, the other protection
+                // domain, or deregistered.
+                let unusable = |i: usize, need: Access| {
+                    !regions[i].access.contains(need)
+                        || regions[i].other_pd
+                        || deregistered[i].is_some()
+                };
                 let bound = &mut recv_bounds[qp];
-                // SENDs and WRITEs with immediate use the peer's receives, unless the QP is
-                // in the error state (they are flushed): up to a bad local key, which fails
-                // on this side; a bad remote key or address fails at the peer, which goes to
-                // the error state too and flushes its receives.
+                // SENDs and WRITEs with immediate use the peer's receives, in order, unless
+                // the QP is in the error state (they are flushed): up to a bad local key,
+                // which fails on this side; a bad remote key or address fails at the peer,
+                // which goes to the error state too and flushes its receives.
                 if matches!(op, Op::Send | Op::SendImm | Op::WriteImm) && !bound.requester_error {
-                    bound.consumers += match fault {
+                    let n = match fault {
                         Some((Fault::BadLkey, at)) => at - 1,
                         _ => p.count,
                     };
+                    bound.consumers += n;
+                    let writes = match op {
+                        Op::Send | Op::SendImm => Some(p.size),
+                        _ => None,
+                    };
+                    bound.waiting_sends.push_back((writes, n));
                 }
                 match fault {
                     Some((Fault::BadLkey, _)) => bound.requester_error = true,
@@ -967,36 +980,33 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     None => {}
                 }
                 // Without a fault, a request may still fail. At the peer, which goes to the
-                // error state and flushes its receives: a region the operation may not
-                // touch (access, the other protection domain, deregistered), a QP that
-                // does not allow it, a receive too short or that cannot be written. Here:
-                // a local region of the other protection domain or deregistered, or one a
-                // READ cannot write. Taken as possible errors, they loosen the bounds.
-                let unusable = |i: usize, need: Access| {
-                    !regions[i].access.contains(need)
-                        || regions[i].other_pd
-                        || deregistered[i].is_some()
-                };
+                // error state and flushes its receives: a remote region it may not touch, a
+                // QP that does not allow it (at any length: rxe checks that first), or a
+                // SEND longer than its receive or into one the NIC cannot write. Here: a
+                // local region it cannot use. A zero-length transfer uses no key. Taken as
+                // possible errors, they loosen the bounds.
                 let remote_need = match op {
                     Op::Write | Op::WriteImm => Some(Access::REMOTE_WRITE),
                     Op::Read => Some(Access::REMOTE_READ),
                     Op::Send | Op::SendImm => None,
                 };
                 let fails_at_peer = remote_need.is_some_and(|need| {
-                    !qps[qp].peer_access.contains(need) || remote.is_some_and(|r| unusable(r, need))
-                }) || (matches!(op, Op::Send | Op::SendImm | Op::WriteImm)
-                    && (bound.recv_may_fail || bound.smallest_recv.is_some_and(|m| m < p.size)));
+                    !qps[qp].peer_access.contains(need)
+                        || (p.size > 0 && remote.is_some_and(|r| unusable(r, need)))
+                });
                 let local_need = match op {
                     Op::Read => Access::LOCAL_WRITE,
                     _ => Access::empty(),
                 };
-                let fails_here = !p.inline && local.is_some_and(|l| unusable(l, local_need));
+                let fails_here =
+                    p.size > 0 && !p.inline && local.is_some_and(|l| unusable(l, local_need));
                 if fails_at_peer {
                     bound.flushed = true;
                 }
                 if fails_at_peer || fails_here {
                     bound.requester_error = true;
                 }
+                bound.match_receives(|i| unusable(i, Access::LOCAL_WRITE));
                 Action::Post(Post {
                     qp,
                     op,
@@ -1063,14 +1073,12 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 };
                 let bound = &mut recv_bounds[qp.index];
                 bound.posted += r.count;
-                // What may make a SEND into these receives fail (see the post step).
-                bound.smallest_recv = Some(bound.smallest_recv.map_or(r.size, |m| m.min(r.size)));
-                if let Some(i) = region {
-                    bound.recv_regions.push(i);
-                    bound.recv_may_fail |= !regions[i].access.contains(Access::LOCAL_WRITE)
+                bound.waiting_recvs.push_back((r.size, region, r.count));
+                bound.match_receives(|i| {
+                    !regions[i].access.contains(Access::LOCAL_WRITE)
                         || regions[i].other_pd
-                        || deregistered[i].is_some();
-                }
+                        || deregistered[i].is_some()
+                });
                 let depth = qps[qp.index].peer_depth;
                 if !bound.flushed && bound.posted.saturating_sub(bound.consumers) > u64::from(depth)
                 {
@@ -1113,10 +1121,6 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     return Err(here(format!("region {r:?} was deregistered by step {k}")));
                 }
                 deregistered[i] = Some(n + 1);
-                // SENDs into receives posted in it will fail.
-                for bound in &mut recv_bounds {
-                    bound.recv_may_fail |= bound.recv_regions.contains(&i);
-                }
                 Action::Dereg(i)
             } else if let Some(q) = &s.to_error {
                 let qp = find_qp(q, span.clone(), true)?;
@@ -1403,13 +1407,46 @@ struct RecvBound {
     flushed: bool,
     /// The QP may be in the error state (its later SENDs flushed).
     requester_error: bool,
-    /// The smallest receive posted on the peer: a longer SEND into it fails.
-    smallest_recv: Option<u64>,
-    /// A receive posted on the peer is in a region the NIC cannot write (no local write,
-    /// the other protection domain, deregistered): a SEND into it fails.
-    recv_may_fail: bool,
-    /// The regions receives on the peer were posted in.
-    recv_regions: Vec<usize>,
+    /// SENDs and WRITEs with immediate no receive was matched with yet, in order: (the
+    /// bytes a SEND writes, `None` for a WRITE with immediate, which writes none into
+    /// its receive; how many).
+    waiting_sends: VecDeque<(Option<u64>, u64)>,
+    /// Receives no SEND was matched with yet, in order: (size, region, how many).
+    waiting_recvs: VecDeque<(u64, Option<usize>, u64)>,
+}
+
+impl RecvBound {
+    /// Matches waiting SENDs with waiting receives, in order, as the NIC will: a SEND
+    /// longer than its receive, or writing into a region the NIC cannot write
+    /// (`unwritable`), fails at the peer, which goes to the error state and flushes the
+    /// rest.
+    fn match_receives(&mut self, unwritable: impl Fn(usize) -> bool) {
+        while !self.flushed {
+            let (Some(send), Some(recv)) = (
+                self.waiting_sends.front_mut(),
+                self.waiting_recvs.front_mut(),
+            ) else {
+                return;
+            };
+            let fails = send
+                .0
+                .is_some_and(|len| len > 0 && (len > recv.0 || recv.1.is_some_and(&unwritable)));
+            if fails {
+                self.flushed = true;
+                self.requester_error = true;
+                return;
+            }
+            let n = send.1.min(recv.2);
+            send.1 -= n;
+            recv.2 -= n;
+            if send.1 == 0 {
+                self.waiting_sends.pop_front();
+            }
+            if recv.2 == 0 {
+                self.waiting_recvs.pop_front();
+            }
+        }
+    }
 }
 
 /// A poll until idle (`poll = "idle"`, `drain`) waits for every receive to complete: one

@@ -494,7 +494,7 @@ outcomes = { a = ["1 failed:rem_access_err"] }
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     std::fs::write(
         &path,
-        r#"description = "two SENDs of 64 bytes into a receive of 8"
+        r#"description = "a SEND of 64 bytes into receives of 8"
 [[qp]]
 name = "a"
 policy = "always"
@@ -519,6 +519,58 @@ outcomes = { a = ["1 failed:rem_inv_req_err"] }
     .unwrap();
     let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The checker matches SENDs with receives in order, as the NIC does: a SEND posted
+    // before a receive too short for it fails when that receive comes (and the peer's
+    // error flushes the other); a zero-length SEND uses no key, so a deregistered
+    // region does not fail it. Both run to idle.
+    let head = "[[qp]]\nname = \"a\"\n[[region]]\nname = \"src\"\nsize = 128\n\
+                [[region]]\nname = \"rbuf\"\nsize = 256\naccess = [\"local_write\"]\n";
+    let send = |size: u64| {
+        format!(
+            "[[step]]\npost = {{ qp = \"a\", op = \"send\", local = \"src\", size = {size}, signal = \"force\" }}\n"
+        )
+    };
+    let recv = |size: u64, count: u64, offset: u64| {
+        format!(
+            "[[step]]\nrecv = {{ qp = \"a.peer\", region = \"rbuf\", size = {size}, count = {count}, offset = {offset} }}\n"
+        )
+    };
+    let idle = "[[step]]\npoll = \"idle\"\n";
+    for (name, steps, code) in [
+        (
+            "send-before-short-receives",
+            format!("{}{}{idle}", send(64), recv(8, 2, 0)),
+            0,
+        ),
+        (
+            "zero-length-send-from-a-deregistered-region",
+            format!(
+                "[[step]]\ndereg = \"src\"\n{}{}{}{idle}",
+                send(0),
+                recv(0, 2, 0),
+                send(0)
+            ),
+            0,
+        ),
+        // A SEND into the first, long enough receive does not fail: the second, shorter
+        // one waits for ever.
+        (
+            "send-into-the-first-receive",
+            format!("{}{}{}{idle}", recv(128, 1, 0), recv(8, 1, 128), send(64)),
+            2,
+        ),
+    ] {
+        std::fs::write(&path, format!("description = \"{name}\"\n{head}{steps}")).unwrap();
+        let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+        assert_eq!(o.status.code(), Some(code), "{name}: {}", stderr(&o));
+        if code == 2 {
+            assert!(
+                stderr(&o).contains("used by no SEND"),
+                "{name}: {}",
+                stderr(&o)
+            );
+        }
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 
