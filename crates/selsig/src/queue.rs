@@ -301,10 +301,12 @@ pub enum PollError {
     Completion(#[from] CompletionError),
 }
 
-/// How long a drain whose marker finds no credit waits for a completion of its own before
+/// At least how long a drain routed by hand (no [`SharedCq`]) whose marker finds no
+/// credit waits for a completion of its own (a quarter of its timeout, if longer) before
 /// it blames other queues' completions parked with it ([`DrainError::Unrouted`]): one of
-/// its own may be held by another queue that polled it (routed by hand). A NIC writes a
-/// completion within microseconds of the work request's end.
+/// its own may be held by another queue that polled it. (A slow work request, retried on
+/// RNR or a large transfer, can take longer; on a [`SharedCq`] its completion always
+/// reaches this queue, and the drain waits for it.)
 const OWN_COMPLETION_WAIT: Duration = Duration::from_millis(100);
 
 /// What [`SignaledQueue::post_drain_marker`] did.
@@ -1012,9 +1014,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// On a CQ shared with other queues, completions of theirs that this drain polls wait
     /// for them (in [`take_unclaimed`](Self::take_unclaimed), or on a [`SharedCq`] until
     /// they poll); when the marker needs a credit of a shared pool that those completions
-    /// hold, and no completion of this queue's own is on its way to free one (or none came
-    /// for 100 ms: another queue may have polled it), the drain ends with
-    /// [`DrainError::Unrouted`]: route them (or poll those queues), and drain again.
+    /// hold, and no completion of this queue's own is on its way to free one (or, routed
+    /// by hand, none came for a quarter of `timeout`, at least 100 ms: another queue may
+    /// have polled it), the drain ends with [`DrainError::Unrouted`]: route them (or poll
+    /// those queues), and drain again.
     pub fn drain(
         &mut self,
         timeout: Duration,
@@ -1040,7 +1043,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 let own_coming = match self.tracker.state() {
                     QueueState::Error { .. } => self.tracker.outstanding() > 0,
                     _ => self.tracker.signaled_outstanding() > 0,
-                } && own_progress.elapsed() < OWN_COMPLETION_WAIT;
+                } && (self.shared.is_some()
+                    || own_progress.elapsed() < (timeout / 4).max(OWN_COMPLETION_WAIT));
                 let foreign = self.unclaimed.iter().filter(|wc| wc.qp_num != own).count()
                     + self
                         .shared

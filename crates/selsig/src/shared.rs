@@ -46,7 +46,17 @@ struct Inner<D: Device> {
     /// Completions polled for each registered QP (by number) and not yet taken by it.
     inboxes: Mutex<HashMap<u32, VecDeque<WorkCompletion>>>,
     /// The receive slots of registered QPs whose receive completions go to this CQ.
-    receives: Mutex<HashMap<u32, u32>>,
+    receives: Mutex<Receives>,
+}
+
+/// Receive slots reserved beside the pool.
+#[derive(Default)]
+struct Receives {
+    /// Of each registered QP, by number.
+    by_qp: HashMap<u32, u32>,
+    /// Of QPs whose queues were dropped while their completions may still come: kept for
+    /// the CQ's lifetime (a new QP may get the same number).
+    kept: u32,
 }
 
 impl<D: Device> Clone for SharedCq<D> {
@@ -87,7 +97,7 @@ impl<D: Device> SharedCq<D> {
                 cq,
                 credits,
                 inboxes: Mutex::new(HashMap::new()),
-                receives: Mutex::new(HashMap::new()),
+                receives: Mutex::new(Receives::default()),
             }),
         }
     }
@@ -126,8 +136,11 @@ impl<D: Device> SharedCq<D> {
         }
         let mut reserved = self.receives();
         let total = reserved
+            .by_qp
             .values()
-            .fold(receives, |sum, &r| sum.saturating_add(r));
+            .fold(receives.saturating_add(reserved.kept), |sum, &r| {
+                sum.saturating_add(r)
+            });
         let (capacity, credits) = (self.inner.cq.capacity(), self.inner.credits.capacity());
         if receives > 0 && credits.saturating_add(total) > capacity {
             return Err(ConfigError::NoCqRoomForReceives {
@@ -138,25 +151,29 @@ impl<D: Device> SharedCq<D> {
         }
         inboxes.insert(qp_num, VecDeque::new());
         if receives > 0 {
-            reserved.insert(qp_num, receives);
+            reserved.by_qp.insert(qp_num, receives);
         }
         Ok(())
     }
 
     /// Removes the inbox of `qp_num`, returning what it held, and frees its receive
     /// slots unless `keep_receives` (its QP is destroyed without its completions being
-    /// removed from the CQ, as on rxe: its receives' completions may still come).
+    /// removed from the CQ, as on rxe: its receives' completions may still come; the
+    /// slots stay taken for the CQ's lifetime).
     pub(crate) fn unregister(&self, qp_num: u32, keep_receives: bool) -> VecDeque<WorkCompletion> {
         let mut inboxes = self.inboxes();
-        if !keep_receives {
-            self.receives().remove(&qp_num);
+        let mut reserved = self.receives();
+        if let Some(slots) = reserved.by_qp.remove(&qp_num) {
+            if keep_receives {
+                reserved.kept = reserved.kept.saturating_add(slots);
+            }
         }
         inboxes.remove(&qp_num).unwrap_or_default()
     }
 
     /// The receive slots of registered QPs (taken after the inboxes' lock). A poisoned
     /// lock is taken as it is: every change is one `HashMap` operation.
-    fn receives(&self) -> MutexGuard<'_, HashMap<u32, u32>> {
+    fn receives(&self) -> MutexGuard<'_, Receives> {
         self.inner
             .receives
             .lock()

@@ -561,6 +561,13 @@ fn a_shared_cq_keeps_room_for_the_receives_that_report_to_it() {
             receives: 6
         })
     );
+    // Kept for the CQ's lifetime: a new QP with the same number does not free them.
+    let same_number = FakeQp {
+        cleans: true,
+        ..qp(1, 8)
+    };
+    drop(Queue::on_shared_cq(same_number, &shared, config()).unwrap());
+    assert!(Queue::on_shared_cq(with_recvs(4, 2), &shared, config()).is_err());
     // One whose destruction removes them gives them back.
     drop(q2);
     let _q4 = Queue::on_shared_cq(with_recvs(4, 2), &shared, config()).unwrap();
