@@ -52,11 +52,6 @@ struct Side<D: Device> {
 }
 
 impl<D: Device> Side<D> {
-    /// The outstanding receives on the peer that can still complete: those a SEND or
-    /// WRITE with immediate posted may still use, or every one once the peer may be in the
-    /// error state and flush them: moved there, or while this queue has work outstanding
-    /// or an error (a request can fail at the peer without a fault: a region without
-    /// remote access, one deregistered, a receive too short).
     /// When this queue posted more SENDs and WRITEs with immediate than receives were
     /// posted on its peer, and nothing failed: what the rest wait for.
     fn rnr_hint(&self, qp: &crate::scenario::Qp) -> String {
@@ -80,6 +75,11 @@ impl<D: Device> Side<D> {
         )
     }
 
+    /// The outstanding receives on the peer that can still complete: those a SEND or
+    /// WRITE with immediate posted may still use, or every one once the peer may be in the
+    /// error state and flush them: moved there, or while this queue has work outstanding
+    /// or an error (a request can fail at the peer without a fault: a region without
+    /// remote access, one deregistered, a receive too short).
     fn usable_receives(&self) -> u64 {
         let waiting = self.peer_recvs - self.peer_recv_done;
         let may_flush = self.peer_flushable
