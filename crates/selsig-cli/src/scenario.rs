@@ -947,13 +947,8 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         )));
                     }
                 }
-                // A region the NIC cannot use for `need`: its access, the other protection
-                // domain, or deregistered.
-                let unusable = |i: usize, need: Access| {
-                    !regions[i].access.contains(need)
-                        || regions[i].other_pd
-                        || deregistered[i].is_some()
-                };
+                let cannot_use =
+                    |i: usize, need: Access| unusable(&regions[i], deregistered[i], need);
                 let bound = &mut recv_bounds[qp];
                 // SENDs and WRITEs with immediate use the peer's receives, in order, unless
                 // the QP is in the error state (they are flushed): up to a bad local key,
@@ -992,21 +987,21 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 };
                 let fails_at_peer = remote_need.is_some_and(|need| {
                     !qps[qp].peer_access.contains(need)
-                        || (p.size > 0 && remote.is_some_and(|r| unusable(r, need)))
+                        || (p.size > 0 && remote.is_some_and(|r| cannot_use(r, need)))
                 });
                 let local_need = match op {
                     Op::Read => Access::LOCAL_WRITE,
                     _ => Access::empty(),
                 };
                 let fails_here =
-                    p.size > 0 && !p.inline && local.is_some_and(|l| unusable(l, local_need));
+                    p.size > 0 && !p.inline && local.is_some_and(|l| cannot_use(l, local_need));
                 if fails_at_peer {
                     bound.flushed = true;
                 }
                 if fails_at_peer || fails_here {
                     bound.requester_error = true;
                 }
-                bound.match_receives(|i| unusable(i, Access::LOCAL_WRITE));
+                bound.match_receives(|i| cannot_use(i, Access::LOCAL_WRITE));
                 Action::Post(Post {
                     qp,
                     op,
@@ -1075,9 +1070,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 bound.posted += r.count;
                 bound.waiting_recvs.push_back((r.size, region, r.count));
                 bound.match_receives(|i| {
-                    !regions[i].access.contains(Access::LOCAL_WRITE)
-                        || regions[i].other_pd
-                        || deregistered[i].is_some()
+                    unusable(&regions[i], deregistered[i], Access::LOCAL_WRITE)
                 });
                 let depth = qps[qp.index].peer_depth;
                 if !bound.flushed && bound.posted.saturating_sub(bound.consumers) > u64::from(depth)
@@ -1413,6 +1406,12 @@ struct RecvBound {
     waiting_sends: VecDeque<(Option<u64>, u64)>,
     /// Receives no SEND was matched with yet, in order: (size, region, how many).
     waiting_recvs: VecDeque<(u64, Option<usize>, u64)>,
+}
+
+/// Whether the NIC cannot use `region` for `need`: its access, the other protection
+/// domain, or deregistered (by the step `deregistered`).
+fn unusable(region: &Region, deregistered: Option<usize>, need: Access) -> bool {
+    !region.access.contains(need) || region.other_pd || deregistered.is_some()
 }
 
 impl RecvBound {

@@ -25,6 +25,12 @@ fn scenarios() -> PathBuf {
 }
 
 /// A new directory for a test's files: `name` and this process's id, under the temp dir.
+/// Writes `text` to `path` and runs it as a scenario, quietly.
+fn run_scenario(path: &std::path::Path, text: &str) -> Output {
+    std::fs::write(path, text).unwrap();
+    selsig(&["run", path.to_str().unwrap(), "-q"])
+}
+
 fn scratch(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -485,14 +491,12 @@ outcomes = { a = ["1 failed:rem_access_err"] }
     // The checker knows such failures flush the receives: a poll until idle is no wait
     // for ever. Nor is it after a SEND longer than its receive.
     let text = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(
+    let o = run_scenario(
         &path,
-        text.replace("poll = { cqes = 3 }", "poll = \"idle\""),
-    )
-    .unwrap();
-    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+        &text.replace("poll = { cqes = 3 }", "poll = \"idle\""),
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    std::fs::write(
+    let o = run_scenario(
         &path,
         r#"description = "a SEND of 64 bytes into receives of 8"
 [[qp]]
@@ -515,9 +519,7 @@ poll = "idle"
 [expect]
 outcomes = { a = ["1 failed:rem_inv_req_err"] }
 "#,
-    )
-    .unwrap();
-    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // The checker matches SENDs with receives in order, as the NIC does: a SEND posted
     // before a receive too short for it fails when that receive comes (and the peer's
@@ -560,8 +562,7 @@ outcomes = { a = ["1 failed:rem_inv_req_err"] }
             2,
         ),
     ] {
-        std::fs::write(&path, format!("description = \"{name}\"\n{head}{steps}")).unwrap();
-        let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+        let o = run_scenario(&path, &format!("description = \"{name}\"\n{head}{steps}"));
         assert_eq!(o.status.code(), Some(code), "{name}: {}", stderr(&o));
         if code == 2 {
             assert!(
@@ -580,7 +581,7 @@ outcomes = { a = ["1 failed:rem_inv_req_err"] }
 fn sends_beyond_the_receives_are_named_as_waiting_for_one() {
     let dir = scratch("selsig-cli-rnr");
     let path = dir.join("rnr.toml");
-    std::fs::write(
+    let o = run_scenario(
         &path,
         r#"description = "two SENDs, one receive"
 [[qp]]
@@ -593,9 +594,7 @@ post = { qp = "a", op = "send", count = 2 }
 [[step]]
 poll = "idle"
 "#,
-    )
-    .unwrap();
-    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains(
