@@ -3,6 +3,7 @@
 //! largest run.
 
 use anyhow::{Result, anyhow};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::bench::{Point, Report};
@@ -10,18 +11,73 @@ use crate::bench::{Point, Report};
 const WIDTH: u32 = 1000;
 /// Height of one panel.
 const PANEL: u32 = 370;
-/// One color per message size (colorblind-safe: Okabe and Ito's).
-const COLORS: [RGBColor; 6] = [
+/// One color per message size (colorblind-safe: Okabe and Ito's, without their yellow,
+/// which is faint on white).
+const COLORS: [RGBColor; 7] = [
     RGBColor(0, 114, 178),
     RGBColor(213, 94, 0),
     RGBColor(0, 158, 115),
     RGBColor(204, 121, 167),
     RGBColor(86, 180, 233),
     RGBColor(230, 159, 0),
+    RGBColor(0, 0, 0),
 ];
 
-fn color(i: usize) -> RGBAColor {
-    COLORS[i % COLORS.len()].to_rgba()
+/// The point marker of a series; once the colors run out, the next sizes take the next
+/// shape, so that no two sizes of a chart look alike (up to `COLORS.len()` times the
+/// shapes; triangles are the adaptive policy's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Circle,
+    Square,
+    Cross,
+}
+
+const SHAPES: [Shape; 3] = [Shape::Circle, Shape::Square, Shape::Cross];
+
+/// The color and the marker of the `i`-th size.
+fn style(i: usize) -> (RGBAColor, Shape) {
+    (
+        COLORS[i % COLORS.len()].to_rgba(),
+        SHAPES[(i / COLORS.len()) % SHAPES.len()],
+    )
+}
+
+type LogChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, LogCoord<f64>>>;
+
+/// The markers of a series' points.
+fn draw_markers<'a, DB: DrawingBackend + 'a>(
+    chart: &mut LogChart<'a, DB>,
+    points: &[(f64, f64)],
+    shape: Shape,
+    c: RGBAColor,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let points = points.iter().copied();
+    match shape {
+        Shape::Circle => chart.draw_series(points.map(|at| Circle::new(at, 3, c.filled())))?,
+        Shape::Square => chart.draw_series(
+            points.map(|at| EmptyElement::at(at) + Rectangle::new([(-3, -3), (3, 3)], c.filled())),
+        )?,
+        Shape::Cross => chart.draw_series(points.map(|at| Cross::new(at, 4, c.stroke_width(2))))?,
+    };
+    Ok(())
+}
+
+/// A legend's marker at pixel `at` of its area.
+fn draw_legend_marker<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    at: (i32, i32),
+    shape: Shape,
+    c: RGBAColor,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    match shape {
+        Shape::Circle => area.draw(&Circle::new(at, 3, c.filled())),
+        Shape::Square => area.draw(&Rectangle::new(
+            [(at.0 - 3, at.1 - 3), (at.0 + 3, at.1 + 3)],
+            c.filled(),
+        )),
+        Shape::Cross => area.draw(&Cross::new(at, 4, c.stroke_width(2))),
+    }
 }
 
 /// The x position of a point: log2 of its interval (of the adaptive policy's largest run).
@@ -85,8 +141,9 @@ fn draw_legend<DB: DrawingBackend>(
     let font = ("sans-serif", 13).into_font();
     for (i, &size) in sizes.iter().take(shown).enumerate() {
         let y = top + step * i as i32;
-        let c = color(i);
+        let (c, shape) = style(i);
         area.draw(&PathElement::new(vec![(12, y), (32, y)], c.stroke_width(2)))?;
+        draw_legend_marker(area, (22, y), shape, c)?;
         area.draw(&Text::new(size_label(size), (40, y - 7), font.clone()))?;
     }
     if more > 0 {
@@ -168,13 +225,10 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
         .light_line_style(RGBColor(238, 238, 238))
         .draw()?;
     for (i, &size) in sizes.iter().enumerate() {
-        let c = color(i);
+        let (c, shape) = style(i);
         let line = series(report, size, |p| p.gbit_per_sec);
         chart.draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))?;
-        chart.draw_series(
-            line.iter()
-                .map(|&(x, y)| Circle::new((x, y), 3, c.filled())),
-        )?;
+        draw_markers(&mut chart, &line, shape, c)?;
         chart.draw_series(
             adaptive(report, size, |p| p.gbit_per_sec)
                 .map(|(x, y)| TriangleMarker::new((x, y), 6, c.filled())),
@@ -242,15 +296,13 @@ fn percentile_panel<'a, DB: DrawingBackend + 'a>(
         .draw()
         .map_err(|e| e.to_string())?;
     for (i, &size) in sizes(report).iter().enumerate() {
-        let c = color(i);
+        let (c, shape) = style(i);
         let p50 = series_opt(report, size, |p| of(p).map(|v| v.0));
         let p99 = series_opt(report, size, |p| of(p).map(|v| v.1));
         chart
             .draw_series(LineSeries::new(p50.clone(), c.stroke_width(2)))
             .map_err(|e| e.to_string())?;
-        chart
-            .draw_series(p50.iter().map(|&(x, y)| Circle::new((x, y), 3, c.filled())))
-            .map_err(|e| e.to_string())?;
+        draw_markers(&mut chart, &p50, shape, c).map_err(|e| e.to_string())?;
         chart
             .draw_series(DashedLineSeries::new(p99, 6, 4, c.stroke_width(1)))
             .map_err(|e| e.to_string())?;

@@ -1141,6 +1141,35 @@ fn axis_numbers(texts: &[String], from: &str) -> Vec<f64> {
 }
 
 #[test]
+fn bench_svg_tells_more_sizes_than_colors_apart() {
+    // Eight sizes, seven colors: the eighth size takes the first size's color, with squares
+    // for its points (in the plots and in the legends) where the first has circles.
+    let o = selsig(&[
+        "bench",
+        "-n",
+        "50",
+        "-s",
+        "1,2,3,4,5,6,7,8",
+        "-e",
+        "1",
+        "--svg",
+        "-",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let svg = stdout(&o);
+    let first = r##"fill="#0072B2""##;
+    let count = |tag: &str| {
+        svg.split(tag)
+            .skip(1)
+            .filter(|e| e[..e.find('>').unwrap()].contains(first))
+            .count()
+    };
+    // A point and a legend entry in each of the three panels.
+    assert_eq!(count("<circle"), 6, "the first size's circles");
+    assert_eq!(count("<rect"), 6, "the eighth size's squares");
+}
+
+#[test]
 fn bench_svg_lines_follow_the_interval_axis_and_every_axis_has_numbers() {
     // Intervals named out of order: the line still goes left to right.
     let o = selsig(&[
