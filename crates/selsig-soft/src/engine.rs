@@ -7,8 +7,8 @@
 //! one producer for every completion queue. When idle the thread spins briefly, yields,
 //! then parks until a doorbell wakes it.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use selsig::{Access, AsyncEvent, QpState, WcOpcode, WcStatus};
@@ -140,6 +140,12 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
     }
     let producer = qp.sq.published();
     let mut exec = qp.sq.executed();
+    if s.peer.is_none() && producer != exec {
+        // Connected after this thread took its list of QPs (a connect does not wait for
+        // the next pass): its peer is set before the QP is ready to send, so before any
+        // work request it posts is published.
+        s.peer = qp.peer.lock().as_ref().and_then(Weak::upgrade);
+    }
     let end = producer.min(exec + BUDGET);
     let peer = s.peer.as_deref();
     let mut state = qp.state();

@@ -1790,3 +1790,54 @@ fn rxe_personality_drops_the_completions_an_overrun_cq_has_no_room_for() {
     assert_eq!(state, QpState::Rts);
     assert_eq!(events, ["cq_err"; 3]);
 }
+
+#[test]
+fn a_qp_connected_while_the_nic_is_busy_runs_its_first_work_request() {
+    // The NIC thread keeps a list of the QPs it serves, with their peers: a QP connected
+    // while the thread is in a long pass over another QP must still find its peer.
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let (busy_cq, cq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+    // Created first: the NIC serves them before `a` in each pass.
+    let x = dev
+        .create_qp(&pd, &busy_cq, &busy_cq, &depths(16, 0))
+        .unwrap();
+    let y = dev
+        .create_qp(&pd, &busy_cq, &busy_cq, &depths(16, 0))
+        .unwrap();
+    let a = dev.create_qp(&pd, &cq, &cq, &depths(16, 0)).unwrap();
+    let b = dev.create_qp(&pd, &cq, &cq, &depths(16, 0)).unwrap();
+    connect_pair(&x, &y, &ConnectOptions::default()).unwrap();
+    const LEN: usize = 64 << 20;
+    let src = dev.reg_mr(&pd, LEN, Access::LOCAL_WRITE).unwrap();
+    let dst = dev
+        .reg_mr(&pd, LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    // Half a GiB to copy keeps the NIC thread in one pass over `x` for a while.
+    let wrs: Vec<SendWr<'_>> = (0..8)
+        .map(|i| SendWr {
+            wr_id: i,
+            opcode: Opcode::RdmaWrite,
+            local: Local::Sge(src.sge(0, LEN as u32)),
+            remote: dst.remote(0),
+            imm_data: 0,
+            signaled: i == 7,
+        })
+        .collect();
+    // The NIC thread has taken its list of QPs, then starts copying.
+    std::thread::sleep(Duration::from_millis(50));
+    x.post_send(&wrs).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    a.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Empty,
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: true,
+    }])
+    .unwrap();
+    assert_eq!(statuses(&poll_n(&cq, 1)), [(1, WcStatus::Success)]);
+    assert_eq!(statuses(&poll_n(&busy_cq, 1)), [(7, WcStatus::Success)]);
+}
