@@ -364,6 +364,11 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         (Some(0), _) => bail!("-n 0: zero iterations measure nothing"),
         (Some(n), _) => Stop::Iters(n),
         (None, Some(d)) if d.is_zero() => bail!("-D 0: a duration of zero measures nothing"),
+        (None, Some(d)) if d > crate::remote::MAX_RUN => bail!(
+            "-D {} s: at most a day ({} s) per point",
+            d.as_secs(),
+            crate::remote::MAX_RUN.as_secs()
+        ),
         (None, Some(d)) => Stop::Duration(d),
         (None, None) if perftest => Stop::Iters(PERFTEST_ITERS),
         (None, None) => Stop::Duration(DEFAULT_DURATION),

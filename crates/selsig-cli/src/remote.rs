@@ -33,6 +33,11 @@ const HELLO_WAIT: Duration = Duration::from_secs(30);
 const RUN_WAIT: Duration = Duration::from_secs(300);
 /// How long a client waits for each of the server's replies.
 const REPLY_WAIT: Duration = Duration::from_secs(120);
+/// The longest run a client may announce (`selsig bench -D` takes no longer point).
+pub const MAX_RUN: Duration = Duration::from_secs(24 * 3600);
+/// How long either side takes to hand one message to a peer that does not read it (a
+/// server serves one client at a time). Short in unit tests, which wait it out.
+const SEND_WAIT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 120 });
 /// The longest hello, welcome or check reply accepted (the outcomes may be longer).
 const MAX_SHORT: u64 = 64 << 10;
 /// The server reads a WRITE back this many bytes at a time to check it.
@@ -153,11 +158,35 @@ struct Checked {
     mismatches: Vec<u32>,
 }
 
+/// Sends one message, which the peer must take within [`SEND_WAIT`] however it spreads
+/// its reads (a timeout for each write would let a peer that reads a byte now and then
+/// hold the connection for ever).
 fn send<T: Serialize>(w: &mut TcpStream, msg: &T) -> Result<()> {
     let mut line = serde_json::to_string(msg)?;
     line.push('\n');
-    w.write_all(line.as_bytes())
-        .context("the connection broke")?;
+    let deadline = Instant::now() + SEND_WAIT;
+    let mut rest = line.as_bytes();
+    while !rest.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!("the peer did not take the message within {SEND_WAIT:?}");
+        }
+        w.set_write_timeout(Some(left))?;
+        match w.write(rest) {
+            Ok(0) => bail!("the connection broke"),
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                bail!("the peer did not take the message within {SEND_WAIT:?}")
+            }
+            Err(e) => return Err(e).context("the connection broke"),
+        }
+    }
     Ok(())
 }
 
@@ -656,6 +685,12 @@ fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepa
          selsig on both sides",
         hello.version
     );
+    ensure!(
+        hello.run_s <= MAX_RUN.as_secs() + 1,
+        "the client said its run takes {} s: at most {} s (a day)",
+        hello.run_s,
+        MAX_RUN.as_secs()
+    );
     let slot = hello.size.max(1);
     let bytes = u64::from(hello.wrs).saturating_mul(slot);
     if hello.wrs == 0 || hello.wrs > crate::demo::MAX_WRS || bytes > MAX_BYTES {
@@ -865,13 +900,7 @@ mod tests {
     fn both_sides_refuse_a_peer_of_another_version_of_the_exchange() {
         // The server, before it creates anything for the client.
         let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
-        let info = DeviceInfo {
-            provider: crate::common::ProviderKind::Soft,
-            device: "soft0".into(),
-            personality: None,
-            gid_index: None,
-            rxe: false,
-        };
+        let info = soft_info();
         let old: Hello = serde_json::from_str(&format!(
             r#"{{"qp":{},"wrs":8,"size":64}}"#,
             serde_json::to_string(&wire(&"0".repeat(32))).unwrap()
@@ -911,6 +940,153 @@ mod tests {
                  same selsig on both sides"
             )
         );
+        server.join().unwrap();
+    }
+
+    fn soft_info() -> DeviceInfo {
+        DeviceInfo {
+            provider: crate::common::ProviderKind::Soft,
+            device: "soft0".into(),
+            personality: None,
+            gid_index: None,
+            rxe: false,
+        }
+    }
+
+    /// A hello for `wrs` slots of `size` bytes and a run of `run_s` seconds, from a QP of
+    /// `dev` (returned: it must outlive the exchange).
+    fn hello_from<D: Device>(
+        dev: &D,
+        pd: &D::Pd,
+        cq: &D::Cq,
+        wrs: u32,
+        size: u64,
+        run_s: u64,
+    ) -> (D::Qp, String) {
+        let init = QpInit {
+            caps: QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                ..QpCaps::default()
+            },
+            sq_sig_all: false,
+        };
+        let qp = dev.create_qp(pd, cq, cq, &init).unwrap();
+        let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
+        let hello = Hello {
+            version: PROTOCOL,
+            qp: Wire::from_endpoint(&mine),
+            wrs,
+            size,
+            run_s,
+        };
+        (qp, serde_json::to_string(&hello).unwrap() + "\n")
+    }
+
+    #[test]
+    fn a_server_refuses_a_run_longer_than_a_day_and_survives_any_length() {
+        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(4).unwrap();
+        for run_s in [MAX_RUN.as_secs() + 2, u64::MAX / 2, u64::MAX] {
+            let (_qp, hello) = hello_from(&dev, &pd, &cq, 1, 64, run_s);
+            let (server, mut client) = tcp_pair();
+            client.write_all(hello.as_bytes()).unwrap();
+            let err = serve_one(&dev, &soft_info(), server)
+                .err()
+                .expect("refused")
+                .to_string();
+            assert_eq!(
+                err,
+                format!("the client said its run takes {run_s} s: at most 86400 s (a day)")
+            );
+            // The client hears why.
+            let mut reader = BufReader::new(client);
+            let reply: Reply = receive(&mut reader, "server's reply", MAX_SHORT).unwrap();
+            assert!(
+                matches!(&reply, Reply::Refusal(r) if r.error == err),
+                "{reply:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_server_gives_up_on_a_client_that_does_not_read_its_check() {
+        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(4).unwrap();
+        // Every WRITE said to have completed, none landed: the reply names every one,
+        // megabytes that fill the socket's buffers.
+        let wrs = crate::demo::MAX_WRS;
+        let (_qp, hello) = hello_from(&dev, &pd, &cq, wrs, 1, 0);
+        let (server, mut client) = tcp_pair();
+        let check = serde_json::to_string(&Check {
+            completed: (1..=wrs).collect(),
+            verify: true,
+        })
+        .unwrap()
+            + "\n";
+        let (done, stop) = std::sync::mpsc::channel::<()>();
+        let quiet = std::thread::spawn(move || {
+            client.write_all(hello.as_bytes()).unwrap();
+            client.write_all(check.as_bytes()).unwrap();
+            // Connected, reading nothing, until the server is done.
+            let _ = stop.recv_timeout(Duration::from_secs(60));
+        });
+        let start = Instant::now();
+        let err = serve_one(&dev, &soft_info(), server)
+            .err()
+            .expect("given up")
+            .to_string();
+        assert_eq!(err, "the peer did not take the message within 3s");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            start.elapsed()
+        );
+        drop(done);
+        quiet.join().unwrap();
+    }
+
+    #[test]
+    fn a_client_gives_up_on_a_server_that_does_not_read_its_outcomes() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let (done, stop) = std::sync::mpsc::channel::<()>();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut writer = stream.try_clone().unwrap();
+            let mut reader = BufReader::new(stream);
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            send(
+                &mut writer,
+                &Welcome {
+                    version: PROTOCOL,
+                    qp: wire(&"0".repeat(32)),
+                    addr: 0,
+                    rkey: 1,
+                    device: "rxe0".into(),
+                },
+            )
+            .unwrap();
+            // Connected, reading none of the outcomes, until the client is done.
+            let _ = stop.recv_timeout(Duration::from_secs(60));
+        });
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        let wrs = crate::demo::MAX_WRS;
+        let peer = RemotePeer::connect(&at, &mine, wrs, 1, None).unwrap();
+        let start = Instant::now();
+        let err = peer
+            .check((1..=wrs).collect())
+            .expect_err("given up")
+            .to_string();
+        assert_eq!(err, "the peer did not take the message within 3s");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            start.elapsed()
+        );
+        drop(done);
         server.join().unwrap();
     }
 
