@@ -993,8 +993,7 @@ mod tests {
             let (server, mut client) = tcp_pair();
             client.write_all(hello.as_bytes()).unwrap();
             let err = serve_one(&dev, &soft_info(), server)
-                .err()
-                .expect("refused")
+                .expect_err("refused")
                 .to_string();
             assert_eq!(
                 err,
@@ -1035,8 +1034,7 @@ mod tests {
         });
         let start = Instant::now();
         let err = serve_one(&dev, &soft_info(), server)
-            .err()
-            .expect("given up")
+            .expect_err("given up")
             .to_string();
         assert_eq!(err, "the peer did not take the message within 3s");
         assert!(
