@@ -172,7 +172,7 @@ pub fn cq_entries(depth: u32) -> Result<u32> {
 }
 
 /// Parses a byte count: `64`, `4K`, `4KiB`, `1M`, `64KiB` (K, M, G are binary, as in
-/// perftest).
+/// perftest), a fraction or an exponent that comes to whole bytes (`1.5K`, `1e3`).
 pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     let config = parse_size::Config::new().with_binary();
     let invalid = |e: &dyn std::fmt::Display| {
@@ -180,12 +180,10 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     };
     let trimmed = text.trim();
     let size = config.parse_size(trimmed).map_err(|e| invalid(&e))?;
-    // A fraction must come to whole bytes (1.5K is 1536): the parser would round 1.3 to 1.
-    let number_len = trimmed
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(trimmed.len());
-    let (number, unit) = trimmed.split_at(number_len);
-    if number.contains('.') {
+    // The parser rounds what is not whole bytes (1.3 to 1, 1e-1 to 0): the number is
+    // checked exactly.
+    let (number, unit) = split_number(trimmed);
+    if number.contains(['.', 'e', 'E']) {
         let unit = if unit.trim().is_empty() {
             1
         } else {
@@ -193,12 +191,88 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
                 .parse_size(format!("1{unit}"))
                 .map_err(|e| invalid(&e))?
         };
-        let exact = number.parse::<f64>().map_err(|e| invalid(&e))? * unit as f64;
-        if exact.fract() != 0.0 {
-            return Err(invalid(&format!("{exact} is not a whole number of bytes")));
+        if let Some(fraction) = fraction_of(number, unit).map_err(|e| invalid(&e))? {
+            return Err(invalid(&format!(
+                "{fraction} is not a whole number of bytes"
+            )));
         }
     }
     Ok(size)
+}
+
+/// `text` as its number (digits, a point, an exponent) and the rest (the unit).
+fn split_number(text: &str) -> (&str, &str) {
+    let b = text.as_bytes();
+    let mut end = b
+        .iter()
+        .take_while(|c| c.is_ascii_digit() || **c == b'.')
+        .count();
+    // An exponent, not a unit (`1E` is an exbibyte): `e` or `E` then digits, signed or not.
+    if matches!(b.get(end), Some(b'e' | b'E')) {
+        let sign = usize::from(matches!(b.get(end + 1), Some(b'+' | b'-')));
+        let digits = b[(end + 1 + sign).min(b.len())..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        if digits > 0 {
+            end += 1 + sign + digits;
+        }
+    }
+    text.split_at(end)
+}
+
+/// The exact value of `number` (`1.25`, `15e-1`) times `unit` when it is not a whole
+/// number, written out; `None` when it is.
+fn fraction_of(number: &str, unit: u64) -> std::result::Result<Option<String>, String> {
+    let (mantissa, exponent) = match number.find(['e', 'E']) {
+        Some(at) => (&number[..at], &number[at + 1..]),
+        None => (number, "0"),
+    };
+    let exponent: i64 = exponent
+        .parse()
+        .map_err(|_| format!("the exponent of {number} is too large"))?;
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{int}{frac}");
+    let digits = digits.trim_start_matches('0');
+    // value = digits × unit × 10^(exponent - frac.len()), trailing zeros moved to the power
+    let trimmed = digits.trim_end_matches('0');
+    let zeros = (digits.len() - trimmed.len()) as i64;
+    scaled(trimmed, exponent - frac.len() as i64 + zeros, unit, number)
+}
+
+/// `digits × unit × 10^scale`, written out when it is not whole.
+fn scaled(
+    digits: &str,
+    scale: i64,
+    unit: u64,
+    number: &str,
+) -> std::result::Result<Option<String>, String> {
+    if digits.is_empty() || scale >= 0 {
+        return Ok(None);
+    }
+    let too_long = || format!("{number} has too many digits");
+    let value = digits
+        .parse::<u128>()
+        .ok()
+        .and_then(|m| m.checked_mul(u128::from(unit)))
+        .ok_or_else(too_long)?;
+    let places = u32::try_from(-scale).map_err(|_| too_long())?;
+    let Some(divisor) = 10u128.checked_pow(places) else {
+        // More places than a u128 has digits: a fraction of a byte.
+        return Ok(Some(match unit {
+            1 => number.to_string(),
+            _ => format!("{number} × {unit}"),
+        }));
+    };
+    if value % divisor == 0 {
+        return Ok(None);
+    }
+    let fraction = format!("{:0width$}", value % divisor, width = places as usize);
+    Ok(Some(format!(
+        "{}.{}",
+        value / divisor,
+        fraction.trim_end_matches('0')
+    )))
 }
 
 /// The bytes work request `wr` (1-based) writes: recognisable and different for every
@@ -259,6 +333,39 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn an_exponent_must_come_to_whole_bytes_and_the_error_gives_the_exact_value() {
+        assert_eq!(parse_size("1e3"), Ok(1000));
+        assert_eq!(parse_size("15e-1K"), Ok(1536));
+        assert_eq!(parse_size("2.5E1"), Ok(25));
+        assert_eq!(parse_size("1000e-3"), Ok(1));
+        assert_eq!(parse_size("0e-5"), Ok(0));
+        // A unit, not an exponent: an exbibyte.
+        assert_eq!(parse_size("1E"), Ok(1 << 60));
+        for (text, exact) in [
+            ("1e-1", "0.1"),
+            ("15e-1", "1.5"),
+            ("13e-1", "1.3"),
+            ("1e-3K", "1.024"),
+            ("1.3e-1K", "133.12"),
+            ("1.3", "1.3"),
+            ("2.25K", "2304"),
+        ] {
+            let got = parse_size(text);
+            if text == "2.25K" {
+                assert_eq!(got, Ok(2304));
+                continue;
+            }
+            let e = got.unwrap_err();
+            assert!(
+                e.contains(&format!("{text:?}: {exact} is not a whole number of bytes")),
+                "{text}: {e}"
+            );
+        }
+        let e = parse_size("1e-99").unwrap_err();
+        assert!(e.contains(": 1e-99 is not a whole number of bytes"), "{e}");
     }
 
     #[test]
