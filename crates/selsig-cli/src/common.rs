@@ -51,7 +51,7 @@ pub struct ProviderArgs {
     pub provider: ProviderKind,
     /// The device (verbs: an RDMA device name such as mlx5_0 or rxe0, default the first;
     /// soft: the name given to the software device, default soft0).
-    #[arg(long, short = 'd')]
+    #[arg(long, short = 'd', value_parser = parse_device)]
     pub device: Option<String>,
     /// The software NIC's personality (soft provider only; default mlx5; `run`: the
     /// scenario's, if it names one).
@@ -169,6 +169,14 @@ pub fn cq_entries(depth: u32) -> Result<u32> {
                 u32::MAX
             )
         })
+}
+
+/// A device name: not empty.
+fn parse_device(text: &str) -> std::result::Result<String, String> {
+    match text.trim().is_empty() {
+        true => Err("a device name cannot be empty".to_string()),
+        false => Ok(text.to_string()),
+    }
 }
 
 /// Parses a byte count: `64`, `4K`, `4KiB`, `1M`, `64KiB` (K, M, G are binary, as in

@@ -289,6 +289,10 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             "--gid-index is for the verbs provider",
         ),
         (
+            vec!["demo", "-d", ""],
+            "invalid value '' for '--device <DEVICE>': a device name cannot be empty",
+        ),
+        (
             vec!["run", seed, "-q", "-x", "1"],
             "--gid-index is for the verbs provider",
         ),
