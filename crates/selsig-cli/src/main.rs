@@ -182,11 +182,14 @@ impl OutputFile {
     }
 
     /// Whether this is the file `other` is (the same file named two ways, or through a
-    /// link).
+    /// link), where one text would replace the other: a device (a terminal, `/dev/null`)
+    /// takes both.
     fn is(&self, other: &OutputFile) -> bool {
-        use std::os::unix::fs::MetadataExt as _;
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
         match (self.file.metadata(), other.file.metadata()) {
-            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            (Ok(a), Ok(b)) => {
+                !a.file_type().is_char_device() && (a.dev(), a.ino()) == (b.dev(), b.ino())
+            }
             _ => false,
         }
     }

@@ -1562,6 +1562,21 @@ fn bench_output_options_and_small_queues() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("the same file"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(same).unwrap(), "old\n");
+    // A device takes both (a terminal shows them, /dev/null drops them).
+    let o = selsig(&[
+        "bench",
+        "-n",
+        "100",
+        "-s",
+        "64",
+        "-e",
+        "1",
+        "--json",
+        "/dev/null",
+        "--svg",
+        "/dev/null",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
     // --svg - draws on stdout, without the table.
     let o = selsig(&["bench", "-n", "100", "-s", "64", "-e", "1", "--svg", "-"]);
     assert!(o.status.success(), "{}", stderr(&o));
