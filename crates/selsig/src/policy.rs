@@ -182,17 +182,24 @@ pub fn parse_duration(text: &str) -> Result<Duration, PolicyError> {
         .filter(|&i| i > 0)
         .ok_or_else(bad)?;
     let (num, unit) = text.split_at(split);
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let nanos_per_unit: u64 = match unit.trim() {
-        "ns" => 1,
-        "us" | "µs" => 1_000,
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
+    let of: fn(u64) -> Duration = match unit.trim() {
+        "ns" => Duration::from_nanos,
+        "us" | "µs" => Duration::from_micros,
+        "ms" => Duration::from_millis,
+        "s" => Duration::from_secs,
         _ => return Err(bad()),
     };
-    n.checked_mul(nanos_per_unit)
-        .map(Duration::from_nanos)
-        .ok_or_else(bad)
+    let n: u64 = num
+        .parse()
+        .map_err(|e: std::num::ParseIntError| PolicyError::Number {
+            text: num.to_string(),
+            reason: e.to_string(),
+        })?;
+    let lag = of(n);
+    if lag.as_nanos() > u128::from(u64::MAX) {
+        return Err(PolicyError::LagTooLong(lag));
+    }
+    Ok(lag)
 }
 
 /// Formats a duration the way [`parse_duration`] reads it, in the largest exact unit.
@@ -262,8 +269,23 @@ mod tests {
         assert!("adaptive:4".parse::<Policy>().is_err());
         assert!("every".parse::<Policy>().is_err());
         assert!("always:3".parse::<Policy>().is_err());
-        assert!(parse_duration("99999999999999999999s").is_err());
-        assert!(parse_duration("18446744073709551615s").is_err());
+        // A number beyond 64 bits, a lag beyond the clock: said as such.
+        let e = parse_duration("99999999999999999999s")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"99999999999999999999\"") && e.contains("too large"),
+            "{e}"
+        );
+        assert_eq!(
+            parse_duration("18446744073709551615s"),
+            Err(PolicyError::LagTooLong(Duration::from_secs(u64::MAX)))
+        );
+        let e = "adaptive:4,100000000000000s".parse::<Policy>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "max_lag 100000000000000s is longer than 2^64 ns (about 584 years)"
+        );
         // A sign, a value given twice, a third value.
         let e = "every:+5".parse::<Policy>().unwrap_err().to_string();
         assert!(e.contains("\"+5\""), "{e}");
