@@ -125,6 +125,10 @@ pub(crate) struct DeviceInner {
     /// The `qps_version` the NIC thread last took its list of QPs from: once it reaches a
     /// version, no turn of the NIC serves a QP removed before it.
     pub(crate) served_version: AtomicU64,
+    /// Counts the NIC thread's steps (a group of work requests fetched, a pass): a
+    /// destroy that waits for the thread to pass a QP by sees it move. Written by the NIC
+    /// thread only: a line of its own.
+    pub(crate) steps: Padded<AtomicU64>,
     pub(crate) events: Mutex<VecDeque<AsyncEvent>>,
     pub(crate) stop: AtomicBool,
     /// Read by every doorbell: a line of its own.
@@ -154,6 +158,12 @@ impl DeviceInner {
 
     pub(crate) fn push_event(&self, event: AsyncEvent) {
         self.events.lock().push_back(event);
+    }
+
+    /// The NIC thread took a step (its only writer: no read-modify-write needed).
+    pub(crate) fn step(&self) {
+        let n = self.steps.load(Ordering::Relaxed);
+        self.steps.store(n.wrapping_add(1), Ordering::Relaxed);
     }
 
     /// Bumps `qps_version`; returns the new version.
@@ -226,6 +236,7 @@ impl SoftDevice {
             qps: Mutex::new(Registry::default()),
             qps_version: AtomicU64::new(0),
             served_version: AtomicU64::new(0),
+            steps: Padded(AtomicU64::new(0)),
             events: Mutex::new(VecDeque::new()),
             stop: AtomicBool::new(false),
             sleeping: Padded(AtomicBool::new(false)),
@@ -637,13 +648,18 @@ impl Drop for SoftQp {
     }
 }
 
+/// How long a NIC thread may take no step before a destroy stops waiting for it (short
+/// in unit tests, which wait it out).
+const STUCK: Duration = Duration::from_millis(if cfg!(test) { 500 } else { 60_000 });
+
 impl SoftQp {
     /// Waits until the NIC thread took a list of QPs of `version` or later (so it no
     /// longer serves this QP), or is gone (then nothing serves it). `false` only if a
-    /// running NIC thread does not get there within a minute (it no longer turns): the
-    /// completions are then left in place, and `destroy_cleans_cq` was wrong.
+    /// running NIC thread takes no step for [`STUCK`] (it no longer turns): the
+    /// completions are then left in place, and `destroy_cleans_cq` was wrong. A long pass
+    /// (up to [`engine::BUDGET`] work requests of up to 2 GiB for each QP) is waited out.
     fn wait_unserved(&self, version: u64) -> bool {
-        let start = Instant::now();
+        let mut last = (self.dev.steps.load(Ordering::Relaxed), Instant::now());
         loop {
             if self.dev.served_version.load(Ordering::Acquire) >= version {
                 return true;
@@ -658,9 +674,12 @@ impl SoftQp {
                 // Nothing serves any QP any more.
                 return true;
             }
-            // A turn of the NIC is bounded work (one copy of up to 2 GiB is its longest
-            // step); a minute means a NIC thread that no longer turns.
-            if start.elapsed() > Duration::from_secs(60) {
+            // A step of the NIC is bounded work (a group of copies of up to 2 GiB each): a
+            // thread that takes none for that long no longer turns.
+            let steps = self.dev.steps.load(Ordering::Relaxed);
+            if steps != last.0 {
+                last = (steps, Instant::now());
+            } else if last.1.elapsed() > STUCK {
                 return false;
             }
             if let Some(t) = self.dev.engine_thread.get() {
@@ -1130,5 +1149,53 @@ impl Device for SoftDevice {
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
         self.dev.events.lock().pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_destroy_waits_for_a_nic_pass_that_takes_steps_however_long() {
+        let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(4).unwrap();
+        let init = QpInit {
+            caps: QpCaps {
+                max_send_wr: 1,
+                ..QpCaps::default()
+            },
+            sq_sig_all: false,
+        };
+        let qp = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+        // The NIC thread blocks where it takes its next list of QPs, as if in a long pass,
+        // while its steps go on (counted here in its place) for three times `STUCK`.
+        let registry = dev.dev.qps.lock();
+        let version = dev.dev.bump();
+        let waiter = std::thread::spawn(move || {
+            let start = Instant::now();
+            let unserved = qp.wait_unserved(version);
+            (unserved, start.elapsed(), qp)
+        });
+        let pass = 3 * STUCK;
+        let start = Instant::now();
+        while start.elapsed() < pass {
+            std::thread::sleep(STUCK / 10);
+            dev.dev.step();
+        }
+        let (unserved, waited, qp) = {
+            drop(registry);
+            waiter.join().unwrap()
+        };
+        assert!(unserved, "gave up after {waited:?}");
+        assert!(waited >= pass, "{waited:?}");
+        // A thread that takes no step for `STUCK` no longer turns: the wait ends.
+        let registry = dev.dev.qps.lock();
+        let version = dev.dev.bump();
+        let start = Instant::now();
+        assert!(!qp.wait_unserved(version));
+        assert!(start.elapsed() >= STUCK, "{:?}", start.elapsed());
+        drop(registry);
     }
 }

@@ -80,6 +80,7 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
             dev.served_version.store(version, Ordering::Release);
         }
         let mut progress = false;
+        dev.step();
         {
             let mrs = dev.mrs.read();
             for s in &mut served {
@@ -159,6 +160,7 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
         }
         // Start bringing in the next group while this one executes.
         qp.sq.touch(exec + n as u64, (exec + 2 * n as u64).min(end));
+        dev.step();
         let recording = qp.times.on();
         let mut stamped = exec;
         let mut unstamped_bytes = 0u64;
