@@ -178,6 +178,10 @@ pub struct VerbsDevice {
     ethernet: bool,
     /// Destroying a QP removes its unpolled completions from its CQs (mlx4, mlx5).
     cleans_cq: bool,
+    /// A software device (rxe: no kernel driver behind it), whose kernel flushes a receive
+    /// queue only when the QP moves to the error state or a packet comes: a receive posted
+    /// once the QP is in the error state would never complete.
+    software: bool,
 }
 
 /// The GID index to use on an Ethernet (RoCE) port when none is given, from the port's
@@ -473,7 +477,8 @@ impl VerbsDevice {
                 });
             }
         }
-        let cleans_cq = driver_cleans_cq(driver_of(&ctx.name).as_deref());
+        let driver = driver_of(&ctx.name);
+        let cleans_cq = driver_cleans_cq(driver.as_deref());
         Ok(VerbsDevice {
             ctx,
             limits,
@@ -484,6 +489,7 @@ impl VerbsDevice {
             active_mtu: mtu_bytes(attr.active_mtu),
             ethernet,
             cleans_cq,
+            software: driver.is_none(),
         })
     }
 
@@ -1358,7 +1364,18 @@ impl QueuePair for VerbsQp {
             };
             post(qp, base, &mut bad)
         };
-        post_result(rc, bad, base, wrs.len(), Queue::Recv, || self.state())
+        let result = post_result(rc, bad, base, wrs.len(), Queue::Recv, || self.state());
+        // A receive posted to a QP in the error state is flushed (IBTA 10.8.3.3), but rxe's
+        // kernel flushes a receive queue only when its responder runs (the QP's move to
+        // ERR, a packet), and rxe's `post_recv` never enters the kernel: the receive would
+        // never complete. Moving the QP to ERR again runs the responder. (Should the NIC
+        // move the QP to ERR after this query, its own flush takes the receive.)
+        let posted = result.as_ref().map_or_else(|e| e.index, |()| wrs.len());
+        if posted > 0 && self.dev.software && self.state() == QpState::Err {
+            // Best effort: the receives are posted whatever this says.
+            let _ = self.to_error();
+        }
+        result
     }
 }
 

@@ -217,6 +217,55 @@ fn bad_rkey_fails_one_and_flushes_every_later_wr() {
 
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_receive_posted_in_the_error_state_is_flushed() {
+    let p = pair(8);
+    let local = p.dev.reg_mr(&p.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    let recv = |wr_id| RecvWr {
+        wr_id,
+        sge: Some(local.sge(0, 64)),
+    };
+    // Moved to ERR by the application: the receive posted before is flushed with the
+    // move, the one posted after it too.
+    p.a.post_recv(&[recv(1)]).unwrap();
+    p.a.to_error().unwrap();
+    assert_eq!(poll_n(&p.cq_a, 1)[0].wr_id, 1);
+    p.a.post_recv(&[recv(2), recv(3)]).unwrap();
+    let wcs = poll_n(&p.cq_a, 2);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(2, WcStatus::WrFlushErr), (3, WcStatus::WrFlushErr)]
+    );
+    quiet(&p.cq_a);
+    // Moved to ERR by the device: a WRITE with a bad key fails at the responder `b`.
+    let p2 = pair(8);
+    let local2 = p2.dev.reg_mr(&p2.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    let remote2 = p2.dev.reg_mr(&p2.pd, 4096, RW).unwrap();
+    let mut bad = remote2.remote(0);
+    bad.rkey ^= 0x5a5a;
+    p2.a.post_send(&[write(1, &local2, 0, 64, bad, true)])
+        .unwrap();
+    assert_eq!(poll_n(&p2.cq_a, 1)[0].status, WcStatus::RemAccessErr);
+    let start = Instant::now();
+    while p2.b.state() != QpState::Err {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "b stays {:?}",
+            p2.b.state()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    p2.b.post_recv(&[RecvWr {
+        wr_id: 7,
+        sge: Some(remote2.sge(0, 64)),
+    }])
+    .unwrap();
+    let wcs = poll_n(&p2.cq_b, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (7, WcStatus::WrFlushErr));
+    quiet(&p2.cq_b);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn a_long_list_on_a_short_queue_fails_partly_with_full() {
     let p = pair(8);
     assert!(
