@@ -825,6 +825,15 @@ impl QueuePair for SoftQp {
     }
 
     fn to_error(&self) -> Result<(), ProviderError> {
+        // Any state but RESET may move to ERR (the kernel's `ib_modify_qp_is_ok`, for mlx5
+        // and rxe alike).
+        if self.qp.state() == QpState::Reset {
+            return Err(self.transition_error(
+                QpState::Reset,
+                QpState::Err,
+                "a QP in the reset state moves only to the init state",
+            ));
+        }
         self.qp.set_error();
         self.dev.bump();
         self.dev.ring_doorbell();

@@ -1841,3 +1841,24 @@ fn a_qp_connected_while_the_nic_is_busy_runs_its_first_work_request() {
     assert_eq!(statuses(&poll_n(&cq, 1)), [(1, WcStatus::Success)]);
     assert_eq!(statuses(&poll_n(&busy_cq, 1)), [(7, WcStatus::Success)]);
 }
+
+#[test]
+fn a_qp_in_the_reset_state_does_not_move_to_the_error_state() {
+    // As the kernel's `ib_modify_qp_is_ok` (for mlx5 and rxe alike): RESET goes to INIT.
+    for personality in [Personality::Mlx5, Personality::Rxe] {
+        let dev = SoftDevice::open(SoftConfig::with_personality(personality)).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(8).unwrap();
+        let a = dev.create_qp(&pd, &cq, &cq, &depths(4, 0)).unwrap();
+        let b = dev.create_qp(&pd, &cq, &cq, &depths(4, 0)).unwrap();
+        match a.to_error() {
+            Err(selsig::ProviderError::Transition { from, to, .. }) => {
+                assert_eq!((from, to), (QpState::Reset, QpState::Err), "{personality:?}");
+            }
+            other => panic!("{personality:?}: {other:?}"),
+        }
+        assert_eq!(a.state(), QpState::Reset);
+        connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+        assert_eq!(a.state(), QpState::Rts);
+    }
+}

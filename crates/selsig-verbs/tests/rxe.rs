@@ -679,6 +679,23 @@ fn unconnected(send_wr: u32) -> Unconnected {
     }
 }
 
+/// A QP in the reset state moves only to the init state (the kernel's
+/// `ib_modify_qp_is_ok`): moving it to the error state is refused, and it stays usable.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_qp_in_the_reset_state_does_not_move_to_the_error_state() {
+    let Unconnected { a, b, options, .. } = unconnected(4);
+    match a.to_error() {
+        Err(ProviderError::Transition { from, to, .. }) => {
+            assert_eq!((from, to), (QpState::Reset, QpState::Err));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.state(), QpState::Reset);
+    connect_pair(&a, &b, &options).unwrap();
+    assert_eq!(a.state(), QpState::Rts);
+}
+
 /// A QP that reached RTS takes work requests in the error state, and flushes them (the
 /// provider refuses them up front only in the error state before RTS, where mlx5 would
 /// answer ENOMEM for ever: a unit test covers that; rxe does not let a QP go from RESET
