@@ -915,7 +915,8 @@ impl VerbsQp {
         (rc == 0).then_some(attr)
     }
 
-    /// The path MTU the QP uses, in bytes (`ibv_query_qp`); `None` if it cannot be read.
+    /// The path MTU the QP uses, in bytes (`ibv_query_qp`), once connected (before, what
+    /// the device reports for a QP with no path: 256 on rxe); `None` if it cannot be read.
     pub fn path_mtu(&self) -> Option<u32> {
         self.query(sys::IBV_QP_PATH_MTU)
             .map(|attr| mtu_bytes(attr.path_mtu))
