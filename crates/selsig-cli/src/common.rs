@@ -181,106 +181,122 @@ fn parse_device(text: &str) -> std::result::Result<String, String> {
 
 /// Parses a byte count: `64`, `4K`, `4KiB`, `1M`, `64KiB` (K, M, G are binary, as in
 /// perftest), a fraction or an exponent that comes to whole bytes (`1.5K`, `1e3`).
+///
+/// The `parse-size` crate reads the units, but it rounds (`1.3` to 1, `1e-1` to 0) and
+/// reads more than a number (`1_000`, `1 e-1`): the number is read here, exactly, as
+/// digits with an optional fraction and exponent, then the unit.
 pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     let config = parse_size::Config::new().with_binary();
     let invalid = |e: &dyn std::fmt::Display| {
         format!("invalid size {text:?}: {e} (examples: 64, 4K, 1.5K, 64KiB, 1M)")
     };
     let trimmed = text.trim();
-    let size = config.parse_size(trimmed).map_err(|e| invalid(&e))?;
-    // The parser rounds what is not whole bytes (1.3 to 1, 1e-1 to 0): the number is
-    // checked exactly.
-    let (number, unit) = split_number(trimmed);
-    if number.contains(['.', 'e', 'E']) {
-        let unit = if unit.trim().is_empty() {
-            1
-        } else {
-            config
-                .parse_size(format!("1{unit}"))
-                .map_err(|e| invalid(&e))?
-        };
-        if let Some(fraction) = fraction_of(number, unit).map_err(|e| invalid(&e))? {
-            return Err(invalid(&format!(
-                "{fraction} is not a whole number of bytes"
-            )));
-        }
+    // The crate's own errors name what it does not take ("lots", "4Q").
+    config.parse_size(trimmed).map_err(|e| invalid(&e))?;
+    let (number, unit) = split_number(trimmed)
+        .ok_or_else(|| invalid(&"not a number (digits, a fraction, an exponent) and a unit"))?;
+    let unit = if unit.is_empty() {
+        1
+    } else {
+        config
+            .parse_size(format!("1{unit}"))
+            .map_err(|e| invalid(&e))?
+    };
+    match exact_bytes(number, unit) {
+        Exact::Whole(n) => u64::try_from(n).map_err(|_| invalid(&"more than 2^64 bytes")),
+        Exact::Fraction(exact) => Err(invalid(&format!("{exact} is not a whole number of bytes"))),
+        Exact::TooLarge => Err(invalid(&"more than 2^64 bytes")),
     }
-    Ok(size)
 }
 
-/// `text` as its number (digits, a point, an exponent) and the rest (the unit).
-fn split_number(text: &str) -> (&str, &str) {
+/// `text` as its number (digits, with a fraction, `.5` or `5.` too, and an exponent) and its
+/// unit (letters, after optional blanks); `None` for anything else.
+fn split_number(text: &str) -> Option<(&str, &str)> {
     let b = text.as_bytes();
-    let mut end = b
-        .iter()
-        .take_while(|c| c.is_ascii_digit() || **c == b'.')
-        .count();
+    let digits = |from: usize| b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let int = digits(0);
+    let mut end = int;
+    if b.get(end) == Some(&b'.') {
+        end += 1 + digits(end + 1);
+    }
+    if end == 0 || (end == 1 && int == 0) {
+        return None;
+    }
     // An exponent, not a unit (`1E` is an exbibyte): `e` or `E` then digits, signed or not.
     if matches!(b.get(end), Some(b'e' | b'E')) {
         let sign = usize::from(matches!(b.get(end + 1), Some(b'+' | b'-')));
-        let digits = b[(end + 1 + sign).min(b.len())..]
-            .iter()
-            .take_while(|c| c.is_ascii_digit())
-            .count();
-        if digits > 0 {
-            end += 1 + sign + digits;
+        let exp = digits((end + 1 + sign).min(b.len()));
+        if exp > 0 {
+            end += 1 + sign + exp;
         }
     }
-    text.split_at(end)
+    let (number, unit) = text.split_at(end);
+    let unit = unit.trim_start();
+    unit.bytes()
+        .all(|c| c.is_ascii_alphabetic())
+        .then_some((number, unit))
 }
 
-/// The exact value of `number` (`1.25`, `15e-1`) times `unit` when it is not a whole
-/// number, written out; `None` when it is.
-fn fraction_of(number: &str, unit: u64) -> std::result::Result<Option<String>, String> {
+/// The exact number of bytes of a number read by [`split_number`] times `unit`.
+#[derive(Debug, PartialEq, Eq)]
+enum Exact {
+    Whole(u128),
+    /// Not whole: the exact value written out.
+    Fraction(String),
+    TooLarge,
+}
+
+fn exact_bytes(number: &str, unit: u64) -> Exact {
     let (mantissa, exponent) = match number.find(['e', 'E']) {
         Some(at) => (&number[..at], &number[at + 1..]),
         None => (number, "0"),
     };
-    let exponent: i64 = exponent
-        .parse()
-        .map_err(|_| format!("the exponent of {number} is too large"))?;
     let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
     let digits = format!("{int}{frac}");
     let digits = digits.trim_start_matches('0');
-    // value = digits × unit × 10^(exponent - frac.len()), trailing zeros moved to the power
-    let trimmed = digits.trim_end_matches('0');
-    let zeros = (digits.len() - trimmed.len()) as i64;
-    scaled(trimmed, exponent - frac.len() as i64 + zeros, unit, number)
-}
-
-/// `digits × unit × 10^scale`, written out when it is not whole.
-fn scaled(
-    digits: &str,
-    scale: i64,
-    unit: u64,
-    number: &str,
-) -> std::result::Result<Option<String>, String> {
-    if digits.is_empty() || scale >= 0 {
-        return Ok(None);
+    if digits.is_empty() {
+        return Exact::Whole(0);
     }
-    let too_long = || format!("{number} has too many digits");
-    let value = digits
+    let trimmed = digits.trim_end_matches('0');
+    let zeros = (digits.len() - trimmed.len()) as i128;
+    // value = trimmed × unit × 10^scale; an exponent beyond i64 is beyond any size.
+    let exponent: i128 = match exponent.parse::<i64>() {
+        Ok(e) => e.into(),
+        Err(_) if exponent.starts_with('-') => i128::from(i64::MIN),
+        Err(_) => i128::from(i64::MAX),
+    };
+    let scale = exponent - frac.len() as i128 + zeros;
+    let Some(value) = trimmed
         .parse::<u128>()
         .ok()
         .and_then(|m| m.checked_mul(u128::from(unit)))
-        .ok_or_else(too_long)?;
-    let places = u32::try_from(-scale).map_err(|_| too_long())?;
+    else {
+        return Exact::TooLarge;
+    };
+    if scale >= 0 {
+        return u32::try_from(scale)
+            .ok()
+            .and_then(|s| 10u128.checked_pow(s))
+            .and_then(|p| value.checked_mul(p))
+            .map_or(Exact::TooLarge, Exact::Whole);
+    }
+    let places = u32::try_from(-scale).unwrap_or(u32::MAX);
     let Some(divisor) = 10u128.checked_pow(places) else {
         // More places than a u128 has digits: a fraction of a byte.
-        return Ok(Some(match unit {
+        return Exact::Fraction(match unit {
             1 => number.to_string(),
             _ => format!("{number} × {unit}"),
-        }));
+        });
     };
     if value % divisor == 0 {
-        return Ok(None);
+        return Exact::Whole(value / divisor);
     }
     let fraction = format!("{:0width$}", value % divisor, width = places as usize);
-    Ok(Some(format!(
+    Exact::Fraction(format!(
         "{}.{}",
         value / divisor,
         fraction.trim_end_matches('0')
-    )))
+    ))
 }
 
 /// The bytes work request `wr` (1-based) writes: recognisable and different for every
@@ -369,6 +385,38 @@ mod tests {
         }
         let e = parse_size("1e-99").unwrap_err();
         assert!(e.contains(": 1e-99 is not a whole number of bytes"), "{e}");
+        // Exponents at the ends of 64 bits: refused, without overflow.
+        for text in [
+            "1e-9223372036854775808",
+            "1.5e-9223372036854775808",
+            "1e-99999999999999999999",
+        ] {
+            let e = parse_size(text).unwrap_err();
+            assert!(e.contains("is not a whole number of bytes"), "{text}: {e}");
+        }
+        assert_eq!(parse_size("0e-9223372036854775808"), Ok(0));
+        for text in ["1e30", "1e9223372036854775807", "99999999999999999999"] {
+            assert!(parse_size(text).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_size_is_a_number_and_a_unit_and_nothing_the_parser_would_round() {
+        // What the parse-size crate reads past (and rounds): refused.
+        for text in [
+            "1 e-1", "1_.5", "1_0.5", "1e_-1", "1_e-1K", "2 5e-1", "1e+-1", "3e+-1K", "15e+-1",
+            "1_000",
+        ] {
+            assert!(parse_size(text).is_err(), "{text}: {:?}", parse_size(text));
+        }
+        let e = parse_size("00012e-1").unwrap_err();
+        assert!(e.contains("1.2 is not a whole number"), "{e}");
+        assert_eq!(parse_size("0010e-1"), Ok(1));
+        assert_eq!(parse_size("1e-0"), Ok(1));
+        assert_eq!(parse_size("1E3"), Ok(1000));
+        assert_eq!(parse_size("1EiB"), Ok(1 << 60));
+        assert_eq!(parse_size("2.5e1K"), Ok(25 * 1024));
+        assert_eq!(parse_size(" 4 KiB "), Ok(4096));
     }
 
     #[test]

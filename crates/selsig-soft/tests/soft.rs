@@ -1853,7 +1853,11 @@ fn a_qp_in_the_reset_state_does_not_move_to_the_error_state() {
         let b = dev.create_qp(&pd, &cq, &cq, &depths(4, 0)).unwrap();
         match a.to_error() {
             Err(selsig::ProviderError::Transition { from, to, .. }) => {
-                assert_eq!((from, to), (QpState::Reset, QpState::Err), "{personality:?}");
+                assert_eq!(
+                    (from, to),
+                    (QpState::Reset, QpState::Err),
+                    "{personality:?}"
+                );
             }
             other => panic!("{personality:?}: {other:?}"),
         }
