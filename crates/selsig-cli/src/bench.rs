@@ -365,9 +365,8 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         (Some(n), _) => Stop::Iters(n),
         (None, Some(d)) if d.is_zero() => bail!("-D 0: a duration of zero measures nothing"),
         (None, Some(d)) if d > crate::remote::MAX_RUN => bail!(
-            "-D {} s: at most a day ({} s) per point",
-            d.as_secs(),
-            crate::remote::MAX_RUN.as_secs()
+            "-D {d:?}: at most a day ({:?}) per point",
+            crate::remote::MAX_RUN
         ),
         (None, Some(d)) => Stop::Duration(d),
         (None, None) if perftest => Stop::Iters(PERFTEST_ITERS),

@@ -1254,6 +1254,10 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
         ),
         (&["bench", "-D", "0s"], "-D 0"),
         (
+            &["bench", "-D", "86400.5"],
+            "-D 86400.5s: at most a day (86400s) per point",
+        ),
+        (
             &["bench", "--connect", "127.0.0.1"],
             "--connect 127.0.0.1: needs --provider verbs",
         ),

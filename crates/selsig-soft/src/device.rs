@@ -1204,7 +1204,8 @@ mod tests {
         let version = dev.dev.bump();
         let start = Instant::now();
         assert!(!qp.wait_unserved(version));
-        assert!(start.elapsed() >= STUCK, "{:?}", start.elapsed());
+        let waited = start.elapsed();
+        assert!(waited >= STUCK && waited < 4 * STUCK, "{waited:?}");
         drop(registry);
     }
 }

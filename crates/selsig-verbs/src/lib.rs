@@ -178,9 +178,9 @@ pub struct VerbsDevice {
     ethernet: bool,
     /// Destroying a QP removes its unpolled completions from its CQs (mlx4, mlx5).
     cleans_cq: bool,
-    /// A software device (rxe: no kernel driver behind it), whose kernel flushes a receive
-    /// queue only when the QP moves to the error state or a packet comes: a receive posted
-    /// once the QP is in the error state would never complete.
+    /// A software device (rxe), whose kernel flushes a receive queue only when the QP moves
+    /// to the error state or a packet comes: a receive posted once the QP is in the error
+    /// state would never complete.
     software: bool,
 }
 
@@ -215,6 +215,14 @@ fn default_roce_gid<K: AsRef<str>>(
 /// their `__mlx*_cq_clean`; rxe does not), from the driver's name in sysfs.
 fn driver_cleans_cq(driver: Option<&str>) -> bool {
     matches!(driver, Some("mlx5_core" | "mlx4_core"))
+}
+
+/// Whether device `name` is a software one: rxe names the network device it runs over in
+/// its sysfs `parent` attribute; a device with no kernel driver behind it (or whose sysfs
+/// cannot be read) counts as one too (what costs is a query per receive post).
+fn is_software(name: &str, driver: Option<&str>) -> bool {
+    std::path::Path::new(&format!("/sys/class/infiniband/{name}/parent")).exists()
+        || driver.is_none()
 }
 
 /// The kernel driver of device `name` (`/sys/class/infiniband/NAME/device/driver`; rxe has
@@ -479,6 +487,7 @@ impl VerbsDevice {
         }
         let driver = driver_of(&ctx.name);
         let cleans_cq = driver_cleans_cq(driver.as_deref());
+        let software = is_software(&ctx.name, driver.as_deref());
         Ok(VerbsDevice {
             ctx,
             limits,
@@ -489,7 +498,7 @@ impl VerbsDevice {
             active_mtu: mtu_bytes(attr.active_mtu),
             ethernet,
             cleans_cq,
-            software: driver.is_none(),
+            software,
         })
     }
 
