@@ -1009,6 +1009,17 @@ mod tests {
         }
     }
 
+    /// `err` says the peer did not take a message, soon after `start` (the unit tests'
+    /// wait is 3 s).
+    fn gave_up(err: &str, start: Instant) {
+        assert_eq!(err, "the peer did not take the message within 3s");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
     #[test]
     fn a_server_gives_up_on_a_client_that_does_not_read_its_check() {
         let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
@@ -1036,12 +1047,7 @@ mod tests {
         let err = serve_one(&dev, &soft_info(), server)
             .expect_err("given up")
             .to_string();
-        assert_eq!(err, "the peer did not take the message within 3s");
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{:?}",
-            start.elapsed()
-        );
+        gave_up(&err, start);
         drop(done);
         quiet.join().unwrap();
     }
@@ -1078,12 +1084,7 @@ mod tests {
             .check((1..=wrs).collect())
             .expect_err("given up")
             .to_string();
-        assert_eq!(err, "the peer did not take the message within 3s");
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{:?}",
-            start.elapsed()
-        );
+        gave_up(&err, start);
         drop(done);
         server.join().unwrap();
     }

@@ -219,7 +219,7 @@ fn driver_cleans_cq(driver: Option<&str>) -> bool {
 
 /// Whether device `name` is a software one: rxe names the network device it runs over in
 /// its sysfs `parent` attribute; a device with no kernel driver behind it (or whose sysfs
-/// cannot be read) counts as one too (what costs is a query per receive post).
+/// cannot be read) counts as one too (a wrong guess costs a query per receive post).
 fn is_software(name: &str, driver: Option<&str>) -> bool {
     std::path::Path::new(&format!("/sys/class/infiniband/{name}/parent")).exists()
         || driver.is_none()
@@ -1375,11 +1375,12 @@ impl QueuePair for VerbsQp {
             post(qp, base, &mut bad)
         };
         let result = post_result(rc, bad, base, wrs.len(), Queue::Recv, || self.state());
-        // A receive posted to a QP in the error state is flushed (IBTA 10.8.3.3), but rxe's
-        // kernel flushes a receive queue only when its responder runs (the QP's move to
-        // ERR, a packet), and rxe's `post_recv` never enters the kernel: the receive would
-        // never complete. Moving the QP to ERR again runs the responder. (Should the NIC
-        // move the QP to ERR after this query, its own flush takes the receive.)
+        // A receive posted to a QP in the error state is flushed, as the error state does
+        // with every work request; but rxe's kernel flushes a receive queue only when its
+        // responder runs (the QP's move to ERR, a packet), and rxe's `post_recv` never
+        // enters the kernel: the receive would never complete. Moving the QP to ERR again
+        // runs the responder. (Should the NIC move the QP to ERR after this query, its own
+        // flush takes the receive.)
         let posted = result.as_ref().map_or_else(|e| e.index, |()| wrs.len());
         if posted > 0 && self.dev.software && self.state() == QpState::Err {
             // Best effort: the receives are posted whatever this says.
