@@ -314,7 +314,8 @@ const OWN_COMPLETION_WAIT: Duration = Duration::from_millis(100);
 pub enum DrainMarker {
     /// A marker with this sequence number was posted.
     Posted(Seq),
-    /// Nothing is outstanding, or the last outstanding work request is signaled.
+    /// Nothing is outstanding, or the last outstanding work request is signaled (in the
+    /// error state: it is the last sequence number, so no marker can follow it).
     NotNeeded,
     /// No slot or CQ credit yet: poll and try again.
     NoRoom,
@@ -404,6 +405,9 @@ pub struct SignaledQueue<D: Device, U> {
     /// The CQ shared with other queues that poll it, when created with
     /// [`on_shared_cq`](Self::on_shared_cq).
     shared: Option<SharedCq<D>>,
+    /// Sends of this QP's number below this sequence number are a dropped queue's (on a
+    /// shared CQ): not this queue's.
+    stale_below: u64,
     marker_target: RemoteAddr,
     /// Whether to read the clock ([`QueueConfig::measure_lag`]).
     clock: bool,
@@ -419,8 +423,9 @@ impl<D: Device, U> Drop for SignaledQueue<D, U> {
         // stay in the CQ, as the credits below.
         if let Some(shared) = self.shared.take() {
             let now = self.now();
-            let keep_receives = !self.qp.destroy_cleans_cq();
-            for wc in shared.unregister(self.qp.qp_num(), keep_receives) {
+            let left_in_cq = !self.qp.destroy_cleans_cq();
+            let next = self.tracker.next_seq().0;
+            for wc in shared.unregister(self.qp.qp_num(), left_in_cq, next) {
                 let _ = self.handle(&wc, now);
             }
         }
@@ -536,6 +541,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             ],
             unclaimed: Vec::new(),
             shared: None,
+            stale_below: 0,
             marker_target: config.marker_target,
             clock: config.measure_lag,
             epoch,
@@ -552,6 +558,12 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// When the QP's receive completions go to `shared` too, its receive slots must fit
     /// in the CQ beside the pool's credits and the receive slots of the queues already on
     /// it ([`ConfigError::NoCqRoomForReceives`]).
+    ///
+    /// A QP may get the number of a QP whose queue on `shared` was dropped while that
+    /// queue's completions could still come (its provider's destroy leaves them in the CQ,
+    /// as rxe's). The new queue's sequence numbers then start past the old queue's
+    /// (`config.first_seq` is raised to them), and the old queue's completions go to
+    /// [`take_unclaimed`](Self::take_unclaimed): they retire none of its work requests.
     pub fn on_shared_cq(
         qp: D::Qp,
         shared: &SharedCq<D>,
@@ -567,14 +579,16 @@ impl<D: Device, U> SignaledQueue<D, U> {
             true => qp.caps().max_recv_wr,
             false => 0,
         };
-        shared.register(qp_num, receives)?;
+        let start = shared.register(qp_num, receives)?;
+        config.first_seq = config.first_seq.max(start);
         match Self::with_config(qp, Arc::clone(shared.cq()), config) {
             Ok(mut queue) => {
                 queue.shared = Some(shared.clone());
+                queue.stale_below = start;
                 Ok(queue)
             }
             Err(e) => {
-                shared.unregister(qp_num, false);
+                shared.unregister(qp_num, false, 0);
                 Err(e)
             }
         }
@@ -821,6 +835,12 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// appends the retired work requests to `out`, in posting order. Returns how many
     /// completions were polled.
     ///
+    /// On a [`SharedCq`] the count is of the completions this queue took: from its inbox,
+    /// or from the CQ less those filed for other queues. So 0 does not mean the CQ is
+    /// empty: the poll may have taken only other queues' completions. To wait for this
+    /// queue's work requests, poll while [`outstanding`](Self::outstanding) is not 0,
+    /// rather than while polls return completions.
+    ///
     /// Completions that are not this queue's sends (another QP's on a shared CQ, this QP's
     /// receives) are kept for
     /// [`take_unclaimed`](Self::take_unclaimed) (on a [`SharedCq`], those of other queues
@@ -911,12 +931,14 @@ impl<D: Device, U> SignaledQueue<D, U> {
 
     fn handle(&mut self, wc: &WorkCompletion, now: Instant) -> Result<(), CompletionError> {
         match self.send_seq(wc) {
-            Some(seq) => self
+            Some(seq) if seq.0 >= self.stale_below => self
                 .tracker
                 .handle_completion(&with_seq(wc, seq), now)
                 .map(|_| ())
                 .map_err(|e| with_wr_id(e, wc.wr_id)),
-            None => {
+            // Not a send of this queue: another QP's, a receive's, or one of a dropped
+            // queue of a QP with the same number.
+            _ => {
                 self.unclaimed.push(*wc);
                 Ok(())
             }
@@ -1034,11 +1056,14 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     self.post_drain_marker().map_err(DrainError::Marker)?,
                     DrainMarker::NoRoom
                 );
-                // No room, no completion of this queue on its way to give a credit back
-                // (a signaled work request outstanding, or in the error state any; or none
-                // came for a while: another queue may hold it, routed by hand), and
-                // completions of other queues that hold credits of a shared pool parked
-                // here: only their queues can give those credits back.
+                // No credit of a shared pool (with a slot free: a slot only this queue's
+                // own completions give back), no completion of this queue on its way to
+                // give a credit back (a signaled work request outstanding, or in the error
+                // state any; or none came for a while: another queue may hold it, routed
+                // by hand), and completions of other queues that hold credits of the pool
+                // parked here: only their queues can give those credits back.
+                let short_of_pool_credit = matches!(self.tracker.cq_budget(), CqBudget::Shared(_))
+                    && self.tracker.free_slots() > 0;
                 let own = self.qp.qp_num();
                 let own_coming = match self.tracker.state() {
                     QueueState::Error { .. } => self.tracker.outstanding() > 0,
@@ -1050,7 +1075,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                         .shared
                         .as_ref()
                         .map_or(0, |shared| shared.waiting_for_others(own));
-                if !marker_posted && !own_coming && foreign > 0 {
+                if !marker_posted && short_of_pool_credit && !own_coming && foreign > 0 {
                     return Err(DrainError::Unrouted {
                         completions: foreign,
                     });
@@ -1094,6 +1119,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
             match self.tracker.post_marker(now) {
                 Ok(seq) => self.post_marker(seq).map(|()| DrainMarker::Posted(seq)),
                 Err(e) if e.is_full() => Ok(DrainMarker::NoRoom),
+                // The last sequence number is taken, and signaled: the NIC flushes it and
+                // everything before it.
+                Err(PostError::SeqExhausted { .. }) => Ok(DrainMarker::NotNeeded),
                 Err(e) => Err(QueuePostError::Refused(e)),
             }
         } else {

@@ -717,6 +717,12 @@ impl<T> SendTracker<T> {
         self.policy
     }
 
+    /// The completion-queue budget: a CQ (or part of one) of its own, or a pool shared
+    /// with other queues.
+    pub fn cq_budget(&self) -> &CqBudget {
+        &self.cq
+    }
+
     /// Statistics so far.
     pub fn stats(&self) -> &Stats {
         &self.stats

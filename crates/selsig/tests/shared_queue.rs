@@ -11,8 +11,8 @@ use std::time::Duration;
 use selsig::{
     Access, CompletionQueue, ConfigError, ConnectOptions, CqBudget, CqCredits, CqError, Device,
     DrainError, Endpoint, MemoryRegion, Outcome, Policy, PostFailure, PostWrError, ProviderError,
-    QpCaps, QpInit, QpState, QueueConfig, QueuePair, RecvWr, RemoteAddr, SendWr, Seq, SharedCq,
-    SignaledQueue, WcStatus, Work, WorkCompletion, send_wr_id,
+    QpCaps, QpInit, QpState, QueueConfig, QueuePair, QueueState, RecvWr, RemoteAddr, SendWr, Seq,
+    SharedCq, SignaledQueue, WcStatus, Work, WorkCompletion, send_wr_id,
 };
 
 #[derive(Debug)]
@@ -631,4 +631,125 @@ fn a_drain_whose_own_completion_another_queue_holds_says_so() {
         other => panic!("expected Unrouted, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// In the error state a drain posts a marker behind the outstanding work requests; with
+/// the sequence numbers used up there is none to give it, and none is needed: the NIC
+/// flushes every outstanding work request (the last sequence number is always signaled).
+#[test]
+fn a_drain_in_the_error_state_at_the_last_sequence_number_waits_for_the_flushes() {
+    const LAST: u64 = (1 << 63) - 1;
+    let cq = FakeCq::new(64);
+    let config = QueueConfig {
+        first_seq: LAST - 2,
+        ..QueueConfig::with_policy(Policy::Never)
+    };
+    let mut q = Queue::with_config(qp(1, 8), Arc::clone(&cq), config).unwrap();
+    let remote = RemoteAddr::default();
+    let signaled: Vec<bool> = (1..=3)
+        .map(|i| q.post(Work::write_empty(remote, i)).unwrap().signaled())
+        .collect();
+    assert_eq!(signaled, [false, false, true]);
+    cq.complete(LAST - 2, WcStatus::RemAccessErr, 1);
+    let mut done = Vec::new();
+    q.poll(&mut done).unwrap();
+    assert!(matches!(q.state(), QueueState::Error { .. }));
+    cq.complete(LAST - 1, WcStatus::WrFlushErr, 1);
+    cq.complete(LAST, WcStatus::WrFlushErr, 1);
+    q.drain(Duration::from_secs(5), &mut done).unwrap();
+    assert_eq!(
+        outcomes(&done),
+        [
+            (1, Outcome::Failed(WcStatus::RemAccessErr)),
+            (2, Outcome::Flushed),
+            (3, Outcome::Flushed)
+        ]
+    );
+}
+
+/// A queue with a CQ budget of its own: completions of another QP in its CQ (that QP's
+/// receives) hold none of its credits, so a drain whose marker waits for a slow completion
+/// of its own waits for it, rather than blaming other queues.
+#[test]
+fn a_drain_on_a_budget_of_its_own_waits_for_a_slow_completion() {
+    let cq = FakeCq::new(16);
+    let config = QueueConfig::with_policy(Policy::Every(2));
+    let mut q = Queue::with_config(qp(1, 3), Arc::clone(&cq), config).unwrap();
+    let remote = RemoteAddr::default();
+    let signaled: Vec<bool> = (1..=3)
+        .map(|i| q.post(Work::write_empty(remote, i)).unwrap().signaled())
+        .collect();
+    assert_eq!(signaled, [false, true, false]);
+    // A receive completion of QP 9, whose receive CQ this is.
+    cq.push(WorkCompletion::new(77, WcStatus::Success, 9));
+    let nic = {
+        let cq = Arc::clone(&cq);
+        std::thread::spawn(move || {
+            // Longer than a quarter of the drain's timeout.
+            std::thread::sleep(Duration::from_millis(400));
+            cq.complete(2, WcStatus::Success, 1);
+            // The drain's marker (seq 4), once it had a slot.
+            std::thread::sleep(Duration::from_millis(50));
+            cq.complete(4, WcStatus::Success, 1);
+        })
+    };
+    let mut done = Vec::new();
+    let drained = q.drain(Duration::from_secs(1), &mut done);
+    nic.join().unwrap();
+    drained.unwrap();
+    assert_eq!(
+        outcomes(&done),
+        (1..=3).map(|i| (i, Outcome::Completed)).collect::<Vec<_>>()
+    );
+    assert_eq!(q.take_unclaimed().len(), 1);
+}
+
+/// A queue dropped on a provider whose destroy leaves its completions in the CQ (rxe):
+/// a new queue on a QP that got the same number starts its sequence numbers past the old
+/// queue's, so the old completions cannot retire its work requests; they go to the new
+/// queue's unclaimed completions, as those of a QP without a queue.
+#[test]
+fn completions_left_by_a_dropped_queue_do_not_retire_a_new_queue_on_its_qp_number() {
+    let cq = FakeCq::new(16);
+    let (mut qa, mut qb, shared) = shared_pair(&cq, Policy::Never);
+    let remote = RemoteAddr::default();
+    for i in 1..=3 {
+        qb.post(Work::write_empty(remote, i)).unwrap();
+    }
+    drop(qb);
+    // The destroyed QP's flushes, left in the CQ.
+    for seq in 1..=3 {
+        cq.complete(seq, WcStatus::WrFlushErr, 2);
+    }
+    let config = QueueConfig {
+        poll_batch: 1,
+        ..QueueConfig::with_policy(Policy::Never)
+    };
+    let mut qc = Queue::on_shared_cq(qp(2, 8), &shared, config).unwrap();
+    let seqs: Vec<u64> = (101..=103)
+        .map(|i| qc.post(Work::write_empty(remote, i)).unwrap().seq.0)
+        .collect();
+    assert_eq!(seqs, [4, 5, 6]);
+    let mut done_a = Vec::new();
+    while !cq.ring.lock().unwrap().is_empty() {
+        qa.poll(&mut done_a).unwrap();
+    }
+    let mut done_c = Vec::new();
+    while shared.waiting() > 0 {
+        qc.poll(&mut done_c).unwrap();
+    }
+    assert!(done_a.is_empty() && done_c.is_empty());
+    assert_eq!(qc.state(), QueueState::Ready);
+    assert_eq!(qc.outstanding(), 3);
+    assert_eq!(qc.take_unclaimed().len(), 3);
+    // Its own completion retires its work requests.
+    let marker = qc.confirm_all().unwrap().unwrap();
+    cq.complete(marker.0, WcStatus::Success, 2);
+    qc.poll(&mut done_c).unwrap();
+    assert_eq!(
+        outcomes(&done_c),
+        (101..=103)
+            .map(|i| (i, Outcome::Completed))
+            .collect::<Vec<_>>()
+    );
 }
