@@ -54,6 +54,8 @@ const PAGE: usize = 4096;
 /// The most memory `--region` registers on each side (the soft provider also copies as much
 /// for its memcpy yardstick).
 pub const MAX_REGION: u64 = 4 << 30;
+/// `--region`'s default.
+const DEFAULT_REGION: u64 = 256 << 20;
 /// perftest's cache line: its smallest address step.
 const CACHE_LINE: u64 = 64;
 /// perftest's MB: 2^20 bytes.
@@ -120,16 +122,16 @@ pub struct BenchArgs {
     /// DEPTH the most WRITEs outstanding: --tx-depth, or fewer buffers).
     #[arg(long, value_name = "POLICY")]
     pub adaptive: Option<Policy>,
-    /// The most memory registered on each side; a WRITE larger is refused, and fewer
-    /// buffers than the queue depth are used when they do not all fit.
+    /// The most memory registered on each side (default 256M); a WRITE larger is
+    /// refused, and fewer buffers than the queue depth are used when they do not all fit.
+    /// Not with --cq-mod, which registers what ib_write_bw does: max(SIZE, 4096) bytes.
     #[arg(
         allow_hyphen_values = true,
         long,
-        default_value = "256M",
         value_parser = parse_size,
         value_name = "BYTES"
     )]
-    pub region: u64,
+    pub region: Option<u64>,
     /// Do not record when the soft NIC finished each WRITE (it costs the NIC a clock
     /// reading per completion and per 16 KiB moved, and the application a lookup and two
     /// histogram records per WRITE).
@@ -271,10 +273,17 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
             sizes.len()
         );
     }
+    let region = match (args.region, perftest) {
+        (Some(region), true) => bail!(
+            "--region {region} with --cq-mod: perftest mode registers what ib_write_bw does, max(SIZE, {PAGE}) bytes on each side"
+        ),
+        (Some(region), false) => region,
+        (None, true) => sizes[0].max(PAGE as u64),
+        (None, false) => DEFAULT_REGION,
+    };
     ensure!(
-        args.region <= MAX_REGION,
-        "--region {}: the bench registers at most {MAX_REGION} bytes on each side",
-        args.region
+        region <= MAX_REGION,
+        "--region {region}: the bench registers at most {MAX_REGION} bytes on each side"
     );
     for &size in &sizes {
         ensure!(
@@ -286,9 +295,8 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
             "--size {size} is more than one WRITE carries (4 GiB - 1)"
         );
         ensure!(
-            size <= args.region,
-            "--size {size} is larger than the registered region (--region {})",
-            args.region
+            size <= region,
+            "--size {size} is larger than the registered region (--region {region})"
         );
     }
     // The most WRITEs outstanding at once, per size: in a sweep each owns a buffer, and
@@ -296,7 +304,7 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
     // may exceed it: every buffer would wait for a completion that nothing asks for.
     let outstanding = sizes
         .iter()
-        .map(|&size| (outstanding(args, perftest, size), size))
+        .map(|&size| (outstanding(args, perftest, region, size), size))
         .min()
         .unwrap_or((depth, 0));
     let limit = outstanding.0;
@@ -391,7 +399,7 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         cq_entries,
         post_list,
         inline: args.inline,
-        region: args.region,
+        region,
         // perftest mode reads no clock in its loop, as perftest.
         nic_times: !args.no_nic_times && !perftest,
         perftest,
@@ -417,12 +425,12 @@ fn check_interval(option: &str, n: u32, depth: u32, outstanding: (u32, u64)) -> 
 
 /// The most WRITEs of `size` bytes outstanding at once: the queue depth, or in a sweep
 /// with buffers the number of buffers that fit in the region, if fewer.
-fn outstanding(args: &BenchArgs, perftest: bool, size: u64) -> u32 {
+fn outstanding(args: &BenchArgs, perftest: bool, region: u64, size: u64) -> u32 {
     let depth = args.tx_depth;
     if perftest || args.inline {
         depth
     } else {
-        buffers(args.region, depth, size)
+        buffers(region, depth, size)
     }
 }
 
@@ -1121,13 +1129,14 @@ fn perftest_offset(index: u64, size: u64) -> u64 {
     (index % (PAGE as u64 / step)) * step
 }
 
-/// Nanoseconds as a short human figure: 850ns, 12.3us, 4.56ms.
+/// Nanoseconds as a short human figure: 850ns, 12.3us, 4.56ms; the unit is the one the
+/// figure, rounded, is below 1000 of.
 fn human_ns(ns: f64) -> String {
-    if ns < 1e3 {
+    if ns.round() < 1e3 {
         format!("{ns:.0}ns")
-    } else if ns < 1e6 {
+    } else if (ns / 1e2).round() < 1e4 {
         format!("{:.1}us", ns / 1e3)
-    } else if ns < 1e9 {
+    } else if (ns / 1e4).round() < 1e5 {
         format!("{:.2}ms", ns / 1e6)
     } else {
         format!("{:.2}s", ns / 1e9)
@@ -1191,11 +1200,11 @@ pub fn render(report: &Report) -> String {
         };
         let _ = write!(
             out,
-            "{:>6} {:>18} {:>8} {:>7.2} {:>8.1} {:>6} {:>25}",
+            "{:>6} {:>18} {:>8} {:>7} {:>8.1} {:>6} {:>25}",
             human_size(p.size),
             p.policy,
             rate(p.wr_per_sec / 1e6),
-            p.gbit_per_sec,
+            rate(p.gbit_per_sec),
             p.cqes_per_1000,
             human_ns(p.cpu_ns_per_wr),
             p.lag.as_ref().map_or("-".to_string(), trio),
@@ -1549,6 +1558,12 @@ mod tests {
         assert_eq!(human_ns(850.0), "850ns");
         assert_eq!(human_ns(12_345.0), "12.3us");
         assert_eq!(human_ns(4_560_000.0), "4.56ms");
+        // The unit is chosen after rounding: never "1000ns" or "1000.0us".
+        assert_eq!(human_ns(999.4), "999ns");
+        assert_eq!(human_ns(999.7), "1.0us");
+        assert_eq!(human_ns(999_940.0), "999.9us");
+        assert_eq!(human_ns(999_960.0), "1.00ms");
+        assert_eq!(human_ns(999_996_000.0), "1.00s");
         assert_eq!(human_size(64), "64B");
         assert_eq!(human_size(4096), "4KiB");
         assert_eq!(human_size(1 << 20), "1MiB");
@@ -1560,5 +1575,18 @@ mod tests {
         assert_eq!(rate(0.00234), "0.00234");
         assert_eq!(rate(0.000_2), "0.000200");
         assert_eq!(rate(0.0), "0.00");
+    }
+
+    /// A point slow enough to show its Gb/s with three significant digits, as its rate.
+    #[test]
+    fn a_small_throughput_is_not_printed_as_zero() {
+        let mut report = report_of(&[0.9]);
+        report.points[0].gbit_per_sec = 0.000_6;
+        let table = render(&report);
+        let row = table
+            .lines()
+            .find(|l| l.contains("every:1"))
+            .expect("a row");
+        assert!(row.contains(" 0.000600 "), "{row}");
     }
 }

@@ -139,17 +139,53 @@ fn print_out(text: &str) -> Result<(), Failure> {
 /// A file named on the command line for a command's output: opened before the command
 /// runs, so that a long run does not end in "cannot write"; its old contents are replaced
 /// only by [`write_outputs`], once every output of the command is written, and a file it
-/// created is removed again if the command fails.
+/// created is removed again if the command fails, or a signal stops it.
 struct OutputFile {
+    /// The option that named it.
+    option: &'static str,
     path: PathBuf,
     file: std::fs::File,
-    created: bool,
+    /// The file this command created (the path, or the file a link to nothing named),
+    /// removed unless written.
+    created: Option<PathBuf>,
     written: bool,
+}
+
+/// Files the command created and has neither written nor removed yet.
+static CREATED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// From the first call on, a signal that stops the command (SIGINT, SIGTERM, SIGHUP) first
+/// removes the files in [`CREATED`], then stops it as it would have.
+fn remove_created_on_signals() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    static WATCHING: std::sync::Once = std::sync::Once::new();
+    WATCHING.call_once(|| {
+        // Without the watch (no thread, say), a signal stops the command as before.
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+            return;
+        };
+        let watch = move || {
+            if let Some(signal) = signals.forever().next() {
+                let created = CREATED
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                for path in created.iter() {
+                    let _ = std::fs::remove_file(path);
+                }
+                // The signal's own action: the command ends, killed by it.
+                let _ = signal_hook::low_level::emulate_default_handler(signal);
+                std::process::exit(128 + signal);
+            }
+        };
+        let _ = std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(watch);
+    });
 }
 
 impl OutputFile {
     /// Opens `path` (the value of `option`) for writing, leaving what it holds.
-    fn open(option: &str, path: &Path) -> Result<Self, Failure> {
+    fn open(option: &'static str, path: &Path) -> Result<Self, Failure> {
         use std::fs::OpenOptions;
         let cannot = |e: std::io::Error| {
             Failure::Input(anyhow::Error::new(e).context(format!(
@@ -157,11 +193,19 @@ impl OutputFile {
                 path.display()
             )))
         };
+        // Files created are removed by a signal that stops the command from now on.
+        remove_created_on_signals();
+        let mut created = CREATED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // A new file is ours to remove; anything already there (a file, a FIFO, a link)
         // is opened as it is.
-        let (file, created) = match OpenOptions::new().write(true).create_new(true).open(path) {
-            Ok(file) => (file, true),
+        let (file, new) = match OpenOptions::new().write(true).create_new(true).open(path) {
+            Ok(file) => (file, Some(path.to_path_buf())),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // A link to nothing: opening it creates the file it names, which is ours.
+                let dangling = std::fs::metadata(path)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
                 // Not truncated: the old contents stay until the command succeeds.
                 let file = OpenOptions::new()
                     .write(true)
@@ -169,14 +213,20 @@ impl OutputFile {
                     .truncate(false)
                     .open(path)
                     .map_err(cannot)?;
-                (file, false)
+                let new = match dangling {
+                    true => std::fs::canonicalize(path).ok(),
+                    false => None,
+                };
+                (file, new)
             }
             Err(e) => return Err(cannot(e)),
         };
+        created.extend(new.iter().cloned());
         Ok(OutputFile {
+            option,
             path: path.to_path_buf(),
             file,
-            created,
+            created: new,
             written: false,
         })
     }
@@ -214,7 +264,11 @@ impl OutputFile {
     }
 
     fn cannot_write(&self, e: std::io::Error) -> Failure {
-        Failure::Run(anyhow::Error::new(e).context(format!("cannot write {}", self.path.display())))
+        Failure::Run(anyhow::Error::new(e).context(format!(
+            "{} {}: cannot write the file",
+            self.option,
+            self.path.display()
+        )))
     }
 
     /// Writes `text`: to a FIFO or device directly; for a regular file, into a temporary
@@ -276,9 +330,18 @@ fn write_outputs(mut outputs: Vec<(OutputFile, String)>) -> Result<(), Failure> 
 
 impl Drop for OutputFile {
     fn drop(&mut self) {
-        if self.created && !self.written {
+        let Some(path) = &self.created else {
+            return;
+        };
+        let mut created = CREATED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !self.written {
             // Best effort: the command already failed, and that error is the one to report.
-            let _ = std::fs::remove_file(&self.path);
+            let _ = std::fs::remove_file(path);
+        }
+        if let Some(i) = created.iter().position(|p| p == path) {
+            created.swap_remove(i);
         }
     }
 }

@@ -1059,6 +1059,8 @@ fn bench_perftest_mode_prints_perftest_figures() {
     );
     assert_eq!(v["settings"]["post_list"], 1);
     assert_eq!(v["settings"]["perftest_mode"], true);
+    // perftest's memory, as ib_write_bw registers it: max(size, a page) on each side.
+    assert_eq!(v["settings"]["region"], 4096);
     assert!(
         p["lag"].is_null(),
         "perftest mode reads no clock while it runs: {p}"
@@ -1300,6 +1302,10 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
         // What perftest mode does not reproduce of ib_write_bw.
         (&["bench", "--cq-mod", "4", "-l", "4"], "--post-list 4"),
         (&["bench", "--cq-mod", "4", "-D", "1s"], "--cq-mod with -D"),
+        (
+            &["bench", "--cq-mod", "4", "-s", "64", "--region", "64"],
+            "--region 64 with --cq-mod",
+        ),
         (&["bench", "-e", "-1"], "invalid signal interval \"-1\""),
         (
             &["bench", "--json", "-", "--svg", "-"],
@@ -1469,6 +1475,99 @@ fn bench_outputs_are_written_all_or_nothing() {
     assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(v["points"].as_array().unwrap().len(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A file the command created is removed when the command fails: also when it is stopped
+/// by a signal (Ctrl-C on a long sweep), and when it was created through a link that
+/// pointed nowhere. A file that cannot take its text at the end is named with its option.
+#[test]
+fn output_files_created_are_removed_when_stopped_or_failed() {
+    let dir = scratch("selsig-cli-stopped");
+    let (json, svg) = (dir.join("out.json"), dir.join("out.svg"));
+    for signal in ["INT", "TERM"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_selsig"))
+            .args(["bench", "-s", "64", "-e", "1", "-D", "60s", "--json"])
+            .arg(&json)
+            .arg("--svg")
+            .arg(&svg)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // The files are created before the run starts.
+        let start = std::time::Instant::now();
+        while !(json.exists() && svg.exists()) {
+            assert!(
+                start.elapsed().as_secs() < 30,
+                "the outputs were never created"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let sent = Command::new("kill")
+            .args([format!("-{signal}"), child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt as _;
+        let number = if signal == "INT" { 2 } else { 15 };
+        // Stopped by the signal, as without the clean-up.
+        assert_eq!(status.signal(), Some(number), "{signal}: {status:?}");
+        assert!(
+            !json.exists() && !svg.exists(),
+            "{signal}: outputs left behind"
+        );
+    }
+    // Through a link to a file that does not exist yet: the run fails (an inline WRITE
+    // beyond the limit), and the file the link made is removed.
+    let target = dir.join("target.json");
+    let link = dir.join("link.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let o = selsig(&[
+        "bench",
+        "--inline",
+        "-s",
+        "64K",
+        "-n",
+        "10",
+        "--json",
+        link.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(!target.exists(), "{} was left behind", target.display());
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    // Refused as one file named two ways: neither is left behind.
+    let o = selsig(&[
+        "bench",
+        "-n",
+        "10",
+        "--json",
+        link.to_str().unwrap(),
+        "--svg",
+        target.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!target.exists(), "{} was left behind", target.display());
+    // A file that fails at the end is named with its option.
+    let o = selsig(&[
+        "bench",
+        "-n",
+        "10",
+        "-s",
+        "64",
+        "-e",
+        "1",
+        "--json",
+        "/dev/full",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--json /dev/full: cannot write"),
+        "{}",
+        stderr(&o)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
