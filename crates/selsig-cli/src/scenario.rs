@@ -6,7 +6,7 @@ use std::fmt;
 use std::ops::Range;
 use std::path::Path;
 
-use selsig::{Access, Policy, WcOpcode, WcStatus};
+use selsig::{Access, Policy, PolicyError, WcOpcode, WcStatus};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -53,7 +53,7 @@ impl std::error::Error for ScenarioError {}
 #[serde(deny_unknown_fields)]
 pub struct File {
     /// What the scenario shows.
-    pub description: String,
+    pub description: Spanned<String>,
     #[serde(default)]
     pub device: DeviceSection,
     #[serde(default)]
@@ -253,11 +253,9 @@ pub struct Expect {
     /// Every completion of the run, in trace order.
     pub cqes: Option<Vec<ExpectCqe>>,
     /// Outcomes per QP: ranges of sequence numbers, e.g. `["1-2 completed", "3 failed:rem_access_err"]`.
-    #[serde(default)]
-    pub outcomes: BTreeMap<String, Vec<String>>,
+    pub outcomes: Option<BTreeMap<String, Vec<String>>>,
     /// FNV-1a 64 digests of regions at the end (hex).
-    #[serde(default)]
-    pub digests: BTreeMap<String, String>,
+    pub digests: Option<BTreeMap<String, String>>,
     /// Asynchronous events, as `type:qp` (e.g. `qp_access_err:a.peer`).
     pub events: Option<Vec<String>>,
     /// What differs on rxe (the kernel's Soft-RoCE, and the soft NIC's rxe personality):
@@ -489,6 +487,12 @@ struct Checker<'a, F: Fn(Option<Range<usize>>, String) -> ScenarioError> {
 impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
     fn check(&self, name: &str) -> Result<Scenario, ScenarioError> {
         let raw = self.raw;
+        if raw.description.get_ref().trim().is_empty() {
+            return Err(self.err(
+                Some(raw.description.span()),
+                "description is empty: say what the scenario shows".into(),
+            ));
+        }
         let personality = match &raw.device.personality {
             None => None,
             Some(p) => Some(p.get_ref().parse().map_err(|e: String| {
@@ -570,9 +574,16 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             let policy = if manual {
                 Policy::Never
             } else {
-                q.policy
-                    .parse()
-                    .map_err(|e| self.err(span.clone(), format!("qp {:?}: {e}", q.name)))?
+                q.policy.parse().map_err(|e| {
+                    // The forms a scenario takes: not the adaptive policy, and manual too.
+                    let e = match e {
+                        PolicyError::Unknown(text) => format!(
+                            "unknown policy {text:?}: expected every:N, always, never or manual"
+                        ),
+                        e => e.to_string(),
+                    };
+                    self.err(span.clone(), format!("qp {:?}: {e}", q.name))
+                })?
             };
             if matches!(policy, Policy::Adaptive { .. }) {
                 return Err(self.err(
@@ -585,22 +596,38 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     ),
                 ));
             }
-            let mut cq_for =
-                |named: &Option<String>, own: String, size: u32| -> Result<usize, ScenarioError> {
-                    match named {
-                        Some(n) => cqs.iter().position(|c| &c.name == n).ok_or_else(|| {
-                            self.err(span.clone(), format!("qp {:?}: no cq named {n:?}", q.name))
+            // A QP names a declared CQ (they come first); a QP's own is its alone.
+            let declared = raw.cq.len();
+            let mut cq_for = |named: &Option<String>,
+                              own: String,
+                              size: u32|
+             -> Result<usize, ScenarioError> {
+                match named {
+                    Some(n) => cqs[..declared]
+                        .iter()
+                        .position(|c| &c.name == n)
+                        .ok_or_else(|| {
+                            let own = match n.ends_with(".cq") {
+                                true => {
+                                    " (a QP's own CQ is not shared: declare a [[cq]] to share one)"
+                                }
+                                false => "",
+                            };
+                            self.err(
+                                span.clone(),
+                                format!("qp {:?}: no [[cq]] named {n:?}{own}", q.name),
+                            )
                         }),
-                        None => {
-                            cqs.push(Cq {
-                                name: own,
-                                size,
-                                senders: 0,
-                            });
-                            Ok(cqs.len() - 1)
-                        }
+                    None => {
+                        cqs.push(Cq {
+                            name: own,
+                            size,
+                            senders: 0,
+                        });
+                        Ok(cqs.len() - 1)
                     }
-                };
+                }
+            };
             let send_cq = cq_for(&q.send_cq, format!("{}.cq", q.name), 2 * q.depth + 2)?;
             let peer_cq = cq_for(
                 &q.peer_cq,
@@ -1186,16 +1213,8 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 self.expectations(r, span.clone(), &qps, &regions, "expect.rxe")?;
                 expect_rxe = Some(Expect {
                     cqes: r.cqes.clone().or_else(|| e.cqes.clone()),
-                    outcomes: if r.outcomes.is_empty() {
-                        e.outcomes.clone()
-                    } else {
-                        r.outcomes.clone()
-                    },
-                    digests: if r.digests.is_empty() {
-                        e.digests.clone()
-                    } else {
-                        r.digests.clone()
-                    },
+                    outcomes: r.outcomes.clone().or_else(|| e.outcomes.clone()),
+                    digests: r.digests.clone().or_else(|| e.digests.clone()),
                     events: r.events.clone().or_else(|| e.events.clone()),
                     rxe: None,
                 });
@@ -1210,7 +1229,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
         }
         Ok(Scenario {
             name: name.to_string(),
-            description: raw.description.clone(),
+            description: raw.description.get_ref().clone(),
             personality,
             cqs,
             qps,
@@ -1256,8 +1275,47 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     ));
                 }
             }
+            // What the trace shows of a completion: an opcode only in a success (elsewhere
+            // it is undefined), a byte_len only where it is defined.
+            let this = || {
+                let opcode = c
+                    .opcode
+                    .as_deref()
+                    .map(|o| format!(" {o}"))
+                    .unwrap_or_default();
+                format!("a wr_id {} {}{opcode} completion", c.wr_id, c.status)
+            };
+            if c.opcode.is_some() && c.status != "success" {
+                return Err(self.err(
+                    span.clone(),
+                    format!(
+                        "{what}.cqes: opcode of {}: a completion that is not a success has no \
+                         opcode (ibv_poll_cq(3)), and the trace shows none",
+                        this()
+                    ),
+                ));
+            }
+            let measured = [
+                WcOpcode::Recv,
+                WcOpcode::RecvRdmaWithImm,
+                WcOpcode::RdmaRead,
+            ]
+            .map(|o| o.short_name());
+            let defined =
+                c.status == "success" && c.opcode.as_deref().is_some_and(|o| measured.contains(&o));
+            if c.byte_len.is_some() && !defined {
+                return Err(self.err(
+                    span.clone(),
+                    format!(
+                        "{what}.cqes: byte_len of {}: byte_len is defined only in successful \
+                         completions of receives and READs (give status = \"success\" and \
+                         opcode = \"recv\", \"recv_rdma_with_imm\" or \"rdma_read\")",
+                        this()
+                    ),
+                ));
+            }
         }
-        for (q, list) in &e.outcomes {
+        for (q, list) in e.outcomes.iter().flatten() {
             if !qps.iter().any(|x| &x.name == q) {
                 return Err(self.err(span.clone(), format!("{what}.outcomes: no qp named {q:?}")));
             }
@@ -1282,7 +1340,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 }
             }
         }
-        for (r, d) in &e.digests {
+        for (r, d) in e.digests.iter().flatten() {
             if !regions.iter().any(|x| &x.name == r) {
                 return Err(self.err(
                     span.clone(),

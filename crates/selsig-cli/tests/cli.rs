@@ -579,6 +579,106 @@ outcomes = { a = ["1 failed:rem_inv_req_err"] }
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The file in docs/scenarios.md that shows every field runs, and its expectations hold.
+#[test]
+fn the_documented_scenario_file_runs() {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/scenarios.md"),
+    )
+    .unwrap();
+    let (_, file) = doc.split_once("## The file").unwrap();
+    let (_, file) = file.split_once("```toml\n").unwrap();
+    let (file, _) = file.split_once("```").unwrap();
+    let dir = scratch("selsig-cli-doc-file");
+    let path = dir.join("every-field.toml");
+    std::fs::write(&path, file).unwrap();
+    for personality in ["mlx5", "rxe"] {
+        let o = selsig(&["run", "-q", path.to_str().unwrap(), "--personality", personality]);
+        assert_eq!(o.status.code(), Some(0), "{personality}: {}", stderr(&o));
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Fields given in `[expect.rxe]` replace those of `[expect]` on rxe, an empty table too:
+/// nothing of it is checked there.
+#[test]
+fn empty_rxe_expectations_replace_the_main_ones() {
+    let dir = scratch("selsig-cli-rxe-empty");
+    let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
+    let text = seed
+        .replace("\"1-8 completed\"", "\"1-7 completed\"")
+        .replace("1fb4b57231ed8584", "0000000000000000")
+        + "[expect.rxe]\noutcomes = {}\ndigests = {}\n[differs]\nrxe = \"nothing checked\"\n";
+    let path = dir.join("rxe-empty.toml");
+    std::fs::write(&path, text).unwrap();
+    let run = |personality| {
+        selsig(&[
+            "run",
+            "-q",
+            path.to_str().unwrap(),
+            "--personality",
+            personality,
+        ])
+    };
+    let o = run("rxe");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run("mlx5");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("outcomes of a differ") && err.contains("digest of dst"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A `recv` step that waits for room on a peer whose receives nothing uses (no SEND is
+/// posted, and the peer is not in the error state) fails after 20 s saying why.
+#[test]
+fn a_recv_step_that_waits_for_nothing_says_why() {
+    let dir = scratch("selsig-cli-recv-stuck");
+    let path = dir.join("stuck.toml");
+    let o = run_scenario(
+        &path,
+        r#"description = "receives past peer_depth that nothing uses"
+[[qp]]
+name = "a"
+peer_access = []
+peer_depth = 4
+policy = "always"
+[[region]]
+name = "inbox"
+size = 1024
+access = ["local_write"]
+[[region]]
+name = "dst"
+size = 64
+access = ["local_write", "remote_write"]
+[[step]]
+post = { qp = "a", op = "write", remote = "dst", size = 0 }
+[[step]]
+poll = "idle"
+[[step]]
+recv = { qp = "a.peer", region = "inbox", size = 64, count = 6 }
+[[step]]
+to_error = "a.peer"
+[[step]]
+poll = "idle"
+"#,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "\"a.peer\" stayed full: its 4 receives are used by no SEND or WRITE with \
+             immediate posted, and not flushed (post those first, or move the peer to the \
+             error state: to_error = \"a.peer\")"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// SENDs beyond the receives posted wait for one for ever (rnr_retry 7): the step that
 /// waits for them fails after 20 s saying so.
 #[test]
@@ -775,6 +875,49 @@ fn bad_scenarios_name_file_line_and_problem() {
             seed.replace("1fb4b57231ed8584", "+000000000000000"),
             25,
             "is not 16 hex digits",
+        ),
+        (
+            "another-qps-own-cq",
+            seed.replace(
+                "policy = \"every:4\"\n",
+                "policy = \"every:4\"\n\n[[qp]]\nname = \"b\"\nsend_cq = \"a.cq\"\n",
+            ),
+            8,
+            "qp \"b\": no [[cq]] named \"a.cq\" (a QP's own CQ is not shared: declare a [[cq]] to share one)",
+        ),
+        (
+            "byte-len-of-a-write",
+            seed.replace(
+                "wr_id = 4, status = \"success\", opcode = \"rdma_write\" }",
+                "wr_id = 4, status = \"success\", opcode = \"rdma_write\", byte_len = 64 }",
+            ),
+            25,
+            "expect.cqes: byte_len of a wr_id 4 success rdma_write completion: byte_len is defined only in successful completions of receives and READs",
+        ),
+        (
+            "opcode-of-an-error",
+            seed.replace(
+                "wr_id = 4, status = \"success\"",
+                "wr_id = 4, status = \"rem_access_err\"",
+            ),
+            25,
+            "expect.cqes: opcode of a wr_id 4 rem_access_err rdma_write completion: a completion that is not a success has no opcode",
+        ),
+        (
+            "policy-unknown",
+            seed.replace("policy = \"every:4\"", "policy = \"Manual\""),
+            3,
+            "qp \"a\": unknown policy \"Manual\": expected every:N, always, never or manual",
+        ),
+        (
+            "empty-description",
+            seed.replacen(
+                &seed[..seed.find('\n').unwrap()],
+                "description = \" \"",
+                1,
+            ),
+            1,
+            "description is empty: say what the scenario shows",
         ),
     ] {
         let path = dir.join(format!("{name}.toml"));
@@ -2003,6 +2146,87 @@ outcomes = { a = ["1-32 completed"], b = ["1-1000 completed"] }
     let (step2, _) = step2.split_once("\"n\":3,").unwrap();
     assert!(!step2.contains("\"qp\":\"b\""), "{step2}");
     assert_eq!(step2.matches("\"event\":\"cqe\"").count(), 28, "{step2}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The sequence numbers each QP's send completions and retirements show, in trace order.
+fn send_order(trace: &str) -> std::collections::BTreeMap<String, Vec<(String, u64)>> {
+    let mut order = std::collections::BTreeMap::<String, Vec<(String, u64)>>::new();
+    for line in trace.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let (event, qp) = (v["event"].as_str().unwrap(), v["qp"].as_str());
+        let seq = match event {
+            "cqe" => v["wr_id"].as_u64(),
+            "retire" => v["seq"].as_u64(),
+            _ => None,
+        };
+        if let (Some(qp), Some(seq)) = (qp, seq) {
+            order
+                .entry(format!("{qp} {event}"))
+                .or_default()
+                .push((line.to_string(), seq));
+        }
+    }
+    order
+}
+
+/// a waits for room with nothing signaled: it hands b's completions it polled to b (their
+/// events wait for the next step that polls). When b then waits for room itself, b's
+/// later completions must not show before those earlier ones.
+#[test]
+fn a_qps_completions_show_in_order_when_another_qp_handed_some_over() {
+    let dir = scratch("selsig-cli-handed");
+    let text = r#"description = "b's completions, some handed over by a's wait"
+[[cq]]
+name = "s"
+size = 4
+[[qp]]
+name = "a"
+send_cq = "s"
+policy = "always"
+[[qp]]
+name = "b"
+depth = 32
+send_cq = "s"
+policy = "always"
+[[region]]
+name = "src"
+size = 1024
+fill = "pattern"
+[[region]]
+name = "dst"
+size = 1024
+access = ["local_write", "remote_write"]
+[[step]]
+post = { qp = "b", op = "write", local = "src", remote = "dst", size = 8, count = 20 }
+[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 8, count = 1 }
+[[step]]
+post = { qp = "b", op = "write", local = "src", remote = "dst", size = 8, count = 1 }
+[[step]]
+poll = "idle"
+[expect]
+outcomes = { a = ["1 completed"], b = ["1-21 completed"] }
+"#;
+    let path = dir.join("handed.toml");
+    std::fs::write(&path, text).unwrap();
+    for personality in ["mlx5", "rxe"] {
+        let o = selsig(&["run", path.to_str().unwrap(), "--personality", personality]);
+        assert_eq!(o.status.code(), Some(0), "{personality}: {}", stderr(&o));
+        let trace = stdout(&o);
+        let order = send_order(&trace);
+        assert_eq!(order.len(), 4, "{order:?}");
+        for (what, seqs) in order {
+            for pair in seqs.windows(2) {
+                assert!(
+                    pair[0].1 < pair[1].1,
+                    "{personality}: {what} out of order:\n{}\n{}",
+                    pair[0].0,
+                    pair[1].0
+                );
+            }
+        }
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 
