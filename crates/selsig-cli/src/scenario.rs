@@ -598,11 +598,9 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             }
             // A QP names a declared CQ (they come first); a QP's own is its alone.
             let declared = raw.cq.len();
-            let mut cq_for = |named: &Option<String>,
-                              own: String,
-                              size: u32|
-             -> Result<usize, ScenarioError> {
-                match named {
+            let mut cq_for =
+                |named: &Option<String>, own: String, size: u32| -> Result<usize, ScenarioError> {
+                    match named {
                     Some(n) => cqs[..declared]
                         .iter()
                         .position(|c| &c.name == n)
@@ -627,7 +625,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         Ok(cqs.len() - 1)
                     }
                 }
-            };
+                };
             let send_cq = cq_for(&q.send_cq, format!("{}.cq", q.name), 2 * q.depth + 2)?;
             let peer_cq = cq_for(
                 &q.peer_cq,

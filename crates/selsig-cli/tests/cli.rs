@@ -593,7 +593,13 @@ fn the_documented_scenario_file_runs() {
     let path = dir.join("every-field.toml");
     std::fs::write(&path, file).unwrap();
     for personality in ["mlx5", "rxe"] {
-        let o = selsig(&["run", "-q", path.to_str().unwrap(), "--personality", personality]);
+        let o = selsig(&[
+            "run",
+            "-q",
+            path.to_str().unwrap(),
+            "--personality",
+            personality,
+        ]);
         assert_eq!(o.status.code(), Some(0), "{personality}: {}", stderr(&o));
     }
     std::fs::remove_dir_all(&dir).ok();

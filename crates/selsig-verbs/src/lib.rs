@@ -135,17 +135,32 @@ unsafe impl Send for Context {}
 // SAFETY: as above: every verb called through a shared `Context` is thread-safe.
 unsafe impl Sync for Context {}
 
+/// Reports a failed destroy on stderr, if stderr takes it: a `Drop` goes on either way
+/// (`eprintln!` would panic on a closed pipe).
+fn report(what: fmt::Arguments<'_>) {
+    report_to(&mut io::stderr(), what);
+}
+
+fn report_to(out: &mut impl io::Write, what: fmt::Arguments<'_>) {
+    let _ = writeln!(out, "selsig-verbs: {what}");
+}
+
+/// The error of a destroy verb's return code: an errno, or a provider's negated one.
+fn destroy_error(rc: i32) -> io::Error {
+    io::Error::from_raw_os_error(rc.saturating_abs())
+}
+
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: the context was opened by `ibv_open_device` and every object created
         // from it holds an `Arc<Context>`, so none is left when this runs.
         let rc = unsafe { (self.v.fns.close_device)(self.ctx.as_ptr()) };
         if rc != 0 {
-            eprintln!(
-                "selsig-verbs: ibv_close_device({}) failed: {}",
+            report(format_args!(
+                "ibv_close_device({}) failed: {}",
                 self.name,
                 io::Error::last_os_error()
-            );
+            ));
         }
     }
 }
@@ -537,10 +552,7 @@ impl Drop for PdInner {
         // SAFETY: every MR and QP of this PD holds an `Arc<PdInner>`: none is left.
         let rc = unsafe { (self.ctx.v.fns.dealloc_pd)(self.pd.as_ptr()) };
         if rc != 0 {
-            eprintln!(
-                "selsig-verbs: ibv_dealloc_pd failed: {}",
-                io::Error::from_raw_os_error(rc)
-            );
+            report(format_args!("ibv_dealloc_pd failed: {}", destroy_error(rc)));
         }
     }
 }
@@ -593,11 +605,11 @@ impl Drop for VerbsMr {
             let rc = (self.pd.ctx.v.fns.dereg_mr)(self.mr.as_ptr());
             if rc != 0 {
                 // Freeing memory the NIC may still write would be unsound: leak it.
-                eprintln!(
-                    "selsig-verbs: ibv_dereg_mr failed ({}); its {} bytes are leaked",
-                    io::Error::from_raw_os_error(rc),
+                report(format_args!(
+                    "ibv_dereg_mr failed ({}); its {} bytes are leaked",
+                    destroy_error(rc),
                     self.len
-                );
+                ));
                 return;
             }
             std::alloc::dealloc(self.mem.as_ptr(), self.layout);
@@ -681,10 +693,7 @@ impl Drop for CqInner {
         // SAFETY: every QP using this CQ holds an `Arc<CqInner>`: none is left.
         let rc = unsafe { (self.ctx.v.fns.destroy_cq)(self.cq.as_ptr()) };
         if rc != 0 {
-            eprintln!(
-                "selsig-verbs: ibv_destroy_cq failed: {}",
-                io::Error::from_raw_os_error(rc)
-            );
+            report(format_args!("ibv_destroy_cq failed: {}", destroy_error(rc)));
         }
     }
 }
@@ -880,10 +889,7 @@ impl Drop for VerbsQp {
         // (this struct holds them), as the destroy requires.
         let rc = unsafe { (self.dev.v().fns.destroy_qp)(self.qp.as_ptr()) };
         if rc != 0 {
-            eprintln!(
-                "selsig-verbs: ibv_destroy_qp failed: {}",
-                io::Error::from_raw_os_error(rc)
-            );
+            report(format_args!("ibv_destroy_qp failed: {}", destroy_error(rc)));
         }
     }
 }
@@ -1668,7 +1674,9 @@ impl Device for VerbsDevice {
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
         // SAFETY: `ev` is filled by `get_async_event` (non-blocking: the fd was set
-        // O_NONBLOCK at open), read, then acknowledged as the API requires.
+        // O_NONBLOCK at open), read, then acknowledged as the API requires. The QP or CQ
+        // it points to is alive until then: destroying one waits for the acknowledgement
+        // of its events (`events_completed` in `ibv_cmd_destroy_qp`/`_cq`).
         unsafe {
             let mut ev = sys::ibv_async_event {
                 element: std::ptr::null_mut(),
@@ -1703,6 +1711,36 @@ impl Device for VerbsDevice {
 mod tests {
     use super::*;
     use std::ffi::c_uint;
+
+    /// Standard error as a closed pipe: every write fails with EPIPE.
+    struct ClosedPipe;
+
+    impl io::Write for ClosedPipe {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::Error::from(io::ErrorKind::BrokenPipe))
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Err(io::Error::from(io::ErrorKind::BrokenPipe))
+        }
+    }
+
+    /// A failed destroy is reported where it can be, and a `Drop` goes on when it cannot
+    /// (`eprintln!` panics on a closed pipe); a provider's negated errno reads as the errno.
+    #[test]
+    fn a_failed_destroy_is_reported_without_panicking() {
+        let mut out = Vec::new();
+        report_to(
+            &mut out,
+            format_args!("ibv_destroy_cq failed: {}", destroy_error(16)),
+        );
+        let busy = io::Error::from_raw_os_error(16).to_string();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("selsig-verbs: ibv_destroy_cq failed: {busy}\n")
+        );
+        report_to(&mut ClosedPipe, format_args!("ibv_dealloc_pd failed"));
+        assert_eq!(destroy_error(-16).to_string(), busy);
+    }
 
     #[test]
     fn a_send_queue_takes_work_from_rts_on_and_in_the_error_state_only_after_rts() {

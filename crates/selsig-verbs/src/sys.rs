@@ -39,7 +39,8 @@ pub type PostRecv = unsafe extern "C" fn(
 /// `static inline` verbs (`ibv_post_send`, `ibv_poll_cq`, ...) call.
 #[repr(C)]
 pub struct ibv_context_ops {
-    /// `_compat_query_device` … `_compat_create_cq`.
+    /// `_compat_query_device` … `_compat_create_cq` (`alloc_mw`, `bind_mw` and `dealloc_mw`
+    /// among them).
     pub _before_poll_cq: [*mut c_void; 11],
     pub poll_cq: Option<PollCq>,
     pub req_notify_cq:
