@@ -187,7 +187,13 @@ impl Drop for Engine {
         }
         if let Some(handle) = self.thread.lock().take() {
             if handle.join().is_err() {
-                eprintln!("selsig-soft: the NIC thread of {} panicked", self.dev.name);
+                // Not `eprintln!`, which panics (here, in a `Drop`) when stderr is closed.
+                use std::io::Write as _;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "selsig-soft: the NIC thread of {} panicked",
+                    self.dev.name
+                );
             }
         }
     }
