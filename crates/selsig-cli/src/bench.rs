@@ -49,15 +49,49 @@ const STALL: Duration = Duration::from_secs(30);
 /// A timed run reads the clock after every 64 post calls, or sooner once this many bytes
 /// were posted since it last did (a post call of large WRITEs takes long).
 const CLOCK_BYTES: u64 = 1 << 20;
-/// perftest's cycle buffer: the page size.
-const PAGE: usize = 4096;
 /// The most memory `--region` registers on each side (the soft provider also copies as much
 /// for its memcpy yardstick).
 pub const MAX_REGION: u64 = 4 << 30;
 /// `--region`'s default.
 const DEFAULT_REGION: u64 = 256 << 20;
-/// perftest's cache line: its smallest address step.
-const CACHE_LINE: u64 = 64;
+/// The host's memory as perftest sees it: the page (its cycle buffer, which addresses step
+/// through) and the L1 data cache line (its smallest address step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    pub page: u64,
+    pub line: u64,
+}
+
+impl Geometry {
+    /// What perftest reads: `sysconf(_SC_PAGESIZE)` (4096 if it has none), and
+    /// `sysconf(_SC_LEVEL1_DCACHE_LINESIZE)`, else sysfs's `coherency_line_size` of cpu0,
+    /// else 64.
+    fn host() -> Self {
+        // SAFETY: `sysconf` takes any name, reads no memory of ours, and answers -1 for
+        // names it does not know.
+        let (page, line) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PAGESIZE),
+                libc::sysconf(libc::_SC_LEVEL1_DCACHE_LINESIZE),
+            )
+        };
+        let line = match line {
+            0 => std::fs::read_to_string(
+                "/sys/devices/system/cpu/cpu0/cache/index0/coherency_line_size",
+            )
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0),
+            n => n,
+        };
+        let positive =
+            |n: libc::c_long, or: u64| u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(or);
+        Geometry {
+            page: positive(page, 4096),
+            line: positive(line, 64),
+        }
+    }
+}
 /// perftest's MB: 2^20 bytes.
 const MIB: f64 = 1_048_576.0;
 
@@ -124,7 +158,7 @@ pub struct BenchArgs {
     pub adaptive: Option<Policy>,
     /// The most memory registered on each side (default 256M); a WRITE larger is
     /// refused, and fewer buffers than the queue depth are used when they do not all fit.
-    /// Not with --cq-mod, which registers what ib_write_bw does: max(SIZE, 4096) bytes.
+    /// Not with --cq-mod, which registers what ib_write_bw does: max(SIZE, the page size).
     #[arg(
         allow_hyphen_values = true,
         long,
@@ -215,6 +249,8 @@ pub struct Plan {
     pub post_list: u32,
     pub inline: bool,
     pub region: u64,
+    /// The page and cache line perftest mode's addresses step by.
+    pub geometry: Geometry,
     pub nic_times: bool,
     /// perftest-compatible mode.
     pub perftest: bool,
@@ -228,6 +264,7 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
     ensure!(depth >= 1, "--tx-depth must be at least 1");
     let cq_entries = crate::common::cq_entries(depth)?;
     let perftest = args.cq_mod.is_some();
+    let geometry = Geometry::host();
     if perftest {
         // What ib_write_bw does with these, selsig's perftest mode does not reproduce.
         ensure!(
@@ -275,10 +312,11 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
     }
     let region = match (args.region, perftest) {
         (Some(region), true) => bail!(
-            "--region {region} with --cq-mod: perftest mode registers what ib_write_bw does, max(SIZE, {PAGE}) bytes on each side"
+            "--region {region} with --cq-mod: perftest mode registers what ib_write_bw does, max(SIZE, {}) bytes (the page size) on each side",
+            geometry.page
         ),
         (Some(region), false) => region,
-        (None, true) => sizes[0].max(PAGE as u64),
+        (None, true) => sizes[0].max(geometry.page),
         (None, false) => DEFAULT_REGION,
     };
     ensure!(
@@ -400,6 +438,7 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         post_list,
         inline: args.inline,
         region,
+        geometry,
         // perftest mode reads no clock in its loop, as perftest.
         nic_times: !args.no_nic_times && !perftest,
         perftest,
@@ -803,7 +842,8 @@ fn run_point<D: Device>(
         buffers(plan.region, depth, size)
     };
     let bytes = if plan.perftest {
-        len.max(PAGE)
+        // At most --size (below 4 GiB) or the page.
+        len.max(plan.geometry.page as usize)
     } else {
         buffers as usize * len
     };
@@ -921,7 +961,7 @@ fn run_point<D: Device>(
                 // WRITE `index` (from 0) of the run.
                 let mut work = |index: u64| {
                     let work = if plan.perftest {
-                        let at = perftest_offset(index, size);
+                        let at = perftest_offset(index, size, plan.geometry);
                         match &fixed {
                             Some(mr) => Work::raw(
                                 Opcode::RdmaWrite,
@@ -1121,12 +1161,13 @@ fn finish<D: Device>(peer: Peer<D>, written: Option<Vec<u32>>) -> Result<()> {
 
 /// Where perftest's WRITE `index` (from 0) reads and writes: messages up to half a page
 /// step through one page in cache-line multiples; larger ones all use offset 0.
-fn perftest_offset(index: u64, size: u64) -> u64 {
-    if size > PAGE as u64 / 2 {
+fn perftest_offset(index: u64, size: u64, memory: Geometry) -> u64 {
+    let Geometry { page, line } = memory;
+    if size > page / 2 {
         return 0;
     }
-    let step = size.div_ceil(CACHE_LINE).max(1) * CACHE_LINE;
-    (index % (PAGE as u64 / step)) * step
+    let step = size.div_ceil(line).max(1) * line;
+    (index % (page / step)) * step
 }
 
 /// Nanoseconds as a short human figure: 850ns, 12.3us, 4.56ms; the unit is the one the
@@ -1421,7 +1462,11 @@ mod tests {
 
     #[test]
     fn perftest_addresses_step_through_one_page() {
-        let at = |i, size| perftest_offset(i, size);
+        let x86 = Geometry {
+            page: 4096,
+            line: 64,
+        };
+        let at = |i, size| perftest_offset(i, size, x86);
         assert_eq!(
             (at(0, 64), at(1, 64), at(63, 64), at(64, 64)),
             (0, 64, 4032, 0)
@@ -1430,6 +1475,23 @@ mod tests {
         assert_eq!((at(1, 2048), at(2, 2048)), (2048, 0));
         assert_eq!((at(1, 2049), at(7, 65536)), (0, 0));
         assert_eq!((at(1, 1), at(64, 1)), (64, 0));
+        // 64 KiB pages and 128-byte lines (some aarch64 and POWER hosts).
+        let large = Geometry {
+            page: 65536,
+            line: 128,
+        };
+        let at = |i, size| perftest_offset(i, size, large);
+        assert_eq!((at(1, 64), at(511, 64), at(512, 64)), (128, 65408, 0));
+        assert_eq!((at(1, 32768), at(2, 32768), at(1, 32769)), (32768, 0, 0));
+    }
+
+    /// perftest mode takes the host's page and cache line, as perftest does; a page is a
+    /// power of two, a line too, smaller than the page.
+    #[test]
+    fn the_host_geometry_is_read() {
+        let g = Geometry::host();
+        assert!(g.page.is_power_of_two() && g.page >= 4096, "{g:?}");
+        assert!(g.line.is_power_of_two() && g.line < g.page, "{g:?}");
     }
 
     fn report_of(shares: &[f64]) -> Report {
