@@ -376,12 +376,16 @@ fn receives_on_the_send_cq_keep_their_room_in_it() {
         .err()
         .unwrap();
     assert_eq!(
-        e,
+        e.error,
         selsig::ConfigError::NoCqRoomForSends {
             capacity: small.capacity(),
             receives
         }
     );
+    // The QP comes back, to use with a CQ that has room.
+    let c = e.into_qp();
+    let roomy = Arc::new(dev.create_cq(2 * receives).unwrap());
+    assert!(SignaledQueue::<SoftDevice, u32>::new(c, roomy, Policy::Never).is_ok());
 }
 
 /// A completion the queue refuses is named by the `wr_id` it carried (the sequence number

@@ -77,8 +77,8 @@ pub use provider::{
     QueuePair, RecvWr, RemoteAddr, SendWr, Sge, connect_pair,
 };
 pub use queue::{
-    Completion, DrainError, DrainMarker, Payload, PollError, QueueConfig, QueuePostError,
-    SEND_WR_ID_BIT, SignaledQueue, Work, send_wr_id,
+    Completion, CreateError, DrainError, DrainMarker, Payload, PollError, QueueConfig,
+    QueuePostError, SEND_WR_ID_BIT, SignaledQueue, Work, send_wr_id,
 };
 
 pub use credits::{CqBudget, CqCredits};

@@ -1,6 +1,8 @@
 //! `SignaledQueue`: the tracker driving a provider's queue pair.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::Stats;
@@ -209,8 +211,9 @@ pub struct Completion<M, U> {
 pub struct QueueConfig {
     /// The signaling policy.
     pub policy: Policy,
-    /// The CQ budget; `None` for a CQ of the queue's own: its real capacity, less the
-    /// receive queue's capacity when the QP's receive completions go to it too
+    /// The CQ budget; `None` for a CQ of the queue's own, taken whole (no other queue may
+    /// use it: [`ConfigError::CqInUse`]): its real capacity, less the receive queue's
+    /// capacity when the QP's receive completions go to it too
     /// ([`QueuePair::recv_cq_is_send_cq`]). A shared pool must leave room for receives
     /// itself.
     pub cq: Option<CqBudget>,
@@ -321,6 +324,91 @@ pub enum DrainMarker {
     NoRoom,
 }
 
+/// Why a [`SignaledQueue`] was not created, with its queue pair back as it was given
+/// (dropping it would destroy a QP that may be connected, its peer left connected to
+/// nothing).
+pub struct CreateError<Q> {
+    /// Why.
+    pub error: ConfigError,
+    /// The queue pair.
+    pub qp: Q,
+}
+
+impl<Q> CreateError<Q> {
+    /// The queue pair, to use again.
+    pub fn into_qp(self) -> Q {
+        self.qp
+    }
+}
+
+impl<Q> fmt::Debug for CreateError<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CreateError")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Q> fmt::Display for CreateError<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<Q> std::error::Error for CreateError<Q> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}
+
+/// The error alone, the queue pair dropped (destroyed).
+impl<Q> From<CreateError<Q>> for ConfigError {
+    fn from(e: CreateError<Q>) -> Self {
+        e.error
+    }
+}
+
+/// The CQs queues report to, by address (a queue holds its CQ, so while it has a claim the
+/// address names that CQ): `None` for a CQ one queue took whole (no budget given: its
+/// whole capacity), else how many queues with budgets use it.
+static CQ_CLAIMS: Mutex<BTreeMap<usize, Option<u32>>> = Mutex::new(BTreeMap::new());
+
+/// A queue's claim on its CQ, given up when dropped.
+struct CqClaim {
+    cq: usize,
+}
+
+impl CqClaim {
+    /// Claims the CQ at `cq`, `whole` or with a budget: a CQ taken whole takes no other
+    /// queue, and one with queues on it cannot be taken whole.
+    fn take(cq: usize, whole: bool) -> Result<CqClaim, ConfigError> {
+        let mut claims = CQ_CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
+        match (claims.get_mut(&cq), whole) {
+            (None, true) => {
+                claims.insert(cq, None);
+            }
+            (None, false) => {
+                claims.insert(cq, Some(1));
+            }
+            (Some(Some(n)), false) => *n += 1,
+            (Some(_), _) => return Err(ConfigError::CqInUse),
+        }
+        Ok(CqClaim { cq })
+    }
+}
+
+impl Drop for CqClaim {
+    fn drop(&mut self) {
+        let mut claims = CQ_CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
+        match claims.get_mut(&self.cq) {
+            Some(Some(n)) if *n > 1 => *n -= 1,
+            _ => {
+                claims.remove(&self.cq);
+            }
+        }
+    }
+}
+
 /// Why a drain did not finish.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -395,6 +483,8 @@ pub enum DrainError {
 /// [`CqCredits::release`](crate::CqCredits::release)).
 pub struct SignaledQueue<D: Device, U> {
     qp: D::Qp,
+    /// Given up before `cq` goes (while the CQ lives, its address is its own).
+    _claim: CqClaim,
     cq: Arc<D::Cq>,
     tracker: SendTracker<Payload<D::Mr, U>>,
     /// The batch being posted; inline work requests are staged as `Local::Empty` and
@@ -480,19 +570,61 @@ fn with_seq(wc: &WorkCompletion, seq: Seq) -> WorkCompletion {
 impl<D: Device, U> SignaledQueue<D, U> {
     /// A queue over `qp`, whose send completions go to `cq`, with default settings and
     /// `policy`.
-    pub fn new(qp: D::Qp, cq: Arc<D::Cq>, policy: Policy) -> Result<Self, ConfigError> {
+    ///
+    /// The queue takes `cq` whole (its budget is the CQ's capacity): `cq` must be the CQ
+    /// the QP's send queue reports to, and no other queue's; a CQ with another queue on it
+    /// is refused ([`ConfigError::CqInUse`]). Queues that share a CQ go on a [`SharedCq`]
+    /// ([`on_shared_cq`](Self::on_shared_cq)), or take a budget each
+    /// ([`QueueConfig::cq`]). A queue refused hands its QP back in the error.
+    pub fn new(qp: D::Qp, cq: Arc<D::Cq>, policy: Policy) -> Result<Self, CreateError<D::Qp>> {
         Self::with_config(qp, cq, QueueConfig::with_policy(policy))
     }
 
     /// A queue with explicit settings. The send-queue capacity and `sq_sig_all` are read
-    /// from the QP, the CQ capacity from the CQ.
+    /// from the QP, the CQ capacity from the CQ. Without a budget (`config.cq`), the queue
+    /// takes `cq` whole, as [`new`](Self::new) does; with one, it shares `cq` with other
+    /// queues with budgets, none of which takes it whole. A queue refused hands its QP back
+    /// in the error.
     pub fn with_config(
         qp: D::Qp,
         cq: Arc<D::Cq>,
         config: QueueConfig,
-    ) -> Result<Self, ConfigError> {
-        let poll_limit = (cq.capacity() as usize).max(1);
-        let budget = match config.cq {
+    ) -> Result<Self, CreateError<D::Qp>> {
+        match Self::prepare(&qp, &cq, &config) {
+            Ok((claim, tracker, epoch)) => {
+                let poll_limit = (cq.capacity() as usize).max(1);
+                let slots = qp.caps().max_send_wr as usize;
+                Ok(SignaledQueue {
+                    qp,
+                    _claim: claim,
+                    cq,
+                    tracker,
+                    staged: Vec::with_capacity(slots),
+                    wcs: vec![
+                        WorkCompletion::new(0, WcStatus::Success, 0);
+                        config.poll_batch.clamp(1, poll_limit)
+                    ],
+                    unclaimed: Vec::new(),
+                    shared: None,
+                    stale_below: 0,
+                    marker_target: config.marker_target,
+                    clock: config.measure_lag,
+                    epoch,
+                })
+            }
+            Err(error) => Err(CreateError { error, qp }),
+        }
+    }
+
+    /// What a queue needs of `qp`, `cq` and `config`, checked: its claim on `cq`, its
+    /// tracker and the tracker's epoch.
+    #[allow(clippy::type_complexity)]
+    fn prepare(
+        qp: &D::Qp,
+        cq: &Arc<D::Cq>,
+        config: &QueueConfig,
+    ) -> Result<(CqClaim, SendTracker<Payload<D::Mr, U>>, Instant), ConfigError> {
+        let budget = match config.cq.clone() {
             Some(budget) => {
                 // Every outstanding work request may make a completion: the budget cannot
                 // be more than the CQ holds (what receives need of it is the caller's to
@@ -529,23 +661,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
             .measure_lag(config.measure_lag);
         let epoch = Instant::now();
         let tracker = SendTracker::new(tracker_config, epoch)?;
-        let slots = qp.caps().max_send_wr as usize;
-        Ok(SignaledQueue {
-            qp,
-            cq,
-            tracker,
-            staged: Vec::with_capacity(slots),
-            wcs: vec![
-                WorkCompletion::new(0, WcStatus::Success, 0);
-                config.poll_batch.clamp(1, poll_limit)
-            ],
-            unclaimed: Vec::new(),
-            shared: None,
-            stale_below: 0,
-            marker_target: config.marker_target,
-            clock: config.measure_lag,
-            epoch,
-        })
+        let claim = CqClaim::take(Arc::as_ptr(cq).cast::<()>() as usize, config.cq.is_none())?;
+        Ok((claim, tracker, epoch))
     }
 
     /// A queue over `qp` whose send completions go to the CQ `shared`, which other queues
@@ -568,18 +685,26 @@ impl<D: Device, U> SignaledQueue<D, U> {
         qp: D::Qp,
         shared: &SharedCq<D>,
         mut config: QueueConfig,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, CreateError<D::Qp>> {
         match &config.cq {
             None => config.cq = Some(CqBudget::Shared(shared.credits().clone())),
             Some(CqBudget::Shared(pool)) if pool.same_pool(shared.credits()) => {}
-            Some(_) => return Err(ConfigError::NotTheSharedPool),
+            Some(_) => {
+                return Err(CreateError {
+                    error: ConfigError::NotTheSharedPool,
+                    qp,
+                });
+            }
         }
         let qp_num = qp.qp_num();
         let receives = match qp.recv_cq_is_send_cq() {
             true => qp.caps().max_recv_wr,
             false => 0,
         };
-        let start = shared.register(qp_num, receives)?;
+        let start = match shared.register(qp_num, receives) {
+            Ok(start) => start,
+            Err(error) => return Err(CreateError { error, qp }),
+        };
         config.first_seq = config.first_seq.max(start);
         match Self::with_config(qp, Arc::clone(shared.cq()), config) {
             Ok(mut queue) => {
@@ -707,7 +832,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
     }
 
     /// Posts work requests from `works` with one doorbell, as many as fit now; the rest
-    /// stay in the iterator. Returns how many were posted.
+    /// stay in the iterator. Returns how many were posted. An iterator that owns what it
+    /// has not yielded (`Vec::drain`, `into_iter`) drops it, buffers included, when it is
+    /// dropped: keep it and post the rest later, or offer no more than
+    /// [`available`](Self::available).
     ///
     /// A work request the tracker refuses (error state, draining, or a full CQ budget:
     /// with a shared pool, other queues may take its credits while the batch is built;

@@ -307,6 +307,13 @@ pub enum ConfigError {
         /// The QP's number.
         qp_num: u32,
     },
+    /// The CQ is another queue's whole (created without a budget), or has queues with
+    /// budgets on it and cannot be one queue's whole: either way errors could complete
+    /// more work requests than it holds.
+    #[error(
+        "the completion queue has another queue on it: a queue without a CQ budget takes its CQ whole; queues that share a CQ go on a SharedCq, or take a budget each (QueueConfig::cq)"
+    )]
+    CqInUse,
 }
 
 /// Why a post was refused. The payload is handed back untouched.

@@ -340,7 +340,7 @@ fn a_shared_cq_takes_one_queue_per_qp_and_its_own_pool() {
     let cq = FakeCq::new(8);
     let shared = SharedCq::<FakeDevice>::new(Arc::clone(&cq));
     let _a = Queue::on_shared_cq(qp(1, 8), &shared, QueueConfig::default()).unwrap();
-    let again = Queue::on_shared_cq(qp(1, 8), &shared, QueueConfig::default());
+    let again = Queue::on_shared_cq(qp(1, 8), &shared, QueueConfig::default()).map_err(|e| e.error);
     assert!(matches!(
         again,
         Err(ConfigError::SharedCqHasQp { qp_num: 1 })
@@ -349,7 +349,7 @@ fn a_shared_cq_takes_one_queue_per_qp_and_its_own_pool() {
         cq: Some(CqBudget::Shared(CqCredits::new(8))),
         ..QueueConfig::default()
     };
-    let refused = Queue::on_shared_cq(qp(2, 8), &shared, other_pool);
+    let refused = Queue::on_shared_cq(qp(2, 8), &shared, other_pool).map_err(|e| e.error);
     assert!(matches!(refused, Err(ConfigError::NotTheSharedPool)));
     // The refused queue left no inbox behind: QP 2 can have its queue.
     let own_pool = QueueConfig {
@@ -370,7 +370,7 @@ fn a_cq_budget_beyond_the_cq_is_refused() {
             cq: Some(budget),
             ..QueueConfig::default()
         };
-        let r = Queue::with_config(qp(1, 64), Arc::clone(&cq), config);
+        let r = Queue::with_config(qp(1, 64), Arc::clone(&cq), config).map_err(|e| e.error);
         assert!(
             matches!(r, Err(ConfigError::CqBudgetTooLarge { budget: 5, room: 4 })),
             "{:?}",
@@ -523,7 +523,9 @@ fn a_shared_cq_keeps_room_for_the_receives_that_report_to_it() {
     let cq = FakeCq::new(8);
     let whole = SharedCq::new(Arc::clone(&cq));
     assert_eq!(
-        Queue::on_shared_cq(with_recvs(1, 8), &whole, config()).err(),
+        Queue::on_shared_cq(with_recvs(1, 8), &whole, config())
+            .err()
+            .map(|e| e.error),
         Some(ConfigError::NoCqRoomForReceives {
             capacity: 8,
             credits: 8,
@@ -542,7 +544,9 @@ fn a_shared_cq_keeps_room_for_the_receives_that_report_to_it() {
     };
     let q2 = Queue::on_shared_cq(cleaning, &shared, config()).unwrap();
     assert_eq!(
-        Queue::on_shared_cq(with_recvs(3, 1), &shared, config()).err(),
+        Queue::on_shared_cq(with_recvs(3, 1), &shared, config())
+            .err()
+            .map(|e| e.error),
         Some(ConfigError::NoCqRoomForReceives {
             capacity: 8,
             credits: 4,
@@ -554,7 +558,9 @@ fn a_shared_cq_keeps_room_for_the_receives_that_report_to_it() {
     // keeps its receive slots: its receives' completions may still come.
     drop(q1);
     assert_eq!(
-        Queue::on_shared_cq(with_recvs(4, 2), &shared, config()).err(),
+        Queue::on_shared_cq(with_recvs(4, 2), &shared, config())
+            .err()
+            .map(|e| e.error),
         Some(ConfigError::NoCqRoomForReceives {
             capacity: 8,
             credits: 4,
@@ -752,4 +758,60 @@ fn completions_left_by_a_dropped_queue_do_not_retire_a_new_queue_on_its_qp_numbe
             .map(|i| (i, Outcome::Completed))
             .collect::<Vec<_>>()
     );
+}
+
+/// A queue that cannot be created hands its QP back, untouched (a connected QP would
+/// otherwise be destroyed, its peer left connected to nothing).
+#[test]
+fn a_queue_refused_at_creation_gives_its_qp_back() {
+    let cq = FakeCq::new(16);
+    let refused = Queue::new(qp(7, 8), Arc::clone(&cq), Policy::Every(0))
+        .err()
+        .expect("refused");
+    assert!(matches!(refused.error, ConfigError::Policy(_)), "{refused}");
+    assert_eq!(refused.to_string(), refused.error.to_string());
+    let qp = refused.into_qp();
+    assert_eq!(qp.qp_num(), 7);
+    // The same QP, given again with a good policy.
+    Queue::new(qp, cq, Policy::Every(4)).unwrap();
+}
+
+/// A queue created without a CQ budget takes the whole CQ: a second queue on it (its own,
+/// or on a shared CQ, or with a budget) would let errors overrun the CQ, and is refused,
+/// QP back; once the first queue is gone, the CQ takes a queue again.
+#[test]
+fn a_cq_of_a_queues_own_takes_no_other_queue() {
+    let cq = FakeCq::new(15);
+    let first = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
+    let second = Queue::new(qp(2, 8), Arc::clone(&cq), Policy::Every(4))
+        .err()
+        .expect("refused");
+    assert_eq!(second.error, ConfigError::CqInUse);
+    assert_eq!(second.qp.qp_num(), 2);
+    let budget = QueueConfig {
+        cq: Some(CqBudget::Exclusive(4)),
+        ..QueueConfig::default()
+    };
+    let second = Queue::with_config(qp(2, 8), Arc::clone(&cq), budget.clone())
+        .err()
+        .expect("refused");
+    assert_eq!(second.error, ConfigError::CqInUse);
+    drop(first);
+    // Queues with budgets of their own share it; none may then take it whole.
+    let a = Queue::with_config(qp(1, 8), Arc::clone(&cq), budget.clone()).unwrap();
+    let b = Queue::with_config(qp(2, 8), Arc::clone(&cq), budget).unwrap();
+    let whole = Queue::new(qp(3, 8), Arc::clone(&cq), Policy::Every(4))
+        .err()
+        .expect("refused");
+    assert_eq!(whole.error, ConfigError::CqInUse);
+    drop((a, b));
+    // A shared CQ's queues, likewise.
+    let shared = SharedCq::new(Arc::clone(&cq));
+    let on_shared = Queue::on_shared_cq(qp(1, 8), &shared, QueueConfig::default()).unwrap();
+    let whole = Queue::new(qp(3, 8), Arc::clone(&cq), Policy::Every(4))
+        .err()
+        .expect("refused");
+    assert_eq!(whole.error, ConfigError::CqInUse);
+    drop(on_shared);
+    Queue::new(qp(3, 8), cq, Policy::Every(4)).unwrap();
 }
