@@ -1872,3 +1872,18 @@ fn a_qp_in_the_reset_state_does_not_move_to_the_error_state() {
         assert_eq!(a.state(), QpState::Rts);
     }
 }
+
+/// An access beyond a buffer is refused naming the buffer's bytes, not the region's.
+#[test]
+fn an_access_beyond_a_buffer_names_the_buffer() {
+    let p = pair_with(Personality::Mlx5, 16, 64, false);
+    let whole = Buffer::new(p.mr(4096, Access::LOCAL_WRITE));
+    let (_, mut tail) = whole.split_at(1024).unwrap();
+    assert_eq!(tail.len(), 3072);
+    let e = tail.write(3000, &[0; 100]).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "100 bytes at offset 3000 are outside the 3072 bytes of the region or buffer accessed"
+    );
+    tail.write(2972, &[1; 100]).unwrap();
+}

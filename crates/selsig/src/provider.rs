@@ -534,14 +534,17 @@ pub enum ProviderError {
         /// What failed (the attribute, for verbs).
         why: String,
     },
-    /// A memory access through a region's own accessors was out of its bounds.
-    #[error("{len} bytes at offset {offset} are outside the region of {region_len} bytes")]
+    /// A memory access through a region's or a buffer's own accessors was out of its
+    /// bounds.
+    #[error(
+        "{len} bytes at offset {offset} are outside the {region_len} bytes of the region or buffer accessed"
+    )]
     OutOfBounds {
-        /// The offset asked for.
+        /// The offset asked for (in the region, or in the buffer).
         offset: usize,
         /// The length asked for.
         len: usize,
-        /// The region's length.
+        /// The length of the region, or of the buffer.
         region_len: usize,
     },
     /// A verb failed with an errno.
