@@ -14,6 +14,50 @@
 //!   completion (rxe, as the kernel's rxe), and raises an asynchronous event: nothing is
 //!   dropped silently.
 //!
+//! # Example
+//!
+//! The seed's stream: 8 RDMA WRITEs of 64 bytes through a [`selsig::SignaledQueue`], every
+//! 4th signaled; the CQ gets two completions, and each hands back four buffers, in order.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use selsig::{Access, Buffer, ConnectOptions, Device, MemoryRegion, Outcome, Policy};
+//! use selsig::{QpCaps, QpInit};
+//! use selsig::{SignaledQueue, Work, connect_pair};
+//! use selsig_soft::{SoftConfig, SoftDevice};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dev = SoftDevice::open(SoftConfig::default())?;
+//! let pd = dev.alloc_pd()?;
+//! let cq = Arc::new(dev.create_cq(16)?);
+//! // RDMA WRITEs only: one receive slot (every receive would complete on this CQ too).
+//! let caps = QpCaps { max_send_wr: 16, max_recv_wr: 1, ..QpCaps::default() };
+//! let init = QpInit { caps, sq_sig_all: false };
+//! let qp = dev.create_qp(&pd, &cq, &cq, &init)?;
+//! let peer = dev.create_qp(&pd, &cq, &cq, &init)?;
+//! connect_pair(&qp, &peer, &ConnectOptions::default())?;
+//! let target = dev.reg_mr(&pd, 512, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+//! let local = Buffer::new(dev.reg_mr(&pd, 512, Access::LOCAL_WRITE)?);
+//! let (buffers, _) = local.split_into(8, 64).map_err(|_| "8 buffers of 64 bytes fit")?;
+//!
+//! let mut queue: SignaledQueue<SoftDevice, usize> =
+//!     SignaledQueue::new(qp, cq, Policy::Every(4))?;
+//! for (i, buf) in buffers.into_iter().enumerate() {
+//!     // The buffer moves into the queue until a completion covers its WRITE.
+//!     queue.post(Work::write(buf, target.remote(i * 64), i + 1))?;
+//! }
+//! let mut done = Vec::new();
+//! queue.drain(Duration::from_secs(5), &mut done)?;
+//! let users: Vec<usize> = done.iter().map(|c| c.user).collect();
+//! assert_eq!(users, (1..=8).collect::<Vec<_>>());
+//! assert!(done.iter().all(|c| c.outcome == Outcome::Completed && c.buffer.is_some()));
+//! assert_eq!(queue.stats().cqes, 2);
+//! # drop(peer);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Memory and soundness
 //!
 //! Registered memory is shared by the application and the NIC thread, which may touch it
