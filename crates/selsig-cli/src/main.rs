@@ -147,29 +147,81 @@ struct OutputFile {
     file: std::fs::File,
     /// The file this command created (the path, or the file a link to nothing named),
     /// removed unless written.
-    created: Option<PathBuf>,
+    created: Option<Created>,
     written: bool,
 }
 
-/// Files the command created and has neither written nor removed yet.
+/// Files the command created and has neither written nor removed yet: outputs, and the
+/// temporary files their texts are staged in.
 static CREATED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
-/// From the first call on, a signal that stops the command (SIGINT, SIGTERM, SIGHUP) first
-/// removes the files in [`CREATED`], then stops it as it would have.
+/// [`CREATED`], whose every change is one `Vec` operation (a poisoned lock is taken as it is).
+fn created() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    CREATED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A path in [`CREATED`], taken out of it when dropped (the file itself is left alone).
+struct Created(Option<PathBuf>);
+
+impl Created {
+    fn new(path: PathBuf) -> Self {
+        created().push(path.clone());
+        Created(Some(path))
+    }
+
+    fn path(&self) -> Option<&Path> {
+        self.0.as_deref()
+    }
+
+    /// Takes the path out of `list` (the locked [`CREATED`]) now.
+    fn forget(&mut self, list: &mut Vec<PathBuf>) {
+        if let Some(path) = self.0.take() {
+            if let Some(i) = list.iter().position(|p| *p == path) {
+                list.swap_remove(i);
+            }
+        }
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            self.forget(&mut created());
+        }
+    }
+}
+
+/// Whether `signal` is ignored (as `nohup` leaves SIGHUP, and a shell a background job's
+/// SIGINT).
+fn ignored(signal: std::ffi::c_int) -> bool {
+    // SAFETY: with no new action, `sigaction` only writes the current one into `old`, a
+    // zeroed `sigaction` (a valid value of that plain C struct).
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// From the first call on, a signal that stops the command (SIGINT, SIGTERM, SIGHUP, each
+/// unless ignored) first removes the files in [`CREATED`], then stops it as it would have.
 fn remove_created_on_signals() {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     static WATCHING: std::sync::Once = std::sync::Once::new();
     WATCHING.call_once(|| {
+        let watched: Vec<_> = [SIGINT, SIGTERM, SIGHUP]
+            .into_iter()
+            .filter(|&s| !ignored(s))
+            .collect();
         // Without the watch (no thread, say), a signal stops the command as before.
-        let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+        let Ok(mut signals) = signal_hook::iterator::Signals::new(watched) else {
             return;
         };
         let watch = move || {
             if let Some(signal) = signals.forever().next() {
-                let created = CREATED
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                for path in created.iter() {
+                for path in created().iter() {
                     let _ = std::fs::remove_file(path);
                 }
                 // The signal's own action: the command ends, killed by it.
@@ -195,11 +247,9 @@ impl OutputFile {
         };
         // Files created are removed by a signal that stops the command from now on.
         remove_created_on_signals();
-        let mut created = CREATED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // A new file is ours to remove; anything already there (a file, a FIFO, a link)
-        // is opened as it is.
+        // is opened as it is. (No lock is held while opening: a FIFO's open waits for a
+        // reader, and a signal must still end the command meanwhile.)
         let (file, new) = match OpenOptions::new().write(true).create_new(true).open(path) {
             Ok(file) => (file, Some(path.to_path_buf())),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -221,12 +271,11 @@ impl OutputFile {
             }
             Err(e) => return Err(cannot(e)),
         };
-        created.extend(new.iter().cloned());
         Ok(OutputFile {
             option,
             path: path.to_path_buf(),
             file,
-            created: new,
+            created: new.map(Created::new),
             written: false,
         })
     }
@@ -272,8 +321,13 @@ impl OutputFile {
     }
 
     /// Writes `text`: to a FIFO or device directly; for a regular file, into a temporary
-    /// file beside it (links resolved), returned with the file it is to replace.
-    fn stage(&self, text: &str) -> Result<Option<(tempfile::NamedTempFile, PathBuf)>, Failure> {
+    /// file beside it (links resolved, in [`CREATED`] until renamed), returned with the
+    /// file it is to replace.
+    #[allow(clippy::type_complexity)]
+    fn stage(
+        &self,
+        text: &str,
+    ) -> Result<Option<(tempfile::NamedTempFile, PathBuf, Created)>, Failure> {
         use std::io::Write as _;
         let meta = self.file.metadata().map_err(|e| self.cannot_write(e))?;
         let in_place = |truncate: bool| -> Result<(), Failure> {
@@ -300,11 +354,12 @@ impl OutputFile {
             in_place(true)?;
             return Ok(None);
         };
+        let staged = Created::new(tmp.path().to_path_buf());
         tmp.write_all(text.as_bytes())
             .and_then(|()| tmp.flush())
             .and_then(|()| tmp.as_file().set_permissions(meta.permissions()))
             .map_err(|e| self.cannot_write(e))?;
-        Ok(Some((tmp, target)))
+        Ok(Some((tmp, target, staged)))
     }
 }
 
@@ -318,31 +373,42 @@ fn write_outputs(mut outputs: Vec<(OutputFile, String)>) -> Result<(), Failure> 
             staged.push((file, tmp));
         }
     }
-    for (file, (tmp, target)) in staged {
-        tmp.persist(&target)
-            .map_err(|e| file.cannot_write(e.error))?;
+    // The renames, under the lock of the created files: a signal waits for them, and then
+    // finds neither the temporary files (renamed) nor the outputs (complete) to remove.
+    // Nothing here takes the lock again (the `Created`s are forgotten first).
+    let mut list = created();
+    for (_, (_, _, temporary)) in &mut staged {
+        temporary.forget(&mut list);
     }
-    for (file, _) in &mut outputs {
-        file.written = true;
+    let mut result = Ok(());
+    for (file, (tmp, target, _)) in staged {
+        if let Err(e) = tmp.persist(&target) {
+            result = Err(file.cannot_write(e.error));
+            break;
+        }
     }
-    Ok(())
+    if result.is_ok() {
+        for (file, _) in &mut outputs {
+            if let Some(output) = &mut file.created {
+                output.forget(&mut list);
+            }
+            file.written = true;
+        }
+    }
+    drop(list);
+    result
 }
 
 impl Drop for OutputFile {
     fn drop(&mut self) {
-        let Some(path) = &self.created else {
+        if self.written {
             return;
-        };
-        let mut created = CREATED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !self.written {
+        }
+        if let Some(path) = self.created.as_ref().and_then(Created::path) {
             // Best effort: the command already failed, and that error is the one to report.
             let _ = std::fs::remove_file(path);
         }
-        if let Some(i) = created.iter().position(|p| p == path) {
-            created.swap_remove(i);
-        }
+        // (Then `created` leaves the list.)
     }
 }
 

@@ -1720,6 +1720,113 @@ fn output_files_created_are_removed_when_stopped_or_failed() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Waits up to 30 s for `child` to end; kills it if it does not.
+fn wait_for(child: &mut std::process::Child) -> Option<std::process::ExitStatus> {
+    let start = std::time::Instant::now();
+    while start.elapsed().as_secs() < 30 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().ok();
+    child.wait().ok();
+    None
+}
+
+fn signal(child: &std::process::Child, signal: &str) {
+    let sent = Command::new("kill")
+        .args([format!("-{signal}"), child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+/// The clean-up leaves signals alone where they were ignored (`nohup`), stops a command
+/// waiting to open a FIFO no one reads, and removes the temporary file of a text staged
+/// when a signal stops the command.
+#[test]
+fn signals_stop_the_command_as_before_and_leave_no_temporary_file() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let dir = scratch("selsig-cli-signals");
+    let json = dir.join("out.json");
+    // Under nohup, SIGHUP is ignored: the run goes on and writes its output.
+    let mut child = Command::new("nohup")
+        .arg(env!("CARGO_BIN_EXE_selsig"))
+        .args(["bench", "-s", "64", "-e", "1", "-D", "1s", "--json"])
+        .arg(&json)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    while !json.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    signal(&child, "HUP");
+    let status = wait_for(&mut child).expect("the run ends");
+    assert!(status.success(), "{status:?}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["points"].as_array().unwrap().len(), 1);
+    std::fs::remove_file(&json).unwrap();
+    // Opening a FIFO that no one reads waits; SIGTERM still ends it.
+    let fifo = dir.join("out.fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["bench", "-n", "100", "--json"])
+        .arg(&fifo)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    signal(&child, "TERM");
+    let status = wait_for(&mut child).expect("SIGTERM ends it");
+    assert_eq!(status.signal(), Some(15), "{status:?}");
+    // The JSON is staged in a temporary file, then the SVG blocks on a full FIFO: SIGINT
+    // removes both the new JSON file and the temporary one.
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    rustix::pipe::fcntl_setpipe_size(&reader, 4096).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["bench", "-n", "100", "-s", "64", "-e", "1", "--json"])
+        .arg(&json)
+        .arg("--svg")
+        .arg(&fifo)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let staged = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".selsig-"))
+            .count()
+    };
+    let start = std::time::Instant::now();
+    while staged() == 0 {
+        assert!(start.elapsed().as_secs() < 30, "nothing was staged");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    signal(&child, "INT");
+    let status = wait_for(&mut child).expect("SIGINT ends it");
+    assert_eq!(status.signal(), Some(2), "{status:?}");
+    assert_eq!(staged(), 0, "a temporary file was left behind");
+    assert!(!json.exists(), "{} was left behind", json.display());
+    drop(reader);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Standard output takes the table, or the JSON or SVG sent there with `-`: a file that is
 /// standard output (`/dev/stdout`, or the file it was redirected to) would mix with it or,
 /// replaced, lose it. Refused before the run; `/dev/null` is no such file.
