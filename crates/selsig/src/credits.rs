@@ -41,6 +41,11 @@ impl CqCredits {
         self.inner.capacity
     }
 
+    /// The pool's identity: the same for every handle to it, while one lives.
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// Credits not held by anyone now.
     pub fn available(&self) -> u32 {
         self.inner.free.load(Ordering::Acquire)

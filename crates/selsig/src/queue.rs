@@ -368,43 +368,115 @@ impl<Q> From<CreateError<Q>> for ConfigError {
     }
 }
 
+/// What the queues on one CQ take of it.
+enum Claim {
+    /// One queue took it whole (no budget given: its whole capacity).
+    Whole,
+    /// Queues with budgets: exclusive ones, and pools (by address, with their capacity
+    /// and how many queues take from each), which add up to no more than the CQ holds.
+    Budgets {
+        exclusive: u64,
+        pools: Vec<(usize, u32, u32)>,
+    },
+}
+
 /// The CQs queues report to, by address (a queue holds its CQ, so while it has a claim the
-/// address names that CQ): `None` for a CQ one queue took whole (no budget given: its
-/// whole capacity), else how many queues with budgets use it.
-static CQ_CLAIMS: Mutex<BTreeMap<usize, Option<u32>>> = Mutex::new(BTreeMap::new());
+/// address names that CQ).
+static CQ_CLAIMS: Mutex<BTreeMap<usize, Claim>> = Mutex::new(BTreeMap::new());
+
+/// What one queue's claim holds, to give back.
+enum Share {
+    Whole,
+    Exclusive(u32),
+    Pool(usize),
+}
 
 /// A queue's claim on its CQ, given up when dropped.
 struct CqClaim {
     cq: usize,
+    share: Share,
 }
 
 impl CqClaim {
-    /// Claims the CQ at `cq`, `whole` or with a budget: a CQ taken whole takes no other
-    /// queue, and one with queues on it cannot be taken whole.
-    fn take(cq: usize, whole: bool) -> Result<CqClaim, ConfigError> {
+    /// Claims the CQ at `cq` (holding `capacity` completions) with `budget`, or whole: a CQ
+    /// taken whole takes no other queue, one with queues on it cannot be taken whole, and
+    /// the budgets on a CQ add up to no more than it holds.
+    fn take(cq: usize, capacity: u32, budget: Option<&CqBudget>) -> Result<CqClaim, ConfigError> {
         let mut claims = CQ_CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
-        match (claims.get_mut(&cq), whole) {
-            (None, true) => {
-                claims.insert(cq, None);
+        let Some(budget) = budget else {
+            if claims.contains_key(&cq) {
+                return Err(ConfigError::CqInUse);
             }
-            (None, false) => {
-                claims.insert(cq, Some(1));
+            claims.insert(cq, Claim::Whole);
+            return Ok(CqClaim {
+                cq,
+                share: Share::Whole,
+            });
+        };
+        let claim = claims.entry(cq).or_insert(Claim::Budgets {
+            exclusive: 0,
+            pools: Vec::new(),
+        });
+        let Claim::Budgets { exclusive, pools } = claim else {
+            return Err(ConfigError::CqInUse);
+        };
+        // (A first budget is within the CQ's capacity, checked before: an entry made here
+        // is never left empty by a refusal below.)
+        let taken = *exclusive + pools.iter().map(|&(_, c, _)| u64::from(c)).sum::<u64>();
+        let too_large = |more: u32| {
+            let total = taken + u64::from(more);
+            (total > u64::from(capacity))
+                .then_some(ConfigError::CqBudgetsTooLarge { total, capacity })
+        };
+        let share = match budget {
+            CqBudget::Exclusive(n) => {
+                if let Some(e) = too_large(*n) {
+                    return Err(e);
+                }
+                *exclusive += u64::from(*n);
+                Share::Exclusive(*n)
             }
-            (Some(Some(n)), false) => *n += 1,
-            (Some(_), _) => return Err(ConfigError::CqInUse),
-        }
-        Ok(CqClaim { cq })
+            CqBudget::Shared(pool) => {
+                let id = pool.id();
+                match pools.iter_mut().find(|(p, ..)| *p == id) {
+                    Some((_, _, queues)) => *queues += 1,
+                    None => {
+                        if let Some(e) = too_large(pool.capacity()) {
+                            return Err(e);
+                        }
+                        pools.push((id, pool.capacity(), 1));
+                    }
+                }
+                Share::Pool(id)
+            }
+        };
+        Ok(CqClaim { cq, share })
     }
 }
 
 impl Drop for CqClaim {
     fn drop(&mut self) {
         let mut claims = CQ_CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
-        match claims.get_mut(&self.cq) {
-            Some(Some(n)) if *n > 1 => *n -= 1,
-            _ => {
-                claims.remove(&self.cq);
+        let empty = match (claims.get_mut(&self.cq), &self.share) {
+            (Some(Claim::Budgets { exclusive, pools }), share) => {
+                match share {
+                    Share::Exclusive(n) => *exclusive -= u64::from(*n),
+                    Share::Pool(id) => {
+                        if let Some(i) = pools.iter().position(|(p, ..)| p == id) {
+                            pools[i].2 -= 1;
+                            if pools[i].2 == 0 {
+                                pools.swap_remove(i);
+                            }
+                        }
+                    }
+                    Share::Whole => {}
+                }
+                *exclusive == 0 && pools.is_empty()
             }
+            _ => true,
+        };
+        if empty {
+            claims.remove(&self.cq);
         }
     }
 }
@@ -583,8 +655,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// A queue with explicit settings. The send-queue capacity and `sq_sig_all` are read
     /// from the QP, the CQ capacity from the CQ. Without a budget (`config.cq`), the queue
     /// takes `cq` whole, as [`new`](Self::new) does; with one, it shares `cq` with other
-    /// queues with budgets, none of which takes it whole. A queue refused hands its QP back
-    /// in the error.
+    /// queues with budgets, none of which takes it whole, and which add up to no more than
+    /// it holds ([`ConfigError::CqBudgetsTooLarge`]; a shared pool counts once). A queue
+    /// refused hands its QP back in the error.
     pub fn with_config(
         qp: D::Qp,
         cq: Arc<D::Cq>,
@@ -661,7 +734,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
             .measure_lag(config.measure_lag);
         let epoch = Instant::now();
         let tracker = SendTracker::new(tracker_config, epoch)?;
-        let claim = CqClaim::take(Arc::as_ptr(cq).cast::<()>() as usize, config.cq.is_none())?;
+        let cq_addr = Arc::as_ptr(cq).cast::<()>() as usize;
+        let claim = CqClaim::take(cq_addr, cq.capacity(), config.cq.as_ref())?;
         Ok((claim, tracker, epoch))
     }
 

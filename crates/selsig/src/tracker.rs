@@ -314,6 +314,17 @@ pub enum ConfigError {
         "the completion queue has another queue on it: a queue without a CQ budget takes its CQ whole; queues that share a CQ go on a SharedCq, or take a budget each (QueueConfig::cq)"
     )]
     CqInUse,
+    /// The CQ budgets of the queues on one completion queue (each pool counted once) add
+    /// up to more than it holds: errors could complete more work requests than it holds.
+    #[error(
+        "the CQ budgets of the queues on the completion queue would add up to {total} completions, more than it holds ({capacity})"
+    )]
+    CqBudgetsTooLarge {
+        /// The budgets, this queue's included.
+        total: u64,
+        /// The completion queue's capacity.
+        capacity: u32,
+    },
 }
 
 /// Why a post was refused. The payload is handed back untouched.

@@ -813,5 +813,28 @@ fn a_cq_of_a_queues_own_takes_no_other_queue() {
         .expect("refused");
     assert_eq!(whole.error, ConfigError::CqInUse);
     drop(on_shared);
-    Queue::new(qp(3, 8), cq, Policy::Every(4)).unwrap();
+    Queue::new(qp(3, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
+    // Budgets on one CQ add up to no more than it holds: a pool counts once, whatever
+    // number of queues takes from it.
+    let eight = QueueConfig {
+        cq: Some(CqBudget::Exclusive(8)),
+        ..QueueConfig::default()
+    };
+    let _a = Queue::with_config(qp(1, 8), Arc::clone(&cq), eight.clone()).unwrap();
+    let over = Queue::with_config(qp(2, 8), Arc::clone(&cq), eight)
+        .err()
+        .expect("refused");
+    assert_eq!(
+        over.error,
+        ConfigError::CqBudgetsTooLarge {
+            total: 16,
+            capacity: 15
+        }
+    );
+    let pool = QueueConfig {
+        cq: Some(CqBudget::Shared(CqCredits::new(7))),
+        ..QueueConfig::default()
+    };
+    let _b = Queue::with_config(qp(2, 8), Arc::clone(&cq), pool.clone()).unwrap();
+    let _c = Queue::with_config(qp(3, 8), Arc::clone(&cq), pool).unwrap();
 }
