@@ -23,7 +23,7 @@ while getopts "cQ:t:n:r:h" opt; do
     t) depth=$OPTARG ;;
     n) iters=$OPTARG ;;
     r) reps=$OPTARG ;;
-    *) sed -n '2,14p' "$0"; exit 2 ;;
+    *) sed -n '2,13p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -37,6 +37,9 @@ scripts/rxe-vm/build.sh >&2
 bin=$(cargo build -q --release -p selsig-cli --message-format=json \
   | sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p' | tail -n 1)
 [ -x "$bin" ] || { echo "perftest-compare: could not build selsig" >&2; exit 1; }
+# The VM sees this machine's files read-only, and an empty /tmp: a target directory outside
+# the clone (CARGO_TARGET_DIR=/tmp/...) is shared with it.
+case "$bin" in "$PWD"/*) ;; *) export SELSIG_VM_RW="${SELSIG_VM_RW:+$SELSIG_VM_RW:}$(dirname "$bin")" ;; esac
 
 # Inside the VM: GID index 1 is rxe0's stable RoCE v2 address, 10.77.0.1 (scripts/rxe-vm).
 read -r -d '' inside <<'EOF' || true
@@ -44,7 +47,7 @@ set -u
 common="-d rxe0 -x 1 -F --cq-mod $CQ_MOD -t $DEPTH -n $ITERS"
 port=18600
 # (A run that printed no figure, or 0.00, does not count.)
-median() { awk '$1 > 0' | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+median() { awk '$1 > 0' | sort -g | awk '{v[NR]=$1} END {if (NR) print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
 perftest() {   # size -> MB/s
   port=$((port + 1))
   ib_write_bw $common -s "$1" -p $port >/tmp/server.log 2>&1 &

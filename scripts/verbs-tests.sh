@@ -9,22 +9,28 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 scripts/rxe-vm/build.sh
 
-bins=$(cargo test -q --no-run -p selsig-verbs -p selsig-cli --message-format=json 2>/dev/null \
-  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | grep -E '/(rxe|verbs)-[0-9a-f]+$' || true)
-[ "$(echo "$bins" | wc -w)" = 2 ] || { echo "verbs-tests: could not build the test binaries: $bins" >&2; exit 1; }
-sel=$(cargo build -q -p selsig-cli --message-format=json \
-  | sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p')
+# (Compiler errors go to stderr; cargo's exit code is checked apart from the pipeline's.)
+json=$(cargo test -q --no-run -p selsig-verbs -p selsig-cli --message-format=json) \
+  || { echo "verbs-tests: could not build the test binaries" >&2; exit 1; }
+mapfile -t bins < <(sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' <<< "$json" | grep -E '/(rxe|verbs)-[0-9a-f]+$' || true)
+[ "${#bins[@]}" = 2 ] || { echo "verbs-tests: expected the rxe and verbs test binaries, found: ${bins[*]}" >&2; exit 1; }
+json=$(cargo build -q -p selsig-cli --message-format=json) \
+  || { echo "verbs-tests: could not build selsig" >&2; exit 1; }
+sel=$(sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p' <<< "$json")
 [ -x "$sel" ] || { echo "verbs-tests: could not build selsig" >&2; exit 1; }
+# The VM sees this machine's files read-only, and an empty /tmp: a target directory outside
+# the clone (CARGO_TARGET_DIR=/tmp/...) is shared with it.
+case "$sel" in "$PWD"/*) ;; *) export SELSIG_VM_RW="${SELSIG_VM_RW:+$SELSIG_VM_RW:}$(dirname "$sel")" ;; esac
 
 # GID index 1 is rxe0's stable IPv4-mapped RoCE v2 address (10.77.0.1) in the VM.
 cmd="set -e; export SELSIG_GID_INDEX=1 SELSIG_SERVE_ADDR=10.77.0.1 RUST_BACKTRACE=1"
-for b in $bins; do
-  cmd="$cmd; echo \"== $(basename "$b")\"; $b --ignored --test-threads=1"
+for b in "${bins[@]}"; do
+  cmd="$cmd; echo $(printf '%q' "== $(basename "$b")"); $(printf '%q' "$b") --ignored --test-threads=1"
 done
 # Last, as it takes rxe0's link down: a port that is not ACTIVE is the host's state (exit
 # code 1), named, not a bad option.
 cmd="$cmd; echo '== a port whose link is down'; ip link set dummy0 down; rc=0
-out=\$($sel demo --provider verbs -d rxe0 2>&1) || rc=\$?; ip link set dummy0 up
+out=\$($(printf '%q' "$sel") demo --provider verbs -d rxe0 2>&1) || rc=\$?; ip link set dummy0 up
 echo \"\$out\"; echo \"exit code \$rc\"; [ \$rc = 1 ]
 echo \"\$out\" | grep -q 'port 1 of rxe0 is DOWN, not ACTIVE (is its link up?)'; echo ok"
 SELSIG_VM_TIMEOUT=${SELSIG_VM_TIMEOUT:-900} scripts/rxe-vm/run.sh "$cmd"

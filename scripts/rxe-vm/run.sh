@@ -71,8 +71,17 @@ timeout -k 10 "$TIMEOUT" qemu-system-x86_64 $ACCEL_OPTS -machine pc \
   -append "console=ttyS0 quiet panic=-1 selsig.run=$RUN" \
   -serial "file:$RUN/console.log" \
   -serial stdio \
-  "${VIRTFS[@]}" < /dev/null
+  "${VIRTFS[@]}" < /dev/null &
+vm=$!
+# A signal to this script (Ctrl-C, a CI job cancelled) stops the VM first: `timeout` puts
+# qemu in a process group of its own, which the terminal's signals do not reach.
+stop_vm() { kill -TERM "$vm" 2>/dev/null; wait "$vm"; exit "$1"; }
+trap 'stop_vm 129' HUP
+trap 'stop_vm 130' INT
+trap 'stop_vm 143' TERM
+wait "$vm"
 qrc=$?
+trap - HUP INT TERM
 set -e
 t1=$(date +%s.%N)
 
