@@ -14,7 +14,14 @@
 //! - completion queue: the NIC writes CQE slots, then publishes `producer` (release); the
 //!   poller loads it (acquire), reads the slots, publishes `consumer` (release), which the
 //!   NIC loads (acquire) before reusing a slot.
-//! - receive queue: like the send queue, freed by the NIC's `consumer`.
+//! - receive queue: like the send queue, freed by the NIC's `consumer` (rxe) or by `tail`,
+//!   which the poller advances by one per receive completion it polls (mlx5).
+//!
+//! Under loom, every slot also has a `loom::cell::UnsafeCell<()>` that each read and write
+//! of the slot touches: loom checks those accesses against happens-before, so a slot
+//! written again before the reader's access happens-before the write (a missing
+//! release/acquire on a freeing index) fails the models. The slot words themselves are
+//! atomics, checked only by the values read, and loom does not explore load buffering.
 //!
 //! Indices are `u64` counters that never wrap; the WQE counter in a CQE is 16 bits, as in
 //! mlx5, and the poller maps it back to an index from the tail ([`SendRing::free_through`]).
@@ -56,6 +63,43 @@ impl std::fmt::Debug for Half {
     }
 }
 
+/// Loom only: a causality tracker per slot. Slot words are atomics, so loom checks their
+/// values, and loom does not explore load buffering; a `loom::cell::UnsafeCell` access
+/// is checked against happens-before instead, which catches a slot written again before
+/// the reader's access happens-before the write (a missing Release/Acquire on a "freed"
+/// index).
+#[cfg(loom)]
+struct Shadow(Box<[loom::cell::UnsafeCell<()>]>);
+#[cfg(loom)]
+impl Shadow {
+    fn new(n: usize) -> Self {
+        Shadow((0..n).map(|_| loom::cell::UnsafeCell::new(())).collect())
+    }
+    fn read(&self, i: usize) {
+        self.0[i].with(|_| ());
+    }
+    fn write(&self, i: usize) {
+        self.0[i].with_mut(|_| ());
+    }
+}
+#[cfg(not(loom))]
+struct Shadow;
+#[cfg(not(loom))]
+impl Shadow {
+    fn new(_: usize) -> Self {
+        Shadow
+    }
+    #[inline(always)]
+    fn read(&self, _: usize) {}
+    #[inline(always)]
+    fn write(&self, _: usize) {}
+}
+impl std::fmt::Debug for Shadow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Shadow")
+    }
+}
+
 // ----- send queue --------------------------------------------------------------------
 
 /// Opcodes as stored in a WQE.
@@ -93,6 +137,7 @@ pub(crate) struct Wqe {
 /// per WQE; `wr_id`s and immediate data are kept apart.
 #[derive(Debug)]
 pub(crate) struct SendRing {
+    shadow: Shadow,
     slots: Box<[Half]>,
     inline: Box<[Line]>,
     wr_ids: Box<[AtomicU64]>,
@@ -114,6 +159,7 @@ impl SendRing {
     pub(crate) fn new(limit: u32) -> Self {
         let size = (limit as usize).next_power_of_two().max(1);
         SendRing {
+            shadow: Shadow::new(size),
             slots: halves(size),
             inline: lines(size),
             wr_ids: (0..size).map(|_| AtomicU64::new(0)).collect(),
@@ -145,6 +191,7 @@ impl SendRing {
     pub(crate) fn write(&self, index: u64, wqe: &Wqe, wr_id: u64, imm: u32, inline: &[u8]) {
         let s = self.slot(index);
         let at = (index & self.mask) as usize;
+        self.shadow.write(at);
         let flags =
             (u64::from(wqe.signaled) * FLAG_SIGNALED) | (u64::from(wqe.inline) * FLAG_INLINE);
         s[0].store(
@@ -221,6 +268,7 @@ impl SendRing {
     /// Consumer (NIC): reads WQE `index` (published by `producer`).
     #[inline(always)]
     pub(crate) fn read(&self, index: u64) -> Wqe {
+        self.shadow.read((index & self.mask) as usize);
         let s = self.slot(index);
         let w0 = s[0].load(Ordering::Relaxed);
         let keys = s[2].load(Ordering::Relaxed);
@@ -241,16 +289,19 @@ impl SendRing {
     /// completion.
     #[inline(always)]
     pub(crate) fn wr_id(&self, index: u64) -> u64 {
+        self.shadow.read((index & self.mask) as usize);
         self.wr_ids[(index & self.mask) as usize].load(Ordering::Relaxed)
     }
 
     /// Consumer (NIC): the immediate data of WQE `index`, a `*_WITH_IMM` operation.
     pub(crate) fn imm(&self, index: u64) -> u32 {
+        self.shadow.read((index & self.mask) as usize);
         self.imms[(index & self.mask) as usize].load(Ordering::Relaxed) as u32
     }
 
-    /// The inline data words of slot `index`.
+    /// The inline data words of slot `index` (read by the NIC for WQE `index`).
     pub(crate) fn inline_words(&self, index: u64) -> &[AtomicU64] {
+        self.shadow.read((index & self.mask) as usize);
         &self.inline[(index & self.mask) as usize].0
     }
 }
@@ -290,6 +341,7 @@ pub(crate) struct Rqe {
 /// polls their completions (mlx5).
 #[derive(Debug)]
 pub(crate) struct RecvRing {
+    shadow: Shadow,
     slots: Box<[Half]>,
     mask: u64,
     limit: u64,
@@ -305,6 +357,7 @@ impl RecvRing {
     pub(crate) fn new(limit: u32) -> Self {
         let size = (limit as usize).next_power_of_two().max(1);
         RecvRing {
+            shadow: Shadow::new(size),
             slots: halves(size),
             mask: size as u64 - 1,
             limit: u64::from(limit),
@@ -360,6 +413,7 @@ impl RecvRing {
     }
 
     pub(crate) fn write(&self, index: u64, rqe: &Rqe) {
+        self.shadow.write((index & self.mask) as usize);
         let s = self.slot(index);
         s[0].store(rqe.wr_id, Ordering::Relaxed);
         s[1].store(rqe.addr, Ordering::Relaxed);
@@ -370,6 +424,7 @@ impl RecvRing {
     }
 
     pub(crate) fn read(&self, index: u64) -> Rqe {
+        self.shadow.read((index & self.mask) as usize);
         let s = self.slot(index);
         let w2 = s[2].load(Ordering::Relaxed);
         Rqe {
@@ -405,6 +460,7 @@ pub(crate) struct Cqe {
 /// costs the NIC a line write and the poller a line read.
 #[derive(Debug)]
 pub(crate) struct CompletionRing {
+    shadow: Shadow,
     slots: Box<[Line]>,
     mask: u64,
     capacity: u64,
@@ -419,6 +475,7 @@ impl CompletionRing {
     pub(crate) fn new(capacity: u32) -> Self {
         let size = (capacity as usize + 1).next_power_of_two();
         CompletionRing {
+            shadow: Shadow::new(size),
             slots: lines(size),
             mask: size as u64 - 1,
             capacity: u64::from(capacity),
@@ -471,6 +528,7 @@ impl CompletionRing {
 
     /// Producer: writes CQE `index` (the caller checked there is room).
     fn write(&self, index: u64, c: &Cqe) {
+        self.shadow.write((index & self.mask) as usize);
         let s = self.slot(index);
         let flags = u64::from(c.send_queue) | u64::from(c.has_imm) << 1;
         s[0].store(c.wr_id, Ordering::Relaxed);
@@ -493,6 +551,7 @@ impl CompletionRing {
 
     /// Consumer: reads CQE `index` (published by `producer`).
     pub(crate) fn read(&self, index: u64) -> Cqe {
+        self.shadow.read((index & self.mask) as usize);
         let s = self.slot(index);
         let w1 = s[1].load(Ordering::Relaxed);
         let w2 = s[2].load(Ordering::Relaxed);
