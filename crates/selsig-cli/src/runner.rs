@@ -629,6 +629,10 @@ impl<'a, D: Device> Runner<'a, D> {
     /// `own`'s earlier completions that another wait handed over, which would otherwise
     /// show later, with the next step that polls.
     fn show_in_place(&mut self, own: QpRef, events: Vec<Event>) {
+        if self.deferred.is_empty() {
+            self.trace.extend(events);
+            return;
+        }
         let name = self.sc.qp_name(own);
         let (earlier, others): (Vec<Event>, Vec<Event>) =
             std::mem::take(&mut self.deferred).into_iter().partition(

@@ -1634,7 +1634,7 @@ fn bench_outputs_are_written_all_or_nothing() {
 fn output_files_created_are_removed_when_stopped_or_failed() {
     let dir = scratch("selsig-cli-stopped");
     let (json, svg) = (dir.join("out.json"), dir.join("out.svg"));
-    for signal in ["INT", "TERM"] {
+    for name in ["INT", "TERM"] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_selsig"))
             .args(["bench", "-s", "64", "-e", "1", "-D", "60s", "--json"])
             .arg(&json)
@@ -1654,19 +1654,15 @@ fn output_files_created_are_removed_when_stopped_or_failed() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         std::thread::sleep(std::time::Duration::from_millis(300));
-        let sent = Command::new("kill")
-            .args([format!("-{signal}"), child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-        let status = child.wait().unwrap();
+        signal(&child, name);
+        let status = wait_for(&mut child).expect("the signal ends it");
         use std::os::unix::process::ExitStatusExt as _;
-        let number = if signal == "INT" { 2 } else { 15 };
+        let number = if name == "INT" { 2 } else { 15 };
         // Stopped by the signal, as without the clean-up.
-        assert_eq!(status.signal(), Some(number), "{signal}: {status:?}");
+        assert_eq!(status.signal(), Some(number), "{name}: {status:?}");
         assert!(
             !json.exists() && !svg.exists(),
-            "{signal}: outputs left behind"
+            "{name}: outputs left behind"
         );
     }
     // Through a link to a file that does not exist yet: the run fails (an inline WRITE
