@@ -34,7 +34,7 @@ done
 
 scripts/rxe-vm/build.sh >&2
 # The binary cargo built, wherever the target directory is (CARGO_TARGET_DIR, a config).
-bin=$(cargo build -q --release -p selsig-cli --message-format=json \
+bin=$(cargo build -q --release -p selsig-cli --message-format=json-render-diagnostics \
   | sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p' | tail -n 1)
 [ -x "$bin" ] || { echo "perftest-compare: could not build selsig" >&2; exit 1; }
 # The VM sees this machine's files read-only, and an empty /tmp: a target directory outside

@@ -7,8 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 command -v valgrind >/dev/null || { echo "valgrind-stress: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
-# (Compiler errors go to stderr; cargo's exit code is checked apart from the pipeline's.)
-json=$(cargo test -q -p selsig-soft --test stress --no-run --message-format=json) \
+# (json-render-diagnostics: cargo renders compiler errors on stderr, not inside the JSON on
+# stdout; its exit code is checked apart from the pipeline's.)
+json=$(cargo test -q -p selsig-soft --test stress --no-run --message-format=json-render-diagnostics) \
   || { echo "valgrind-stress: could not build the stress test" >&2; exit 1; }
 bin=$(sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' <<< "$json" | tail -n 1)
 [ -x "$bin" ] || { echo "valgrind-stress: could not build the stress test" >&2; exit 1; }
@@ -17,7 +18,7 @@ echo "valgrind-stress: $bin, $SELSIG_STRESS_WRS work requests per thread" >&2
 vg=(valgrind --quiet --fair-sched=yes --error-exitcode=99 --leak-check=full --show-possibly-lost=no --errors-for-leak-kinds=definite)
 "${vg[@]}" "$bin" --test-threads=1
 # The binary cargo built, wherever the target directory is (CARGO_TARGET_DIR, a config).
-json=$(cargo build -q --release -p selsig-cli --message-format=json) \
+json=$(cargo build -q --release -p selsig-cli --message-format=json-render-diagnostics) \
   || { echo "valgrind-stress: could not build selsig" >&2; exit 1; }
 sel=$(sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p' <<< "$json" | tail -n 1)
 [ -x "$sel" ] || { echo "valgrind-stress: could not build selsig" >&2; exit 1; }

@@ -9,15 +9,16 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 scripts/rxe-vm/build.sh
 
-# (Compiler errors go to stderr; cargo's exit code is checked apart from the pipeline's.)
-json=$(cargo test -q --no-run -p selsig-verbs -p selsig-cli --message-format=json) \
+# (json-render-diagnostics: cargo renders compiler errors on stderr, not inside the JSON on
+# stdout; its exit code is checked apart from the pipeline's.) The same build gives the
+# `selsig` binary the CLI's tests run (a separate `cargo build -p selsig-cli` would compile
+# a second set of dependencies, with other features, for nothing).
+json=$(cargo test -q --no-run -p selsig-verbs -p selsig-cli --message-format=json-render-diagnostics) \
   || { echo "verbs-tests: could not build the test binaries" >&2; exit 1; }
 mapfile -t bins < <(sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' <<< "$json" | grep -E '/(rxe|verbs)-[0-9a-f]+$' || true)
 [ "${#bins[@]}" = 2 ] || { echo "verbs-tests: expected the rxe and verbs test binaries, found: ${bins[*]}" >&2; exit 1; }
-json=$(cargo build -q -p selsig-cli --message-format=json) \
-  || { echo "verbs-tests: could not build selsig" >&2; exit 1; }
-sel=$(sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p' <<< "$json")
-[ -x "$sel" ] || { echo "verbs-tests: could not build selsig" >&2; exit 1; }
+sel=$(sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p' <<< "$json" | tail -n 1)
+[ -x "$sel" ] || { echo "verbs-tests: cargo built no selsig binary" >&2; exit 1; }
 # The VM sees this machine's files read-only, and an empty /tmp: a target directory outside
 # the clone (CARGO_TARGET_DIR=/tmp/...) is shared with it.
 case "$sel" in "$PWD"/*) ;; *) export SELSIG_VM_RW="${SELSIG_VM_RW:+$SELSIG_VM_RW:}$(dirname "$sel")" ;; esac
