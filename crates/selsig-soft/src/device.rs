@@ -135,6 +135,9 @@ pub(crate) struct DeviceInner {
     pub(crate) sleeping: Padded<AtomicBool>,
     pub(crate) engine_thread: OnceLock<Thread>,
     next_id: AtomicU32,
+    /// Protection domains' ids: 64 bits, which never wrap, so that no two PDs ever share
+    /// one (CQ ids and QP numbers come from `next_id`, which wraps).
+    next_pd: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -223,6 +226,12 @@ impl SoftDevice {
                 ),
             });
         }
+        if config.name.contains('\0') {
+            return Err(ProviderError::Invalid {
+                what: "device name",
+                why: format!("{:?} holds a NUL character", config.name),
+            });
+        }
         if config.max_cqe > MAX_CQE {
             return Err(ProviderError::Invalid {
                 what: "max_cqe",
@@ -248,6 +257,7 @@ impl SoftDevice {
             sleeping: Padded(AtomicBool::new(false)),
             engine_thread: OnceLock::new(),
             next_id: AtomicU32::new(1),
+            next_pd: AtomicU64::new(1),
         });
         let for_thread = Arc::clone(&dev);
         let handle = std::thread::Builder::new()
@@ -319,7 +329,7 @@ const QPN_MASK: u32 = 0x00ff_ffff;
 /// A protection domain.
 #[derive(Debug)]
 pub struct SoftPd {
-    id: u32,
+    id: u64,
     /// Its device's NIC (which also tells the device it belongs to).
     engine: Arc<Engine>,
 }
@@ -562,7 +572,7 @@ fn decode(c: &Cqe) -> WorkCompletion {
 #[derive(Debug)]
 pub(crate) struct QpInner {
     pub(crate) qpn: u32,
-    pub(crate) pd: u32,
+    pub(crate) pd: u64,
     pub(crate) caps: QpCaps,
     pub(crate) sq_sig_all: bool,
     pub(crate) sq: Arc<SendRing>,
@@ -976,7 +986,7 @@ impl Device for SoftDevice {
 
     fn alloc_pd(&self) -> Result<SoftPd, ProviderError> {
         Ok(SoftPd {
-            id: self.id(),
+            id: self.dev.next_pd.fetch_add(1, Ordering::Relaxed),
             engine: Arc::clone(&self.engine),
         })
     }
@@ -1170,6 +1180,64 @@ impl Device for SoftDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use selsig::connect_pair;
+
+    #[test]
+    fn a_region_of_another_pd_stays_out_of_reach_past_2_to_the_32_pds() {
+        let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        // As if 2^32 protection domains had been allocated since.
+        dev.dev.next_pd.store(pd.id + (1 << 32), Ordering::Relaxed);
+        let other_pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(4).unwrap();
+        let init = QpInit {
+            caps: QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                ..QpCaps::default()
+            },
+            sq_sig_all: false,
+        };
+        let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+        let b = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+        connect_pair(&a, &b, &selsig::ConnectOptions::default()).unwrap();
+        let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+        let other = dev
+            .reg_mr(&other_pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        local.write(0, &[0xab; 64]).unwrap();
+        a.post_send(&[SendWr {
+            wr_id: 1,
+            opcode: Opcode::RdmaWrite,
+            local: Local::Sge(local.sge(0, 64)),
+            remote: other.remote(0),
+            imm_data: 0,
+            signaled: true,
+        }])
+        .unwrap();
+        let mut wc = [WorkCompletion::new(0, WcStatus::Success, 0)];
+        let start = Instant::now();
+        while cq.poll(&mut wc).unwrap() == 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "no completion");
+            std::thread::yield_now();
+        }
+        let mut landed = [0u8; 1];
+        other.read(0, &mut landed).unwrap();
+        assert_eq!((wc[0].status, landed[0]), (WcStatus::RemAccessErr, 0));
+    }
+
+    #[test]
+    fn a_device_name_with_a_nul_character_is_refused() {
+        let config = SoftConfig {
+            name: "soft\0x".into(),
+            ..SoftConfig::default()
+        };
+        let Err(err) = SoftDevice::open(config) else {
+            panic!("a NUL in the name was accepted");
+        };
+        let err = err.to_string();
+        assert!(err.contains("device name") && err.contains("NUL"), "{err}");
+    }
 
     #[test]
     fn a_destroy_waits_for_a_nic_pass_that_takes_steps_however_long() {

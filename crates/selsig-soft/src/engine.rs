@@ -386,7 +386,7 @@ enum Source<'a> {
 /// and the access is granted.
 fn local(
     mrs: &MrTable,
-    pd: u32,
+    pd: u64,
     lkey: u32,
     addr: u64,
     len: u32,

@@ -1,13 +1,17 @@
 //! Memory regions and their keys.
 
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use selsig::Access;
 
-/// Bits of a key that select the table entry; the rest are random tag bits, so a stale
-/// key (of a deregistered region whose entry was reused) or a guessed one does not match.
+/// Bits of a key that select the table entry; the rest are tag bits, so that a guessed key
+/// does not match (an entry's first tag is random), nor a stale one, of a deregistered
+/// region whose entry was reused: each reuse of an entry advances its tag by one, and
+/// entries are reused oldest first, so a key comes back only after 4096 reuses of its entry
+/// (mlx5's keys carry an 8-bit variant: a stale one can match again after 256).
 const TAG_BITS: u32 = 12;
 const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
 /// Most regions a device holds at once.
@@ -26,7 +30,7 @@ pub(crate) struct MrInner {
     pub(crate) addr: u64,
     pub(crate) key: u32,
     pub(crate) access: Access,
-    pub(crate) pd: u32,
+    pub(crate) pd: u64,
 }
 
 impl MrInner {
@@ -35,7 +39,7 @@ impl MrInner {
         words: Box<[AtomicU64]>,
         len: usize,
         access: Access,
-        pd: u32,
+        pd: u64,
         key: u32,
     ) -> Self {
         debug_assert_eq!(words.len(), crate::mem::words_for(len));
@@ -66,7 +70,8 @@ pub(crate) struct MrTable {
     entries: Vec<Option<Arc<MrInner>>>,
     /// The last tag used for each entry, so that a reused entry gets another key.
     tags: Vec<u32>,
-    free: Vec<usize>,
+    /// Entries free for reuse, the longest free first.
+    free: VecDeque<usize>,
 }
 
 impl MrTable {
@@ -77,20 +82,15 @@ impl MrTable {
 
     /// Picks an entry and a fresh key for a new region.
     pub(crate) fn allocate_key(&mut self) -> Option<u32> {
-        let index = match self.free.pop() {
-            Some(i) => i,
+        let (index, tag) = match self.free.pop_front() {
+            Some(i) => (i, (self.tags[i] + 1) & TAG_MASK),
             None if self.entries.len() < MAX_REGIONS => {
                 self.entries.push(None);
                 self.tags.push(0);
-                self.entries.len() - 1
+                (self.entries.len() - 1, random_u32() & TAG_MASK)
             }
             None => return None,
         };
-        let old = self.tags[index];
-        let mut tag = random_u32() & TAG_MASK;
-        while tag == old {
-            tag = random_u32() & TAG_MASK;
-        }
         self.tags[index] = tag;
         Some(((index as u32) << TAG_BITS) | tag)
     }
@@ -106,7 +106,7 @@ impl MrTable {
         if let Some(entry) = self.entries.get_mut(index) {
             if entry.as_ref().is_some_and(|mr| mr.key == key) {
                 *entry = None;
-                self.free.push(index);
+                self.free.push_back(index);
             }
         }
     }
@@ -160,6 +160,41 @@ mod tests {
             "the stale key does not reach the new region"
         );
         assert!(t.get(u32::MAX).is_none());
+    }
+
+    #[test]
+    fn a_stale_key_comes_back_only_after_4096_reuses_of_its_entry() {
+        let mut t = MrTable::default();
+        let mr = |key| {
+            Arc::new(MrInner::new(
+                crate::mem::zeroed(64).expect("memory"),
+                64,
+                Access::REMOTE_WRITE,
+                1,
+                key,
+            ))
+        };
+        // Two entries, each reused in turn: keys of one entry never repeat within 4096
+        // of its reuses.
+        let keys: Vec<u32> = (0..2).map(|_| t.allocate_key().unwrap()).collect();
+        keys.iter().for_each(|&k| t.insert(mr(k)));
+        let mut seen = std::collections::HashMap::new();
+        for &k in &keys {
+            seen.insert(k, 0);
+            t.remove(k);
+        }
+        for n in 1..=2 * (TAG_MASK as usize) {
+            let k = t.allocate_key().unwrap();
+            t.insert(mr(k));
+            assert!(
+                seen.insert(k, n).is_none(),
+                "key {k:#x} came back after {n} registrations"
+            );
+            t.remove(k);
+        }
+        // Then the first key, 4096 reuses of its entry later.
+        let k = t.allocate_key().unwrap();
+        assert_eq!(k, keys[0]);
     }
 
     #[test]
