@@ -158,6 +158,14 @@ struct Checked {
     mismatches: Vec<u32>,
 }
 
+/// What the server answers the outcomes.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum CheckReply {
+    Checked(Checked),
+    Refusal(Refusal),
+}
+
 /// Sends one message, which the peer must take within [`SEND_WAIT`] however it spreads
 /// its reads (a timeout for each write would let a peer that reads a byte now and then
 /// hold the connection for ever).
@@ -409,8 +417,15 @@ impl RemotePeer {
                 verify: true,
             },
         )?;
-        let checked: Checked =
-            receive_within(&mut self.reader, "server's check", REPLY_WAIT, MAX_LINE)?;
+        let checked = match receive_within::<CheckReply>(
+            &mut self.reader,
+            "server's check",
+            REPLY_WAIT,
+            MAX_LINE,
+        )? {
+            CheckReply::Checked(checked) => checked,
+            CheckReply::Refusal(r) => bail!("selsig serve refused the outcomes: {}", r.error),
+        };
         if let Some(wr) = checked
             .mismatches
             .iter()
@@ -516,7 +531,7 @@ impl<D: Device> Peer<D> {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// The TCP port to listen on.
-    #[arg(long, short = 'p', default_value_t = DEFAULT_PORT)]
+    #[arg(allow_negative_numbers = true, long, short = 'p', default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// The address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
@@ -567,7 +582,7 @@ impl OnDevice for &ServeArgs {
         let at = listener
             .local_addr()
             .context("cannot read the listening address")?;
-        eprintln!(
+        say!(
             "selsig serve: {} ({} provider) listening on {at}",
             info.device,
             info.provider.as_str(),
@@ -578,18 +593,18 @@ impl OnDevice for &ServeArgs {
                 Err(e) => {
                     // A client that gave up, or no file descriptor left for a moment: the
                     // next clients are still served.
-                    eprintln!("selsig serve: cannot accept a connection: {e}");
+                    say!("selsig serve: cannot accept a connection: {e}");
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
             };
             let ok = match serve_one(dev, info, stream) {
                 Ok((0, _)) => {
-                    eprintln!("selsig serve: client {from}: done (nothing to check)");
+                    say!("selsig serve: client {from}: done (nothing to check)");
                     true
                 }
                 Ok((wrs, bad)) => {
-                    eprintln!(
+                    say!(
                         "selsig serve: client {from}: {wrs} WRITEs checked, {}",
                         if bad.is_empty() {
                             "memory as the outcomes say".to_string()
@@ -600,7 +615,7 @@ impl OnDevice for &ServeArgs {
                     bad.is_empty()
                 }
                 Err(e) => {
-                    eprintln!("selsig serve: client {from}: error: {e:#}");
+                    say!("selsig serve: client {from}: error: {e:#}");
                     false
                 }
             };
@@ -646,6 +661,18 @@ fn mismatches<M: MemoryRegion>(
         }
     }
     Ok(bad)
+}
+
+/// Whether sorted outcomes name only WRITEs the client posted (1 to `wrs`), each once: a
+/// check of anything else would not be of the memory the outcomes describe.
+fn posted_once(completed: &[u32], wrs: u32) -> Result<()> {
+    if let Some(wr) = completed.iter().find(|&&wr| wr == 0 || wr > wrs) {
+        bail!("the client's outcomes name WRITE {wr}, which it did not post (1 to {wrs})");
+    }
+    if let Some(pair) = completed.windows(2).find(|pair| pair[0] == pair[1]) {
+        bail!("the client's outcomes name WRITE {} twice", pair[0]);
+    }
+    Ok(())
 }
 
 /// One client: its QP, its region, the handshake, the check.
@@ -772,6 +799,15 @@ fn finish<D: Device>(
     let wait = RUN_WAIT + Duration::from_secs(hello.run_s);
     let mut check: Check = receive_within(reader, "client's outcomes", wait, MAX_LINE)?;
     check.completed.sort_unstable();
+    if let Err(e) = posted_once(&check.completed, hello.wrs) {
+        let _ = send(
+            writer,
+            &Refusal {
+                error: format!("{e:#}"),
+            },
+        );
+        return Err(e);
+    }
     let checked = if check.verify { hello.wrs } else { 0 };
     let mismatches = mismatches(
         &region,
@@ -981,6 +1017,79 @@ mod tests {
             run_s,
         };
         (qp, serde_json::to_string(&hello).unwrap() + "\n")
+    }
+
+    #[test]
+    fn a_server_refuses_outcomes_of_writes_not_posted_or_named_twice() {
+        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(4).unwrap();
+        for (completed, why) in [
+            (
+                "[9,0,4294967295]",
+                "WRITE 0, which it did not post (1 to 8)",
+            ),
+            ("[1,9]", "WRITE 9, which it did not post (1 to 8)"),
+            ("[3,1,3]", "WRITE 3 twice"),
+        ] {
+            let (_qp, hello) = hello_from(&dev, &pd, &cq, 8, 64, 0);
+            let (server, mut client) = tcp_pair();
+            let check = format!("{{\"completed\":{completed}}}\n");
+            client.write_all((hello + &check).as_bytes()).unwrap();
+            let err = serve_one(&dev, &soft_info(), server)
+                .expect_err("refused")
+                .to_string();
+            assert_eq!(err, format!("the client's outcomes name {why}"));
+            // The client hears why, in place of the check.
+            let mut reader = BufReader::new(client);
+            let _: Welcome = receive(&mut reader, "server's reply", MAX_SHORT).unwrap();
+            let reply: CheckReply = receive(&mut reader, "server's check", MAX_LINE).unwrap();
+            assert!(
+                matches!(&reply, CheckReply::Refusal(r) if r.error == err),
+                "{reply:?}"
+            );
+        }
+        // Outcomes of WRITEs posted, each once, are checked.
+        let (_qp, hello) = hello_from(&dev, &pd, &cq, 8, 64, 0);
+        let (server, mut client) = tcp_pair();
+        client
+            .write_all((hello + "{\"completed\":[]}\n").as_bytes())
+            .unwrap();
+        assert_eq!(
+            serve_one(&dev, &soft_info(), server).unwrap(),
+            (8, Vec::new())
+        );
+    }
+
+    #[test]
+    fn a_client_reports_a_server_that_refuses_its_outcomes() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut writer = stream.try_clone().unwrap();
+            let mut reader = BufReader::new(stream);
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            let welcome = Welcome {
+                version: PROTOCOL,
+                qp: wire(&"0".repeat(32)),
+                addr: 4096,
+                rkey: 7,
+                device: "rxe0".into(),
+            };
+            send(&mut writer, &welcome).unwrap();
+            let _: Check = receive(&mut reader, "client's outcomes", MAX_LINE).unwrap();
+            let error = "the client's outcomes name WRITE 3 twice".to_string();
+            send(&mut writer, &Refusal { error }).unwrap();
+        });
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        let err = peer.check(vec![3, 3]).expect_err("refused").to_string();
+        assert_eq!(
+            err,
+            "selsig serve refused the outcomes: the client's outcomes name WRITE 3 twice"
+        );
+        server.join().unwrap();
     }
 
     #[test]
