@@ -174,7 +174,7 @@ pub struct BenchArgs {
     /// Write every figure and the settings as JSON to FILE, or to stdout with `-`
     /// (the table is then not printed).
     #[arg(long, value_name = "FILE")]
-    pub json: Option<String>,
+    pub json: Option<std::path::PathBuf>,
     /// Draw throughput and confirmation lag (and, on the soft provider, the
     /// NIC-to-application gap) against the signal interval into an SVG file, or to stdout
     /// with `-` (the table is then not printed).
@@ -183,7 +183,7 @@ pub struct BenchArgs {
     /// Write into the memory of `selsig serve` on HOST or HOST:PORT (another process or
     /// host; verbs provider) instead of a peer QP in this process, as ib_write_bw's client
     /// writes to its server. The server checks the bytes of a sweep's WRITEs.
-    #[arg(long, value_name = "HOST")]
+    #[arg(long, value_name = "HOST", value_parser = crate::common::parse_host)]
     pub connect: Option<String>,
     #[command(flatten)]
     pub provider: ProviderArgs,

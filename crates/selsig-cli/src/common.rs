@@ -61,7 +61,7 @@ pub struct ProviderArgs {
     /// (RoCE) port: its RoCE v2 GID with an IPv4 address, else one with a global IPv6
     /// address, else its first RoCE v2 GID, else 0; none on InfiniBand (LID routing). See
     /// `show_gids` or `ibv_devinfo -v`.
-    #[arg(long = "gid-index", short = 'x')]
+    #[arg(allow_negative_numbers = true, long = "gid-index", short = 'x')]
     pub gid_index: Option<u8>,
 }
 
@@ -175,6 +175,14 @@ pub fn cq_entries(depth: u32) -> Result<u32> {
 fn parse_device(text: &str) -> std::result::Result<String, String> {
     match text.trim().is_empty() {
         true => Err("a device name cannot be empty".to_string()),
+        false => Ok(text.to_string()),
+    }
+}
+
+/// `selsig serve`'s address for `--connect`: not empty.
+pub fn parse_host(text: &str) -> std::result::Result<String, String> {
+    match text.trim().is_empty() {
+        true => Err("no host given (HOST or HOST:PORT of selsig serve)".to_string()),
         false => Ok(text.to_string()),
     }
 }

@@ -28,30 +28,48 @@ pub const MAX_WRS: u32 = 1 << 20;
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
     /// Number of RDMA WRITEs.
-    #[arg(long, short = 'n', default_value_t = 8, value_name = "N")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        short = 'n',
+        default_value_t = 8,
+        value_name = "N"
+    )]
     pub wrs: u32,
     /// Signal every N-th WRITE (perftest's --cq-mod). Default 4, as in the seed.
-    #[arg(long, short = 'Q', visible_alias = "cq-mod", value_name = "N")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        short = 'Q',
+        visible_alias = "cq-mod",
+        value_name = "N"
+    )]
     pub every: Option<u32>,
     /// Bytes per WRITE: 64, 4K, 64KiB, ...
-    #[arg(long, short = 's', default_value = "64", value_parser = parse_size, value_name = "BYTES")]
+    #[arg(allow_hyphen_values = true, long, short = 's', default_value = "64", value_parser = parse_size, value_name = "BYTES")]
     pub size: u64,
     /// Signaling policy: every:N, always, never or adaptive:N,LAG (e.g. adaptive:16,50us).
     #[arg(long, conflicts_with = "every", value_name = "POLICY")]
     pub policy: Option<Policy>,
     /// Send queue depth asked for (the real one is read back from the QP).
-    #[arg(long = "tx-depth", short = 't', default_value_t = 64, value_name = "N")]
+    #[arg(
+        allow_negative_numbers = true,
+        long = "tx-depth",
+        short = 't',
+        default_value_t = 64,
+        value_name = "N"
+    )]
     pub tx_depth: u32,
     /// Make WRITE K fail with a bad remote key, to show the error completion, the flushes
     /// and every WRITE's outcome.
-    #[arg(long, value_name = "K")]
+    #[arg(allow_negative_numbers = true, long, value_name = "K")]
     pub fail_at: Option<u32>,
     /// Print one JSON object instead of the drawing (see docs/demo-json.md).
     #[arg(long)]
     pub json: bool,
     /// Write into the memory of `selsig serve` on HOST or HOST:PORT (another process or host;
     /// verbs provider) instead of a peer QP in this process.
-    #[arg(long, value_name = "HOST")]
+    #[arg(long, value_name = "HOST", value_parser = crate::common::parse_host)]
     pub connect: Option<String>,
     #[command(flatten)]
     pub provider: ProviderArgs,

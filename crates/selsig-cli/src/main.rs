@@ -5,6 +5,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `eprintln!` that never panics: a message to standard error is lost, not fatal, when
+/// stderr is a closed pipe (`selsig serve 2>&1 | head -1`) or a full device. (`eprintln!`
+/// panics there, which would stop `selsig serve` and turn a bad option's exit code 2 into
+/// a panic's 101.)
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod bench;
 mod chart;
 mod common;
@@ -96,11 +107,11 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(Failure::Input(e)) => {
-            eprintln!("error: {e:#}");
+            say!("error: {e:#}");
             ExitCode::from(2)
         }
         Err(Failure::Run(e)) => {
-            eprintln!("error: {e:#}");
+            say!("error: {e:#}");
             ExitCode::from(1)
         }
     }
@@ -414,7 +425,7 @@ impl Drop for OutputFile {
 
 fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
     let plan = bench::plan(args).map_err(Failure::Input)?;
-    let json_to_stdout = args.json.as_deref() == Some("-");
+    let json_to_stdout = args.json.as_deref() == Some(Path::new("-"));
     let svg_to_stdout = args.svg.as_deref() == Some(Path::new("-"));
     if json_to_stdout && svg_to_stdout {
         return Err(Failure::Input(anyhow::anyhow!(
@@ -423,7 +434,7 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         )));
     }
     let json_file = match &args.json {
-        Some(to) if !json_to_stdout => Some(OutputFile::open("--json", Path::new(to))?),
+        Some(path) if !json_to_stdout => Some(OutputFile::open("--json", path)?),
         _ => None,
     };
     let svg_file = match &args.svg {
@@ -480,7 +491,7 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
     if json_to_stdout || svg_to_stdout {
         // The table, which would carry it, is not printed.
         if let Some(warning) = bench::load_warning(&report) {
-            eprintln!("selsig bench: {warning}");
+            say!("selsig bench: {warning}");
         }
     } else {
         print_out(&bench::render(&report))?;
@@ -517,7 +528,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         None => None,
     };
     if !args.quiet {
-        eprintln!("scenario {}: {}", scenario.name, scenario.description);
+        say!("scenario {}: {}", scenario.name, scenario.description);
     }
     let mut provider = args.provider.clone();
     // The scenario's personality, unless the command line names one; the verbs provider
@@ -552,7 +563,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         None => {}
     }
     if let Some(why) = &result.differs {
-        eprintln!(
+        say!(
             "note: scenario {}: the rxe expectations apply: {why}",
             scenario.name
         );
@@ -563,11 +574,11 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         } else {
             format!("expectations met ({})", result.checked.join(", "))
         };
-        eprintln!("scenario {}: {what}", scenario.name);
+        say!("scenario {}: {what}", scenario.name);
         Ok(ExitCode::SUCCESS)
     } else {
         for f in &result.failures {
-            eprintln!("error: scenario {}: {f}", scenario.name);
+            say!("error: scenario {}: {f}", scenario.name);
         }
         Ok(ExitCode::from(1))
     }

@@ -296,6 +296,41 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             vec!["run", seed, "-q", "-x", "1"],
             "--gid-index is for the verbs provider",
         ),
+        // Negative numbers are values, named with their option.
+        (
+            vec!["demo", "--wrs", "-1"],
+            "invalid value '-1' for '--wrs <N>'",
+        ),
+        (
+            vec!["demo", "-Q", "-2"],
+            "invalid value '-2' for '--every <N>'",
+        ),
+        (
+            vec!["demo", "--tx-depth", "-1"],
+            "invalid value '-1' for '--tx-depth <N>'",
+        ),
+        (
+            vec!["demo", "--fail-at", "-3"],
+            "invalid value '-3' for '--fail-at <K>'",
+        ),
+        (vec!["demo", "--size", "-1"], "invalid size \"-1\""),
+        (
+            vec!["demo", "-x", "-1"],
+            "invalid value '-1' for '--gid-index <GID_INDEX>'",
+        ),
+        (
+            vec!["serve", "-p", "-1"],
+            "invalid value '-1' for '--port <PORT>'",
+        ),
+        // An empty server address, before any device is opened.
+        (
+            vec!["demo", "--connect", ""],
+            "invalid value '' for '--connect <HOST>': no host given",
+        ),
+        (
+            vec!["bench", "--connect", " "],
+            "invalid value ' ' for '--connect <HOST>': no host given",
+        ),
     ] {
         let o = selsig(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
@@ -304,6 +339,48 @@ fn demo_bad_input_is_an_error_not_a_panic() {
         assert!(err.contains(text), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+#[test]
+fn messages_to_a_closed_or_full_stderr_are_lost_not_a_panic() {
+    // A bad option still exits 2.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("Linux has /dev/full");
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["demo", "--wrs", "0"])
+        .stderr(full)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    // A scenario that passes exits 0 with nobody reading its summary.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let seed = scenarios().join("seed.toml");
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["run", seed.to_str().unwrap()])
+        .stderr(writer)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("\"event\":\"cqe\""), "{}", stdout(&o));
+}
+
+#[test]
+fn bench_writes_json_to_a_file_name_that_is_not_utf8() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = scratch("selsig-json-name");
+    let path = dir.join(std::ffi::OsStr::from_bytes(b"\xff.json"));
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["bench", "-n", "100", "-s", "64", "-e", "1", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(v["points"][0]["wrs"], 100);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
