@@ -31,6 +31,10 @@ use crate::remote::Peer;
 pub const SWEEP_POST_LIST: u32 = 16;
 /// perftest's default iterations (`-n`).
 pub const PERFTEST_ITERS: u64 = 5000;
+/// The iterations, send queue depths and CQ moderations ib_write_bw takes.
+const PERFTEST_ITERS_RANGE: (u64, u64) = (5, 100_000_000);
+const PERFTEST_TX_DEPTH: (u64, u64) = (1, 15_000);
+const PERFTEST_CQ_MOD: (u64, u64) = (1, 1024);
 /// perftest's default send queue depth (`-t`).
 pub const DEFAULT_TX_DEPTH: u32 = 128;
 /// Completions polled at once in perftest mode (perftest's `CTX_POLL_BATCH`).
@@ -273,6 +277,28 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
              counts only the completions of a sample taken after a warm-up margin, which \
              selsig does not reproduce); use -n, or -D without --cq-mod"
         );
+        // ib_write_bw's own bounds: it runs nothing outside them, so there is nothing to
+        // compare with (perftest_parameters.h: MIN_ITER, MAX_ITER, MIN_TX, MAX_TX,
+        // MIN_CQ_MOD, MAX_CQ_MOD).
+        let within = |given: String, value: u64, (low, high): (u64, u64)| {
+            ensure!(
+                (low..=high).contains(&value),
+                "{given}: ib_write_bw takes {low} to {high}, and so does perftest mode (a sweep, \
+                 -e, is not bound by perftest's limits)"
+            );
+            Ok(())
+        };
+        if let Some(n) = args.cq_mod {
+            within(format!("--cq-mod {n}"), n.into(), PERFTEST_CQ_MOD)?;
+        }
+        within(
+            format!("--tx-depth {depth} with --cq-mod"),
+            depth.into(),
+            PERFTEST_TX_DEPTH,
+        )?;
+        if let Some(n) = args.iters {
+            within(format!("-n {n} with --cq-mod"), n, PERFTEST_ITERS_RANGE)?;
+        }
         if let Some(l) = args.post_list.filter(|&l| l != 1) {
             bail!(
                 "--cq-mod with --post-list {l}: perftest mode posts one WRITE per call, as \

@@ -1527,6 +1527,23 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
         (&["bench", "--region", "-1"], "-1"),
         // What perftest mode does not reproduce of ib_write_bw.
         (&["bench", "--cq-mod", "4", "-l", "4"], "--post-list 4"),
+        // ib_write_bw's own limits.
+        (
+            &["bench", "--cq-mod", "1025"],
+            "--cq-mod 1025: ib_write_bw takes 1 to 1024",
+        ),
+        (
+            &["bench", "--cq-mod", "4", "-t", "15001"],
+            "--tx-depth 15001 with --cq-mod: ib_write_bw takes 1 to 15000",
+        ),
+        (
+            &["bench", "--cq-mod", "4", "-n", "4"],
+            "-n 4 with --cq-mod: ib_write_bw takes 5 to 100000000",
+        ),
+        (
+            &["bench", "--cq-mod", "4", "-n", "100000001"],
+            "-n 100000001 with --cq-mod: ib_write_bw takes 5 to 100000000",
+        ),
         (&["bench", "--cq-mod", "4", "-D", "1s"], "--cq-mod with -D"),
         (
             &["bench", "--cq-mod", "4", "-s", "64", "--region", "64"],
