@@ -1125,6 +1125,11 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                             "poll = {w:?}: expected \"idle\" or {{ cqes = N }}"
                         )));
                     }
+                    PollStep::Count { cqes: 0 } => {
+                        return Err(here(
+                            "poll = { cqes = 0 }: waits for nothing (N is at least 1)".to_string(),
+                        ));
+                    }
                     PollStep::Count { cqes } => Action::PollCqes(*cqes),
                 }
             } else if let Some(q) = &s.confirm {

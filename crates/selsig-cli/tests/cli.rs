@@ -881,6 +881,12 @@ fn bad_scenarios_name_file_line_and_problem() {
             "size 4611686018427387904 is larger than any region",
         ),
         (
+            "poll-for-nothing",
+            seed.replace("poll = \"idle\"", "poll = { cqes = 0 }"),
+            22,
+            "poll = { cqes = 0 }: waits for nothing (N is at least 1)",
+        ),
+        (
             "fault-on-nothing",
             seed.replace(
                 "size = 64, count = 8",
