@@ -1202,7 +1202,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
         if let Some(e) = &raw.expect {
             let span = Some(e.span());
             let e = e.get_ref();
-            self.expectations(e, span.clone(), &qps, &regions, "expect")?;
+            self.expectations(e, span.clone(), &qps, &regions, &deregistered, "expect")?;
             if let Some(r) = &e.rxe {
                 if r.rxe.is_some() {
                     return Err(self.err(span, "expect.rxe.rxe: one level only".into()));
@@ -1213,7 +1213,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         "[expect.rxe] needs differs.rxe to say why rxe differs".into(),
                     ));
                 }
-                self.expectations(r, span.clone(), &qps, &regions, "expect.rxe")?;
+                self.expectations(r, span.clone(), &qps, &regions, &deregistered, "expect.rxe")?;
                 expect_rxe = Some(Expect {
                     cqes: r.cqes.clone().or_else(|| e.cqes.clone()),
                     outcomes: r.outcomes.clone().or_else(|| e.outcomes.clone()),
@@ -1250,6 +1250,8 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
         span: Option<Range<usize>>,
         qps: &[Qp],
         regions: &[Region],
+        // The step that deregistered each region, if one did.
+        deregistered: &[Option<usize>],
         what: &str,
     ) -> Result<(), ScenarioError> {
         let names: HashSet<String> = qps
@@ -1344,10 +1346,19 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             }
         }
         for (r, d) in e.digests.iter().flatten() {
-            if !regions.iter().any(|x| &x.name == r) {
+            let Some(i) = regions.iter().position(|x| &x.name == r) else {
                 return Err(self.err(
                     span.clone(),
                     format!("{what}.digests: no region named {r:?}"),
+                ));
+            };
+            if let Some(k) = deregistered[i] {
+                return Err(self.err(
+                    span.clone(),
+                    format!(
+                        "{what}.digests.{r}: step {k} deregisters the region, so nothing is left \
+                         to read at the end"
+                    ),
                 ));
             }
             if d.len() != 16 || !d.bytes().all(|b| b.is_ascii_hexdigit()) {

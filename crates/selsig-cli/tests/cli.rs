@@ -881,6 +881,18 @@ fn bad_scenarios_name_file_line_and_problem() {
             "size 4611686018427387904 is larger than any region",
         ),
         (
+            "digest-of-a-deregistered-region",
+            std::fs::read_to_string(scenarios().join("fault-deregistered.toml"))
+                .unwrap()
+                .replace(
+                    "events = [\"qp_access_err:a.peer\"]",
+                    "events = [\"qp_access_err:a.peer\"]\ndigests = { dst = \"0000000000000000\" }",
+                ),
+            34,
+            "expect.digests.dst: step 3 deregisters the region, so nothing is left to read at \
+             the end",
+        ),
+        (
             "poll-for-nothing",
             seed.replace("poll = \"idle\"", "poll = { cqes = 0 }"),
             22,
