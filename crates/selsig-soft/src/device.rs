@@ -875,7 +875,13 @@ impl QueuePair for SoftQp {
                 Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
                 Local::Inline(data) => {
                     if data.len() > qp.caps.max_inline_data as usize {
-                        result = Err(invalid(i, "inline data longer than max_inline_data"));
+                        result = Err(refused(
+                            i,
+                            PostFailure::InlineTooLong {
+                                len: data.len(),
+                                max: qp.caps.max_inline_data,
+                            },
+                        ));
                         break;
                     }
                     (data, data.len() as u32, 0, 0)
@@ -967,9 +973,14 @@ impl QueuePair for SoftQp {
 }
 
 fn invalid(index: usize, why: &'static str) -> PostWrError {
+    refused(index, PostFailure::Invalid(why))
+}
+
+/// Work request `index` refused for `failure`, with `EINVAL` (rxe's errno for it).
+fn refused(index: usize, failure: PostFailure) -> PostWrError {
     PostWrError {
         index,
-        failure: PostFailure::Invalid(why),
+        failure,
         source: Some(std::io::Error::from_raw_os_error(22)),
     }
 }

@@ -287,12 +287,23 @@ fn a_batch_begun_without_room_posts_if_shared_credits_come_back_meanwhile() {
     );
 }
 
+/// A local and a remote region for [`post_unsignaled_until_full`], which must outlive the
+/// WRITEs it posts (a WRITE the NIC runs after its region is gone fails, with a completion).
+fn write_regions(p: &Pair) -> (SoftMr, SoftMr) {
+    (
+        p.mr(64, Access::LOCAL_WRITE),
+        p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+    )
+}
+
 /// Posts unsignaled 8-byte WRITEs one at a time until the provider refuses one.
-fn post_unsignaled_until_full(p: &Pair, n: u64) -> Result<u64, selsig::PostWrError> {
-    let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+fn post_unsignaled_until_full(
+    p: &Pair,
+    (local, remote): &(SoftMr, SoftMr),
+    n: u64,
+) -> Result<u64, selsig::PostWrError> {
     for wr in 0..n {
-        p.a.post_send(&[write(wr, &local, 0, 8, remote.remote(0), false)])?;
+        p.a.post_send(&[write(wr, local, 0, 8, remote.remote(0), false)])?;
         // Give the NIC time to execute what was posted: only slot freeing differs.
         if wr % 4 == 3 {
             std::thread::sleep(Duration::from_millis(2));
@@ -305,7 +316,8 @@ fn post_unsignaled_until_full(p: &Pair, n: u64) -> Result<u64, selsig::PostWrErr
 fn mlx5_send_queue_full_of_unsignaled_wrs_never_drains() {
     let p = pair_with(Personality::Mlx5, 8, 64, false);
     assert_eq!(p.a.caps().max_send_wr, 8);
-    let err = post_unsignaled_until_full(&p, 100).unwrap_err();
+    let regions = write_regions(&p);
+    let err = post_unsignaled_until_full(&p, &regions, 100).unwrap_err();
     assert_eq!(err.index, 0);
     assert!(err.is_full(), "{err}");
     assert_eq!(
@@ -315,7 +327,7 @@ fn mlx5_send_queue_full_of_unsignaled_wrs_never_drains() {
     );
     // Still full much later: executed, but no completion was polled.
     std::thread::sleep(Duration::from_millis(20));
-    let err = post_unsignaled_until_full(&p, 1).unwrap_err();
+    let err = post_unsignaled_until_full(&p, &regions, 1).unwrap_err();
     assert_eq!(err.failure, PostFailure::Full);
     assert_no_more(&p.cq_a);
 }
@@ -324,8 +336,9 @@ fn mlx5_send_queue_full_of_unsignaled_wrs_never_drains() {
 fn rxe_frees_slots_on_execution_and_holds_more_than_reported() {
     let p = pair_with(Personality::Rxe, 8, 64, false);
     assert_eq!(p.a.caps().max_send_wr, 8, "reads back as requested");
+    let regions = write_regions(&p);
     assert_eq!(
-        post_unsignaled_until_full(&p, 100).unwrap(),
+        post_unsignaled_until_full(&p, &regions, 100).unwrap(),
         100,
         "never full"
     );
@@ -1068,7 +1081,16 @@ fn invalid_work_requests_and_states_are_refused() {
             ..wr
         }])
         .unwrap_err();
-    assert!(matches!(err.failure, PostFailure::Invalid(_)), "{err}");
+    assert_eq!(
+        err.failure,
+        PostFailure::InlineTooLong { len: 65, max: 64 },
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "work request 0 of the batch was not posted: invalid work request: 65 bytes of inline \
+         data, more than the queue pair's max_inline_data of 64"
+    );
 }
 
 /// A refused connect changes nothing, as a failed `ibv_modify_qp`: a QP refused for a bad
@@ -1348,7 +1370,10 @@ fn a_single_post_the_provider_refuses_comes_back_and_leaves_no_trace() {
         selsig::QueuePostError::Provider { returned, source } => {
             assert_eq!(source.index, 0);
             assert!(
-                matches!(source.failure, PostFailure::Invalid(_)),
+                matches!(
+                    source.failure,
+                    PostFailure::InlineTooLong { len: 100, max: 64 }
+                ),
                 "{source:?}"
             );
             assert_eq!(returned.iter().map(|p| p.user).collect::<Vec<_>>(), [1]);

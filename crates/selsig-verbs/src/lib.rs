@@ -40,17 +40,21 @@ const POST_INLINE: usize = 16;
 /// full queue; rxe `EINVAL`; and data of 4 GiB or more would be cut short by the 32-bit
 /// `ibv_sge` length), or an inline RDMA READ (`IBV_SEND_INLINE` is for SEND and RDMA
 /// WRITE only, `ibv_post_send(3)`).
-fn refused_up_front(wrs: &[SendWr<'_>], max_inline: u32) -> Option<(usize, &'static str)> {
+fn refused_up_front(wrs: &[SendWr<'_>], max_inline: u32) -> Option<(usize, PostFailure)> {
     wrs.iter().enumerate().find_map(|(i, w)| match w.local {
         Local::Inline(_) if w.opcode == Opcode::RdmaRead => {
-            Some((i, "an RDMA READ cannot be inline"))
+            Some((i, PostFailure::Invalid("an RDMA READ cannot be inline")))
         }
         Local::Inline(d) if too_long_for_an_sge(d.len()) => {
-            Some((i, "inline data of 4 GiB or more"))
+            Some((i, PostFailure::Invalid("inline data of 4 GiB or more")))
         }
-        Local::Inline(d) if d.len() > max_inline as usize => {
-            Some((i, "inline data longer than max_inline_data"))
-        }
+        Local::Inline(d) if d.len() > max_inline as usize => Some((
+            i,
+            PostFailure::InlineTooLong {
+                len: d.len(),
+                max: max_inline,
+            },
+        )),
         _ => None,
     })
 }
@@ -1308,12 +1312,12 @@ impl QueuePair for VerbsQp {
                 source: None,
             });
         }
-        if let Some((bad, why)) = refused_up_front(wrs, self.caps.max_inline_data) {
+        if let Some((bad, failure)) = refused_up_front(wrs, self.caps.max_inline_data) {
             // What comes before it is posted, as a provider's `bad_wr` would leave it.
             self.post_send(&wrs[..bad])?;
             return Err(PostWrError {
                 index: bad,
-                failure: PostFailure::Invalid(why),
+                failure,
                 source: None,
             });
         }
@@ -1802,15 +1806,17 @@ mod tests {
             signaled: false,
         };
         assert_eq!(refused_up_front(&[wr, wr], 8), None);
-        let (i, why) = refused_up_front(&[wr, wr], 7).unwrap();
-        assert_eq!((i, why), (0, "inline data longer than max_inline_data"));
+        assert_eq!(
+            refused_up_front(&[wr, wr], 7),
+            Some((0, PostFailure::InlineTooLong { len: 8, max: 7 }))
+        );
         let read = SendWr {
             opcode: selsig::Opcode::RdmaRead,
             ..wr
         };
         assert_eq!(
             refused_up_front(&[wr, read], 64),
-            Some((1, "an RDMA READ cannot be inline"))
+            Some((1, PostFailure::Invalid("an RDMA READ cannot be inline")))
         );
     }
 

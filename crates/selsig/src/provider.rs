@@ -374,8 +374,15 @@ pub enum PostFailure {
     Full,
     /// The QP's state does not allow posting.
     State(QpState),
-    /// The work request itself is invalid (inline data too long, too many bytes, ...).
+    /// The work request itself is invalid (an inline RDMA READ, too many bytes, ...).
     Invalid(&'static str),
+    /// Inline data longer than the QP's `max_inline_data`.
+    InlineTooLong {
+        /// The bytes of inline data.
+        len: usize,
+        /// The QP's `max_inline_data`.
+        max: u32,
+    },
     /// Any other error of the provider.
     Other,
     /// The provider took every work request of the batch and failed after, without
@@ -420,6 +427,10 @@ fn describe_failure(f: &PostFailure) -> String {
         PostFailure::Full => "the queue is full".to_string(),
         PostFailure::State(s) => format!("the queue pair is in state {s}"),
         PostFailure::Invalid(why) => format!("invalid work request: {why}"),
+        PostFailure::InlineTooLong { len, max } => format!(
+            "invalid work request: {len} bytes of inline data, more than the queue pair's \
+             max_inline_data of {max}"
+        ),
         PostFailure::Other => "provider error".to_string(),
     }
 }
