@@ -855,6 +855,32 @@ mod tests {
         assert_eq!(with_port("[fe80::1%eth0]"), "[fe80::1%eth0]:18515");
     }
 
+    /// A server in a thread: `serve` gets the first connection (a reader and a writer);
+    /// returns the address to connect to.
+    fn fake_server(
+        serve: impl FnOnce(BufReader<TcpStream>, TcpStream) + Send + 'static,
+    ) -> (String, std::thread::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let writer = stream.try_clone().unwrap();
+            serve(BufReader::new(stream), writer);
+        });
+        (at, server)
+    }
+
+    /// A welcome to a client, from a server of `device`.
+    fn welcome(device: &str) -> Welcome {
+        Welcome {
+            version: PROTOCOL,
+            qp: wire(&"0".repeat(32)),
+            addr: 4096,
+            rkey: 7,
+            device: device.into(),
+        }
+    }
+
     /// A local listener and a connection to it: (the accepted side, the connecting side).
     fn tcp_pair() -> (TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -892,25 +918,10 @@ mod tests {
 
     #[test]
     fn a_client_refuses_a_check_that_names_writes_it_did_not_post_and_escapes_the_device() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap().to_string();
-        let server = std::thread::spawn(move || {
-            let (stream, _) = listener.accept().unwrap();
-            let mut writer = stream.try_clone().unwrap();
-            let mut reader = BufReader::new(stream);
+        let (at, server) = fake_server(|mut reader, mut writer| {
             let hello: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
             assert_eq!((hello.wrs, hello.run_s), (4, 3));
-            send(
-                &mut writer,
-                &Welcome {
-                    version: PROTOCOL,
-                    qp: wire(&"0".repeat(32)),
-                    addr: 4096,
-                    rkey: 7,
-                    device: "rxe0\u{1b}[2J\nfake line".into(),
-                },
-            )
-            .unwrap();
+            send(&mut writer, &welcome("rxe0\u{1b}[2J\nfake line")).unwrap();
             let _: Check = receive(&mut reader, "client's outcomes", MAX_LINE).unwrap();
             send(
                 &mut writer,
@@ -1063,21 +1074,9 @@ mod tests {
 
     #[test]
     fn a_client_reports_a_server_that_refuses_its_outcomes() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap().to_string();
-        let server = std::thread::spawn(move || {
-            let (stream, _) = listener.accept().unwrap();
-            let mut writer = stream.try_clone().unwrap();
-            let mut reader = BufReader::new(stream);
+        let (at, server) = fake_server(|mut reader, mut writer| {
             let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
-            let welcome = Welcome {
-                version: PROTOCOL,
-                qp: wire(&"0".repeat(32)),
-                addr: 4096,
-                rkey: 7,
-                device: "rxe0".into(),
-            };
-            send(&mut writer, &welcome).unwrap();
+            send(&mut writer, &welcome("rxe0")).unwrap();
             let _: Check = receive(&mut reader, "client's outcomes", MAX_LINE).unwrap();
             let error = "the client's outcomes name WRITE 3 twice".to_string();
             send(&mut writer, &Refusal { error }).unwrap();
