@@ -1309,6 +1309,24 @@ mod tests {
     }
 
     #[test]
+    fn handled_names_only_the_work_requests_this_completion_retired() {
+        let (mut t, now) = tracker(16, 16, Policy::Every(4));
+        post_n(&mut t, now, 8); // 4 and 8 signaled
+        let h = t.handle_completion(&wc(4, WcStatus::Success), now).unwrap();
+        assert_eq!((h.first, h.seq, h.retired), (Seq(1), Seq(4), 4));
+        // WRs 1..=4 are not collected yet: the next completion still names only 5..=8.
+        let h = t.handle_completion(&wc(8, WcStatus::Success), now).unwrap();
+        assert_eq!(
+            (h.first, h.seq, h.retired, h.entered_error),
+            (Seq(5), Seq(8), 4, false)
+        );
+        assert_eq!(
+            drain(&mut t),
+            (1..=8).map(|s| (s, Outcome::Completed)).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
     fn seed_example_every_4_signals_wr4_and_wr8() {
         let (mut t, now) = tracker(16, 16, Policy::Every(4));
         let posted = post_n(&mut t, now, 8);

@@ -105,7 +105,8 @@ enum Expect {
         results: Vec<Result<(u64, Option<SignalReason>), PostErr>>,
         handed_back: Vec<u64>,
     },
-    Completions(Vec<Result<u64, CompletionError>>),
+    /// Per completion: (first, seq, retired, entered_error) of what it retired.
+    Completions(Vec<Result<(u64, u64, u64, bool), CompletionError>>),
     Collected(Vec<(u64, u64, Outcome, bool)>),
     Marker(Result<Option<u64>, PostErr>),
 }
@@ -341,7 +342,7 @@ impl Model {
         }
     }
 
-    fn complete(&mut self, wc: &WorkCompletion) -> Result<u64, CompletionError> {
+    fn complete(&mut self, wc: &WorkCompletion) -> Result<(u64, u64, u64, bool), CompletionError> {
         let idx = match self.check(wc) {
             Ok(idx) => idx,
             Err(e) => {
@@ -375,7 +376,8 @@ impl Model {
                 (before, Outcome::Failed(status))
             }
         };
-        if !wc.status.is_success() && !in_error {
+        let entered_error = !wc.status.is_success() && !in_error;
+        if entered_error {
             self.error = Some((wc.wr_id, wc.status));
         }
         let first = self.first_outstanding();
@@ -392,7 +394,7 @@ impl Model {
                 }
             }
         }
-        Ok(user)
+        Ok((self.seq(first), self.seq(idx), user, entered_error))
     }
 
     fn execute(&mut self, n: usize) {
@@ -740,7 +742,7 @@ impl StateMachineTest for Sut {
                         let r = sut
                             .tracker
                             .handle_completion(wc, sut.now)
-                            .map(|h| h.retired);
+                            .map(|h| (h.first.0, h.seq.0, h.retired, h.entered_error));
                         assert!(
                             r.is_ok(),
                             "a completion the NIC produced was refused: {r:?}"
@@ -791,7 +793,7 @@ impl StateMachineTest for Sut {
             Transition::Bogus(wc) => Expect::Completions(vec![
                 sut.tracker
                     .handle_completion(&wc, sut.now)
-                    .map(|h| h.retired),
+                    .map(|h| (h.first.0, h.seq.0, h.retired, h.entered_error)),
             ]),
         };
         assert_eq!(actual, m.last, "after {t:?}");

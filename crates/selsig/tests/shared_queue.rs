@@ -838,3 +838,189 @@ fn a_cq_of_a_queues_own_takes_no_other_queue() {
     let _b = Queue::with_config(qp(2, 8), Arc::clone(&cq), pool.clone()).unwrap();
     let _c = Queue::with_config(qp(3, 8), Arc::clone(&cq), pool).unwrap();
 }
+
+/// A marker the provider refuses outright (index 0) is forgotten: it holds no slot, and
+/// the unsignaled tail it was to confirm still needs one, which the next `confirm_all`
+/// posts. (A marker left registered would stay outstanding for ever, signaled, and the
+/// next `confirm_all` would see no tail to confirm.)
+#[test]
+fn a_marker_the_provider_refuses_is_forgotten_and_the_tail_still_confirmed() {
+    let cq = FakeCq::new(16);
+    let mut q = Queue::with_config(
+        qp(1, 8),
+        Arc::clone(&cq),
+        QueueConfig::with_policy(Policy::Never),
+    )
+    .unwrap();
+    let remote = RemoteAddr::default();
+    let p = q.post(Work::write_empty(remote, 1)).unwrap();
+    assert!(!p.signaled());
+    *q.qp().fail_next.lock().unwrap() = Some((0, PostFailure::Other));
+    match q.confirm_all() {
+        Err(selsig::QueuePostError::Provider { returned, source }) => {
+            assert!(returned.is_empty());
+            assert_eq!(source.index, 0);
+        }
+        other => panic!("expected a provider error, got {other:?}"),
+    }
+    assert_eq!(q.outstanding(), 1, "the refused marker holds no slot");
+    assert_eq!(q.tracker().signaled_outstanding(), 0);
+    assert_eq!(q.tracker().unsignaled_run(), 1);
+    let marker = q
+        .confirm_all()
+        .unwrap()
+        .expect("the tail is still unconfirmed");
+    assert_eq!(
+        marker,
+        Seq(2),
+        "the refused marker's sequence number is reused"
+    );
+    cq.complete(marker.0, WcStatus::Success, 1);
+    let mut done = Vec::new();
+    q.poll(&mut done).unwrap();
+    assert_eq!(outcomes(&done), [(1, Outcome::Completed)]);
+    assert_eq!(q.outstanding(), 0);
+}
+
+/// A new queue on the QP number of a dropped one starts at the sequence number after the
+/// old queue's; the completion of its very first work request is its own, not a stale one.
+#[test]
+fn the_first_work_request_of_a_queue_replacing_a_dropped_one_retires() {
+    let cq = FakeCq::new(16);
+    let (_qa, mut qb, shared) = shared_pair(&cq, Policy::Never);
+    let remote = RemoteAddr::default();
+    for i in 1..=3 {
+        qb.post(Work::write_empty(remote, i)).unwrap();
+    }
+    drop(qb);
+    let mut qc =
+        Queue::on_shared_cq(qp(2, 8), &shared, QueueConfig::with_policy(Policy::Always)).unwrap();
+    let p = qc.post(Work::write_empty(remote, 100)).unwrap();
+    assert_eq!(p.seq, Seq(4));
+    assert!(p.signaled());
+    cq.complete(4, WcStatus::Success, 2);
+    let mut done = Vec::new();
+    while qc.outstanding() > 0 && !cq.ring.lock().unwrap().is_empty() {
+        qc.poll(&mut done).unwrap();
+    }
+    assert_eq!(outcomes(&done), [(100, Outcome::Completed)]);
+    assert_eq!(qc.outstanding(), 0);
+    assert!(qc.take_unclaimed().is_empty());
+}
+
+/// A successful receive completion is never taken for a send, even when its `wr_id` has
+/// bit 63 set: its opcode says it is a receive, and it goes to `take_unclaimed`. (Taken for
+/// a send, it would retire the send whose sequence number its low bits spell, before the
+/// NIC executed it.)
+#[test]
+fn a_receive_completion_with_bit_63_set_is_not_a_send_completion() {
+    let cq = FakeCq::new(16);
+    let with_recvs = FakeQp {
+        recvs: 4,
+        ..qp(1, 8)
+    };
+    let mut q = Queue::with_config(
+        with_recvs,
+        Arc::clone(&cq),
+        QueueConfig::with_policy(Policy::Always),
+    )
+    .unwrap();
+    let remote = RemoteAddr::default();
+    let p = q.post(Work::write_empty(remote, 7)).unwrap();
+    assert!(p.signaled());
+    let recv = WorkCompletion {
+        opcode: Some(selsig::WcOpcode::Recv),
+        byte_len: 8,
+        ..WorkCompletion::new(send_wr_id(p.seq), WcStatus::Success, 1)
+    };
+    assert_eq!(q.send_seq(&recv), None);
+    cq.push(recv);
+    let mut done = Vec::new();
+    q.poll(&mut done).unwrap();
+    assert!(
+        done.is_empty(),
+        "a receive retired a send: {:?}",
+        outcomes(&done)
+    );
+    assert_eq!(q.outstanding(), 1);
+    assert_eq!(q.take_unclaimed(), [recv]);
+}
+
+/// Queues A (QP 1) and B (QP 2) on a shared CQ with a pool of 4 credits: B posts 2
+/// unsignaled work requests, A takes the other 2 (the last one signaled for the credit).
+fn pool_of_four_taken() -> (Arc<FakeCq>, Queue, Queue, SharedCq<FakeDevice>) {
+    let cq = FakeCq::new(16);
+    let shared = SharedCq::with_credits(Arc::clone(&cq), CqCredits::new(4));
+    // (B takes what waits in its inbox in one poll: here no completion comes for a
+    // marker it would post once a credit came back.)
+    let config = QueueConfig::with_policy(Policy::Never);
+    let mut qa = Queue::on_shared_cq(qp(1, 8), &shared, config.clone()).unwrap();
+    let mut qb = Queue::on_shared_cq(qp(2, 8), &shared, config).unwrap();
+    let remote = RemoteAddr::default();
+    for i in 1..=2 {
+        assert!(!qb.post(Work::write_empty(remote, i)).unwrap().signaled());
+    }
+    assert!(!qa.post(Work::write_empty(remote, 11)).unwrap().signaled());
+    assert!(qa.post(Work::write_empty(remote, 12)).unwrap().signaled());
+    assert_eq!(shared.credits().available(), 0);
+    (cq, qa, qb, shared)
+}
+
+/// B's error and flush completions were polled by A and wait in B's inbox; B's drain
+/// finds no credit for its marker, and no signaled work request of its own outstanding.
+/// Its own completions, waiting for it, are no other queue's: the drain polls them and
+/// ends, rather than blaming other queues ([`DrainError::Unrouted`]).
+#[test]
+fn a_drain_whose_own_completions_wait_in_its_inbox_polls_them_instead_of_blaming_others() {
+    let (cq, mut qa, mut qb, shared) = pool_of_four_taken();
+    cq.complete(1, WcStatus::RemAccessErr, 2);
+    cq.complete(2, WcStatus::WrFlushErr, 2);
+    let mut done_a = Vec::new();
+    while !cq.ring.lock().unwrap().is_empty() {
+        qa.poll(&mut done_a).unwrap();
+    }
+    assert!(done_a.is_empty());
+    assert_eq!(shared.waiting(), 2);
+    let mut done = Vec::new();
+    qb.drain(Duration::from_secs(5), &mut done).unwrap();
+    assert_eq!(
+        outcomes(&done),
+        [
+            (1, Outcome::Failed(WcStatus::RemAccessErr)),
+            (2, Outcome::Flushed)
+        ]
+    );
+}
+
+/// In the error state every outstanding work request gets a flush completion, signaled or
+/// not: a drain with only unsignaled work requests outstanding (and no credit for its
+/// marker) waits for their flushes, even while another queue's completion waits for it.
+#[test]
+fn a_drain_in_the_error_state_waits_for_the_flushes_of_unsignaled_work_requests() {
+    let (cq, mut qa, mut qb, shared) = pool_of_four_taken();
+    let remote = RemoteAddr::default();
+    // A's signaled work request completes, then B's first fails; B polls both: A's waits
+    // in A's inbox, B enters the error state.
+    cq.complete(2, WcStatus::Success, 1);
+    cq.complete(1, WcStatus::RemAccessErr, 2);
+    let mut done = Vec::new();
+    while !cq.ring.lock().unwrap().is_empty() {
+        qb.poll(&mut done).unwrap();
+    }
+    assert!(matches!(qb.state(), QueueState::Error { .. }));
+    assert_eq!(shared.waiting(), 1);
+    // The credit B's failed work request gave back goes to A.
+    assert!(qa.post(Work::write_empty(remote, 13)).unwrap().signaled());
+    assert_eq!(shared.credits().available(), 0);
+    assert_eq!(qb.tracker().signaled_outstanding(), 0);
+    // The NIC flushes B's second work request.
+    cq.complete(2, WcStatus::WrFlushErr, 2);
+    qb.drain(Duration::from_secs(5), &mut done).unwrap();
+    assert_eq!(
+        outcomes(&done),
+        [
+            (1, Outcome::Failed(WcStatus::RemAccessErr)),
+            (2, Outcome::Flushed)
+        ]
+    );
+}
