@@ -1098,7 +1098,7 @@ fn run_point<D: Device>(
         }
         tally.end_poll();
         if let Some((seq, outcome)) = tally.failed {
-            bail!("WRITE {seq} ended {outcome:?}");
+            bail!("WRITE {seq} ended {outcome:?}{}", peer.closed_note());
         }
         if loops % 4096 == 0 {
             // A stall check that reads the clock rarely.
@@ -1106,9 +1106,10 @@ fn run_point<D: Device>(
                 (retired_at_check, last_progress) = (tally.retired, Instant::now());
             } else if last_progress.elapsed() > STALL {
                 bail!(
-                    "no completion for {} s ({} of {posted} WRITEs retired)",
+                    "no completion for {} s ({} of {posted} WRITEs retired){}",
                     STALL.as_secs(),
-                    tally.retired
+                    tally.retired,
+                    peer.closed_note()
                 );
             }
         }

@@ -338,6 +338,21 @@ pub struct RemotePeer {
 }
 
 impl RemotePeer {
+    /// Whether the server closed the connection (it was stopped, or gave up on this client):
+    /// an end of stream or an error is waiting on the socket. Reads nothing.
+    pub fn closed(&self) -> bool {
+        if self.writer.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let closed = match self.writer.peek(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        };
+        let _ = self.writer.set_nonblocking(false);
+        closed
+    }
+
     /// Connects to `host[:port]` and exchanges addresses; `local` is this side's QP, `run`
     /// how long the run takes at most, when known.
     pub fn connect(
@@ -376,7 +391,13 @@ impl RemotePeer {
                 run_s: run.map_or(0, |d| d.as_secs().saturating_add(1)),
             },
         )?;
-        let reply = receive_within::<Reply>(&mut reader, "server's reply", REPLY_WAIT, MAX_SHORT)?;
+        let reply = receive_within::<Reply>(&mut reader, "server's reply", REPLY_WAIT, MAX_SHORT)
+            .with_context(|| {
+            format!(
+                "selsig serve at {address} did not answer (it serves one client at a time: \
+                     another client's run may hold it)"
+            )
+        })?;
         let welcome = match reply {
             Reply::Welcome(w) => w,
             Reply::Refusal(r) => bail!("selsig serve at {address} refused: {}", r.error),
@@ -524,6 +545,18 @@ impl<D: Device> Peer<D> {
             Peer::Remote(remote) => remote.target,
         }
     }
+
+    /// For an error of the run: what became of the server, if it closed the connection;
+    /// empty otherwise.
+    pub fn closed_note(&self) -> String {
+        match self {
+            Peer::Remote(remote) if remote.closed() => format!(
+                " (selsig serve at {} closed the connection: was it stopped?)",
+                remote.address
+            ),
+            _ => String::new(),
+        }
+    }
 }
 
 /// Hold a target region and a QP for `selsig demo --connect` and `selsig bench --connect`
@@ -605,7 +638,8 @@ impl OnDevice for &ServeArgs {
                 }
                 Ok((wrs, bad)) => {
                     say!(
-                        "selsig serve: client {from}: {wrs} WRITEs checked, {}",
+                        "selsig serve: client {from}: {wrs} slots checked (each holds the last \
+                         WRITE to it), {}",
                         if bad.is_empty() {
                             "memory as the outcomes say".to_string()
                         } else {
@@ -1069,6 +1103,49 @@ mod tests {
         assert_eq!(
             serve_one(&dev, &soft_info(), server).unwrap(),
             (8, Vec::new())
+        );
+    }
+
+    #[test]
+    fn a_client_names_a_server_that_does_not_answer_and_one_that_closed_the_connection() {
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        // No answer to the hello: the server is named, and why it may be busy.
+        let (at, server) = fake_server(|mut reader, _| {
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+        });
+        let err = RemotePeer::connect(&at, &mine, 4, 64, None)
+            .err()
+            .expect("no answer");
+        assert_eq!(
+            format!("{err:#}"),
+            format!(
+                "selsig serve at {at} did not answer (it serves one client at a time: another \
+                 client's run may hold it): the peer closed the connection before the server's \
+                 reply"
+            )
+        );
+        server.join().unwrap();
+        // A server that goes away after the welcome: the run's errors say so.
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (at, server) = fake_server(move |mut reader, mut writer| {
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            send(&mut writer, &welcome("rxe0")).unwrap();
+            stopped.recv().unwrap();
+        });
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        assert!(!peer.closed());
+        let peer: Peer<selsig_soft::SoftDevice> = Peer::Remote(peer);
+        assert_eq!(peer.closed_note(), "");
+        stop.send(()).unwrap();
+        server.join().unwrap();
+        let start = Instant::now();
+        while peer.closed_note().is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(5), "never closed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            peer.closed_note(),
+            format!(" (selsig serve at {at} closed the connection: was it stopped?)")
         );
     }
 

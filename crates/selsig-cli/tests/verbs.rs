@@ -221,7 +221,7 @@ fn bench_writes_into_serve_and_the_server_checks_the_bytes() {
     // Warm-up and four points, warm-up and one point: every one checked and found right;
     // perftest mode's session ends unchecked.
     assert_eq!(
-        log.matches("WRITEs checked, memory as the outcomes say")
+        log.matches("slots checked (each holds the last WRITE to it), memory as the outcomes say")
             .count(),
         7,
         "{log}"
