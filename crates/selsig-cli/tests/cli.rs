@@ -2729,3 +2729,364 @@ fn bench_svg_legends_that_do_not_fit_say_how_many_more() {
     );
     assert!(!texts.iter().any(|t| t == "131072 B"), "{texts:?}");
 }
+
+/// An edit of a scenario's text.
+type Edit = fn(String) -> String;
+
+/// Runs a variant of a shipped scenario (`edit` applied to its text) and returns the output.
+fn run_variant(
+    dir: &std::path::Path,
+    base: &str,
+    name: &str,
+    edit: impl Fn(String) -> String,
+    extra: &[&str],
+) -> Output {
+    let text = std::fs::read_to_string(scenarios().join(base)).unwrap();
+    let changed = edit(text.clone());
+    assert_ne!(changed, text, "{name}: the edit changed nothing");
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, changed).unwrap();
+    let mut args = vec!["run", "-q", path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    selsig(&args)
+}
+
+/// Every field of every expected completion counts, and so do completions the list leaves
+/// out: each mismatch fails the run with exit code 1, naming it.
+#[test]
+fn each_mismatch_of_an_expectation_fails_the_run() {
+    let dir = scratch("selsig-cli-mismatch");
+    let cases: [(&str, &str, Edit, &[&str], &str); 6] = [
+        (
+            // An extra completion, not in the list.
+            "extra-cqe",
+            "seed.toml",
+            |t| {
+                t.replace(
+                    "  { qp = \"a\", wr_id = 8, status = \"success\", opcode = \"rdma_write\" },\n",
+                    "",
+                )
+            },
+            &[],
+            "expected 1 completions, got 2",
+        ),
+        (
+            // Outcomes of the right work requests, but not the right outcome.
+            "wrong-outcome",
+            "seed.toml",
+            |t| t.replace("\"1-8 completed\"", "\"1-4 completed\", \"5-8 flushed\""),
+            &[],
+            "outcomes of a differ: 5: expected flushed got completed",
+        ),
+        (
+            // An async event the run raised but the list does not name.
+            "extra-event",
+            "fault-no-access.toml",
+            |t| t.replace("events = [\"qp_access_err:a.peer\"]", "events = []"),
+            &["--personality", "mlx5"],
+            "async events: expected [], got [\"qp_access_err:a.peer\"]",
+        ),
+        (
+            // The right completion on the wrong QP (the peer's receive, named as the requester's).
+            "wrong-qp",
+            "mixed-ops.toml",
+            |t| {
+                t.replace(
+                "{ qp = \"a.peer\", wr_id = 1, status = \"success\", opcode = \"recv\", byte_len = 32 }",
+                "{ qp = \"a\", wr_id = 1, status = \"success\", opcode = \"recv\", byte_len = 32 }",
+            )
+            },
+            &[],
+            "completion 5: expected a wr_id 1 success recv byte_len 32, got a.peer wr_id 1",
+        ),
+        (
+            "wrong-opcode",
+            "seed.toml",
+            |t| {
+                t.replace(
+                    "wr_id = 8, status = \"success\", opcode = \"rdma_write\"",
+                    "wr_id = 8, status = \"success\", opcode = \"send\"",
+                )
+            },
+            &[],
+            "completion 2: expected a wr_id 8 success send, got a wr_id 8 success rdma_write",
+        ),
+        (
+            "wrong-byte-len",
+            "mixed-ops.toml",
+            |t| {
+                t.replace(
+                    "opcode = \"recv\", byte_len = 32",
+                    "opcode = \"recv\", byte_len = 33",
+                )
+            },
+            &[],
+            "completion 5: expected a.peer wr_id 1 success recv byte_len 33",
+        ),
+    ];
+    for (name, base, edit, extra, problem) in cases {
+        let o = run_variant(&dir, base, name, edit, extra);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+        assert!(
+            err.contains(problem),
+            "{name}: expected {problem:?} in {err}"
+        );
+    }
+    // The status too (the opcode dropped: an error has none).
+    let o = run_variant(
+        &dir,
+        "seed.toml",
+        "wrong-status",
+        |t| {
+            t.replace(
+                "wr_id = 8, status = \"success\", opcode = \"rdma_write\"",
+                "wr_id = 8, status = \"wr_flush_err\"",
+            )
+        },
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("completion 2: expected a wr_id 8 wr_flush_err, got a wr_id 8 success"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A digest is compared in either case (it is hex); the trace gives it in lower case.
+#[test]
+fn an_upper_case_digest_is_met() {
+    let dir = scratch("selsig-cli-digest-case");
+    let o = run_variant(
+        &dir,
+        "seed.toml",
+        "upper",
+        |t| t.replace("1fb4b57231ed8584", "1FB4B57231ED8584"),
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// [expect.rxe] replaces only the fields it gives: on rxe the others of [expect] still apply.
+#[test]
+fn rxe_expectations_keep_the_fields_they_do_not_replace() {
+    let dir = scratch("selsig-cli-rxe-inherit");
+    // fault-no-access.toml's [expect.rxe] gives only events.
+    let o = run_variant(
+        &dir,
+        "fault-no-access.toml",
+        "rxe-cqes",
+        |t| {
+            t.replace(
+                "cqes = [{ qp = \"a\", wr_id = 1, status = \"rem_access_err\" }]",
+                "cqes = [{ qp = \"a\", wr_id = 1, status = \"wr_flush_err\" }]",
+            )
+        },
+        &["--personality", "rxe"],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("the rxe expectations apply"), "{err}");
+    assert!(
+        err.contains("completion 1: expected a wr_id 1 wr_flush_err, got a wr_id 1 rem_access_err"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Canonical order: each completion is followed by the work requests it retired, and QPs
+/// come in the order of the file, whichever CQ is polled first.
+#[test]
+fn traces_follow_the_documented_canonical_order() {
+    let o = selsig(&["run", scenarios().join("seed.toml").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let at = |event: &str, key: &str, n: u64| {
+        lines
+            .iter()
+            .position(|v| v["event"] == event && v[key] == n)
+            .unwrap_or_else(|| panic!("no {event} {key} {n}: {}", stdout(&o)))
+    };
+    // CQE 4, retire 1-4, CQE 8, retire 5-8.
+    assert!(
+        at("cqe", "wr_id", 4) < at("retire", "seq", 1),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        at("retire", "seq", 4) < at("cqe", "wr_id", 8),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        at("cqe", "wr_id", 8) < at("retire", "seq", 5),
+        "{}",
+        stdout(&o)
+    );
+
+    // "b" reports to the first CQ declared, polled before "a"'s own: "a" still comes first.
+    let dir = scratch("selsig-cli-qp-order");
+    let text = r#"description = "b's CQ is polled first; the trace shows a first"
+[[cq]]
+name = "s"
+size = 64
+[[qp]]
+name = "a"
+policy = "always"
+[[qp]]
+name = "b"
+policy = "always"
+send_cq = "s"
+[[region]]
+name = "src"
+size = 128
+access = ["local_write"]
+fill = "pattern"
+[[region]]
+name = "dst"
+size = 128
+access = ["local_write", "remote_write"]
+[[step]]
+post = { qp = "b", op = "write", local = "src", remote = "dst", size = 64 }
+[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, local_offset = 64, remote_offset = 64 }
+[[step]]
+poll = "idle"
+[expect]
+cqes = [
+  { qp = "a", wr_id = 1, status = "success" },
+  { qp = "b", wr_id = 1, status = "success" },
+]
+"#;
+    let path = dir.join("order.toml");
+    std::fs::write(&path, text).unwrap();
+    for _ in 0..3 {
+        let o = selsig(&["run", "-q", path.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Expectations and steps that name what the scenario lacks, or ask the impossible, are
+/// bad input (exit code 2, naming the problem), refused before anything runs, not a failed
+/// run (exit code 1) or a run that passes without checking them.
+#[test]
+fn expectations_and_steps_the_checker_refuses() {
+    let dir = scratch("selsig-cli-refused");
+    let cases: [(&str, Edit, &str); 8] = [
+        (
+            "remote-beyond-region",
+            |t| {
+                t.replace(
+                    "size = 64, count = 8",
+                    "size = 64, count = 8, remote_offset = 64",
+                )
+            },
+            "the remote bytes end at 576, beyond region \"dst\" (512 bytes)",
+        ),
+        (
+            "receives-beyond-region",
+            |t| {
+                t.replace(
+                "[[step]]\npoll = \"idle\"",
+                "[[step]]\nto_error = \"a.peer\"\n\n[[step]]\nrecv = { qp = \"a.peer\", region = \"dst\", size = 64, count = 9 }\n\n[[step]]\npoll = \"idle\"",
+            )
+            },
+            "the receives end at 576, beyond region \"dst\" (512 bytes)",
+        ),
+        (
+            "cqe-of-an-unknown-qp",
+            |t| t.replace("{ qp = \"a\", wr_id = 8,", "{ qp = \"b\", wr_id = 8,"),
+            "expect.cqes: no qp named \"b\"",
+        ),
+        (
+            "outcomes-of-an-unknown-qp",
+            |t| t.replace("outcomes = { a = [", "outcomes = { b = ["),
+            "expect.outcomes: no qp named \"b\"",
+        ),
+        (
+            "overlapping-outcomes",
+            |t| t.replace("\"1-8 completed\"", "\"1-4 completed\", \"4-8 completed\""),
+            "\"1-4 completed\" and \"4-8 completed\" overlap (work request 4 is in both)",
+        ),
+        (
+            "outcome-of-work-request-0",
+            |t| t.replace("\"1-8 completed\"", "\"0-8 completed\""),
+            "\"0-8 completed\" is not like",
+        ),
+        (
+            "expect-rxe-without-differs",
+            |t| t + "\n[expect.rxe]\noutcomes = {}\n",
+            "[expect.rxe] needs differs.rxe to say why rxe differs",
+        ),
+        (
+            "fault-at-beyond-the-count",
+            |t| {
+                t.replace(
+                    "size = 64, count = 8",
+                    "size = 64, count = 8, fault = \"bad_rkey\", fault_at = 9",
+                )
+            },
+            "fault_at 9 names no work request of the 8",
+        ),
+    ];
+    let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
+    for (name, edit, problem) in cases {
+        let text = edit(seed.clone());
+        assert_ne!(text, seed, "{name}: the edit changed nothing");
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let o = selsig(&["run", "-q", path.to_str().unwrap()]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{name}: {err}");
+        assert!(
+            err.contains(problem),
+            "{name}: expected {problem:?} in {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A SEND that fails on a bad local key uses no receive (nor do the SENDs after it): a poll
+/// until idle that would wait for the receive it left is refused (exit code 2) at once.
+#[test]
+fn a_send_with_a_bad_local_key_uses_no_receive() {
+    let dir = scratch("selsig-cli-bad-lkey-send");
+    let text = r#"description = "two receives, two SENDs, the second with a bad local key"
+[[qp]]
+name = "a"
+[[region]]
+name = "src"
+size = 128
+access = ["local_write"]
+fill = "pattern"
+[[region]]
+name = "inbox"
+size = 128
+access = ["local_write"]
+[[step]]
+recv = { qp = "a.peer", region = "inbox", size = 64, count = 2 }
+[[step]]
+post = { qp = "a", op = "send", local = "src", size = 64, count = 2, fault = "bad_lkey", fault_at = 2 }
+[[step]]
+poll = "idle"
+"#;
+    let path = dir.join("bad-lkey-send.toml");
+    std::fs::write(&path, text).unwrap();
+    let started = std::time::Instant::now();
+    let o = selsig(&["run", "-q", path.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("1 of the 2 receives posted on \"a.peer\" are used by no SEND"),
+        "{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    std::fs::remove_dir_all(&dir).ok();
+}
