@@ -29,6 +29,23 @@ struct Pair {
 }
 
 fn pair_with(personality: Personality, send_wr: u32, cqe: u32, sq_sig_all: bool) -> Pair {
+    pair_connected(
+        personality,
+        send_wr,
+        cqe,
+        sq_sig_all,
+        &ConnectOptions::default(),
+    )
+}
+
+/// [`pair_with`], connected with `options`.
+fn pair_connected(
+    personality: Personality,
+    send_wr: u32,
+    cqe: u32,
+    sq_sig_all: bool,
+    options: &ConnectOptions,
+) -> Pair {
     let dev = SoftDevice::open(SoftConfig::with_personality(personality)).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let cq_a = Arc::new(dev.create_cq(cqe).unwrap());
@@ -44,7 +61,7 @@ fn pair_with(personality: Personality, send_wr: u32, cqe: u32, sq_sig_all: bool)
     };
     let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
     let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    connect_pair(&a, &b, options).unwrap();
     Pair {
         dev,
         pd,
@@ -1898,4 +1915,299 @@ fn an_access_beyond_a_buffer_names_the_buffer() {
         "100 bytes at offset 3000 are outside the 3072 bytes of the region or buffer accessed"
     );
     tail.write(2972, &[1; 100]).unwrap();
+}
+
+// Paths no other test reached (found by mutating the NIC and seeing which changes every
+// test let through): work after a completion rxe dropped, a finite RNR retry count, mlx5's
+// WRITE with immediate and its receive, execution times around completions and RNR
+// stalls, a responder in the error state.
+
+fn rw() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_WRITE
+}
+
+/// A work request of any opcode, immediate data 0x77.
+fn raw_wr(
+    wr_id: u64,
+    opcode: Opcode,
+    local: Local<'static>,
+    remote: RemoteAddr,
+    signaled: bool,
+) -> SendWr<'static> {
+    SendWr {
+        wr_id,
+        opcode,
+        local,
+        remote,
+        imm_data: 0x77,
+        signaled,
+    }
+}
+
+/// True if a completion shows up within `d` (the caller expects none: a stall).
+fn any_within(cq: &SoftCq, d: Duration) -> Option<WorkCompletion> {
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 1];
+    let start = Instant::now();
+    while start.elapsed() < d {
+        if cq.poll(&mut buf).unwrap() > 0 {
+            return Some(buf[0]);
+        }
+        std::thread::yield_now();
+    }
+    None
+}
+
+/// rxe drops the completion an
+/// overrun CQ has no room for, and the QP goes on: the WRs after it still execute.
+#[test]
+fn rxe_work_after_a_dropped_completion_still_executes() {
+    let p = pair_with(Personality::Rxe, 16, 2, false); // CQ holds 3
+    assert_eq!(p.cq_a.capacity(), 3);
+    let local = p.mr(8 * 8, Access::LOCAL_WRITE);
+    let remote = p.mr(8 * 8, rw());
+    local.fill(0, 64, 0xcd).unwrap();
+    let wrs: Vec<_> = (0..8u64)
+        .map(|i| {
+            let off = i as usize * 8;
+            raw_wr(
+                i,
+                Opcode::RdmaWrite,
+                Local::Sge(local.sge(off, 8)),
+                remote.remote(off),
+                true,
+            )
+        })
+        .collect();
+    p.a.post_send(&wrs).unwrap();
+    let start = Instant::now();
+    let landed = || {
+        let mut got = [0u8; 64];
+        remote.read(0, &mut got).unwrap();
+        got.chunks(8)
+            .filter(|c| c.iter().all(|&b| b == 0xcd))
+            .count()
+    };
+    while landed() < 8 {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "only {} of 8 WRITEs landed",
+            landed()
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        statuses(&poll_n(&p.cq_a, 3)),
+        (0..3).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    assert_eq!(p.a.state(), QpState::Rts);
+}
+
+/// With rnr_retry < 7 a SEND that finds no
+/// receive fails with IBV_WC_RNR_RETRY_EXC_ERR and the QP goes to the error state.
+#[test]
+fn a_send_without_a_receive_exhausts_a_finite_rnr_retry() {
+    for personality in [Personality::Mlx5, Personality::Rxe] {
+        let options = ConnectOptions {
+            rnr_retry: 0,
+            ..ConnectOptions::default()
+        };
+        let p = pair_connected(personality, 16, 16, false, &options);
+        p.a.post_send(&[raw_wr(
+            1,
+            Opcode::Send,
+            Local::Empty,
+            RemoteAddr::default(),
+            true,
+        )])
+        .unwrap();
+        assert_eq!(
+            statuses(&poll_n(&p.cq_a, 1)),
+            [(1, WcStatus::RnrRetryExcErr)],
+            "{personality}"
+        );
+        assert_eq!(p.a.state(), QpState::Err, "{personality}");
+    }
+}
+
+/// A WRITE with immediate needs
+/// a receive on the responder: without one it waits (rnr_retry 7), and then consumes it.
+#[test]
+fn mlx5_write_with_imm_waits_for_a_receive_and_consumes_it() {
+    let p = pair_with(Personality::Mlx5, 16, 16, false);
+    let remote = p.mr(64, rw());
+    p.a.post_send(&[raw_wr(
+        1,
+        Opcode::RdmaWriteWithImm,
+        Local::Inline(b"abcd"),
+        remote.remote(0),
+        true,
+    )])
+    .unwrap();
+    assert_eq!(
+        any_within(&p.cq_a, Duration::from_millis(200)),
+        None,
+        "ran without a receive"
+    );
+    let mut got = [0u8; 4];
+    remote.read(0, &mut got).unwrap();
+    assert_eq!(got, [0; 4], "landed without a receive");
+    p.b.post_recv(&[RecvWr {
+        wr_id: 9,
+        sge: None,
+    }])
+    .unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(1, WcStatus::Success)]);
+    let r = poll_n(&p.cq_b, 1)[0];
+    assert_eq!(
+        (r.wr_id, r.status, r.opcode, r.imm_data),
+        (
+            9,
+            WcStatus::Success,
+            Some(WcOpcode::RecvRdmaWithImm),
+            Some(0x77)
+        )
+    );
+}
+
+/// mlx5 checks the
+/// rkey first: a bad key fails at once even with no receive posted, and a posted receive
+/// is not consumed by the failed WRITE: it is flushed when the responder goes to error.
+#[test]
+fn mlx5_write_with_imm_and_a_bad_key_fails_before_taking_a_receive() {
+    for receive_posted in [false, true] {
+        let p = pair_with(Personality::Mlx5, 16, 16, false);
+        let remote = p.mr(64, rw());
+        let mut bad = remote.remote(0);
+        bad.rkey ^= 0x5a5;
+        if receive_posted {
+            p.b.post_recv(&[RecvWr {
+                wr_id: 9,
+                sge: None,
+            }])
+            .unwrap();
+        }
+        p.a.post_send(&[raw_wr(
+            1,
+            Opcode::RdmaWriteWithImm,
+            Local::Inline(b"abcd"),
+            bad,
+            true,
+        )])
+        .unwrap();
+        // No receive needed to fail.
+        assert_eq!(
+            statuses(&poll_n(&p.cq_a, 1)),
+            [(1, WcStatus::RemAccessErr)],
+            "a receive posted: {receive_posted}"
+        );
+        if receive_posted {
+            assert_eq!(
+                statuses(&poll_n(&p.cq_b, 1)),
+                [(9, WcStatus::WrFlushErr)],
+                "the receive is flushed, not failed"
+            );
+        }
+    }
+}
+
+/// Unsignaled WRs after the last
+/// completion of a fetch group get a time too.
+#[test]
+fn unsignaled_wrs_after_the_last_completion_of_a_group_are_stamped() {
+    let p = pair_with(Personality::Mlx5, 16, 16, false);
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, rw());
+    assert!(p.a.record_execution_times(true));
+    let wrs: Vec<_> = (0..4u64)
+        .map(|i| {
+            raw_wr(
+                i,
+                Opcode::RdmaWrite,
+                Local::Sge(local.sge(0, 8)),
+                remote.remote(0),
+                i == 0,
+            )
+        })
+        .collect();
+    p.a.post_send(&wrs).unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(0, WcStatus::Success)]);
+    // A later signaled WR: once it completes, WRs 1..3 have executed.
+    p.a.post_send(&[raw_wr(
+        4,
+        Opcode::RdmaWrite,
+        Local::Empty,
+        RemoteAddr::default(),
+        true,
+    )])
+    .unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(4, WcStatus::Success)]);
+    for i in 0..5 {
+        assert!(p.a.executed_at(i).is_some(), "WR{i} has no execution time");
+    }
+}
+
+/// WRs executed before a SEND that
+/// waits for a receive get their time when the NIC stops at the SEND.
+#[test]
+fn wrs_executed_before_an_rnr_stall_are_stamped() {
+    let p = pair_with(Personality::Mlx5, 16, 16, false);
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, rw());
+    assert!(p.a.record_execution_times(true));
+    p.a.post_send(&[
+        raw_wr(
+            0,
+            Opcode::RdmaWrite,
+            Local::Sge(local.sge(0, 8)),
+            remote.remote(0),
+            false,
+        ),
+        raw_wr(
+            1,
+            Opcode::RdmaWrite,
+            Local::Sge(local.sge(8, 8)),
+            remote.remote(8),
+            false,
+        ),
+        raw_wr(2, Opcode::Send, Local::Empty, RemoteAddr::default(), true),
+    ])
+    .unwrap();
+    assert_eq!(
+        any_within(&p.cq_a, Duration::from_millis(50)),
+        None,
+        "the SEND waits"
+    );
+    p.b.post_recv(&[RecvWr {
+        wr_id: 9,
+        sge: None,
+    }])
+    .unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(2, WcStatus::Success)]);
+    for i in 0..3 {
+        assert!(p.a.executed_at(i).is_some(), "WR{i} has no execution time");
+    }
+    assert!(p.a.executed_at(0).unwrap() <= p.a.executed_at(2).unwrap());
+}
+
+/// A responder in
+/// the error state does not answer: the requester's retries run out and nothing lands.
+#[test]
+fn a_responder_in_the_error_state_does_not_answer() {
+    let p = pair_with(Personality::Mlx5, 16, 16, false);
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, rw());
+    local.fill(0, 8, 0xee).unwrap();
+    p.b.to_error().unwrap();
+    p.a.post_send(&[raw_wr(
+        1,
+        Opcode::RdmaWrite,
+        Local::Sge(local.sge(0, 8)),
+        remote.remote(0),
+        true,
+    )])
+    .unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(1, WcStatus::RetryExcErr)]);
+    let mut got = [0u8; 8];
+    remote.read(0, &mut got).unwrap();
+    assert_eq!(got, [0; 8]);
 }
