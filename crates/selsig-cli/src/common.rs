@@ -173,16 +173,18 @@ pub fn cq_entries(depth: u32) -> Result<u32> {
 
 /// A device name: not empty.
 fn parse_device(text: &str) -> std::result::Result<String, String> {
-    match text.trim().is_empty() {
-        true => Err("a device name cannot be empty".to_string()),
-        false => Ok(text.to_string()),
-    }
+    not_blank(text, "a device name cannot be empty")
 }
 
 /// `selsig serve`'s address for `--connect`: not empty.
 pub fn parse_host(text: &str) -> std::result::Result<String, String> {
+    not_blank(text, "no host given (HOST or HOST:PORT of selsig serve)")
+}
+
+/// `text`, unless it is empty or only spaces (then `why`).
+fn not_blank(text: &str, why: &str) -> std::result::Result<String, String> {
     match text.trim().is_empty() {
-        true => Err("no host given (HOST or HOST:PORT of selsig serve)".to_string()),
+        true => Err(why.to_string()),
         false => Ok(text.to_string()),
     }
 }

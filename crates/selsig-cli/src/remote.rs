@@ -697,6 +697,17 @@ fn mismatches<M: MemoryRegion>(
     Ok(bad)
 }
 
+/// Tells the client why it is not served (as far as it still listens); returns `e`.
+fn refuse(writer: &mut TcpStream, e: anyhow::Error) -> anyhow::Error {
+    let _ = send(
+        writer,
+        &Refusal {
+            error: format!("{e:#}"),
+        },
+    );
+    e
+}
+
 /// Whether sorted outcomes name only WRITEs the client posted (1 to `wrs`), each once: a
 /// check of anything else would not be of the memory the outcomes describe.
 fn posted_once(completed: &[u32], wrs: u32) -> Result<()> {
@@ -718,15 +729,7 @@ fn serve_one<D: Device>(dev: &D, info: &DeviceInfo, stream: TcpStream) -> Result
     let hello: Hello = receive_within(&mut reader, "client's hello", HELLO_WAIT, MAX_SHORT)?;
     match prepare(dev, info, &hello) {
         Ok(prepared) => finish(prepared, &hello, dev, &mut reader, &mut writer),
-        Err(e) => {
-            let _ = send(
-                &mut writer,
-                &Refusal {
-                    error: format!("{e:#}"),
-                },
-            );
-            Err(e)
-        }
+        Err(e) => Err(refuse(&mut writer, e)),
     }
 }
 
@@ -833,15 +836,7 @@ fn finish<D: Device>(
     let wait = RUN_WAIT + Duration::from_secs(hello.run_s);
     let mut check: Check = receive_within(reader, "client's outcomes", wait, MAX_LINE)?;
     check.completed.sort_unstable();
-    if let Err(e) = posted_once(&check.completed, hello.wrs) {
-        let _ = send(
-            writer,
-            &Refusal {
-                error: format!("{e:#}"),
-            },
-        );
-        return Err(e);
-    }
+    posted_once(&check.completed, hello.wrs).map_err(|e| refuse(writer, e))?;
     let checked = if check.verify { hello.wrs } else { 0 };
     let mismatches = mismatches(
         &region,
