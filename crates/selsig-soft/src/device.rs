@@ -585,6 +585,8 @@ pub(crate) struct QpInner {
     /// What peers may do to this QP's memory (`qp_access_flags`).
     pub(crate) access: AtomicU32,
     pub(crate) rnr_retry: AtomicU8,
+    /// The transport retry count (rxe retries forever at 7).
+    pub(crate) retry_cnt: AtomicU8,
     pub(crate) peer: Mutex<Option<Weak<QpInner>>>,
     free_on_poll: bool,
     /// Written by posters: on lines of their own, away from what the NIC reads.
@@ -826,6 +828,7 @@ impl QueuePair for SoftQp {
         }
         qp.access.store(options.access.bits(), Ordering::Release);
         qp.rnr_retry.store(options.rnr_retry, Ordering::Release);
+        qp.retry_cnt.store(options.retry_cnt, Ordering::Release);
         *qp.peer.lock() = Some(peer);
         if !qp.transition(QpState::Init, QpState::Rtr) || !qp.transition(QpState::Rtr, QpState::Rts)
         {
@@ -1164,6 +1167,7 @@ impl Device for SoftDevice {
             state: AtomicU8::new(QpState::Reset as u8),
             access: AtomicU32::new(0),
             rnr_retry: AtomicU8::new(7),
+            retry_cnt: AtomicU8::new(7),
             peer: Mutex::new(None),
             free_on_poll: personality == Personality::Mlx5,
             post: Padded(Mutex::new(Producer::default())),
@@ -1336,6 +1340,48 @@ mod tests {
                 (wr_id, WcStatus::Success, qpn)
             );
         }
+    }
+
+    /// rxe retransmits forever to a responder that does not answer (retry count 7), as a
+    /// timer does: the NIC thread parks meanwhile instead of spinning on the stalled
+    /// queue (a parked thread takes a step per wake-up, every few milliseconds).
+    #[test]
+    fn the_nic_parks_while_a_queue_waits_for_a_responder() {
+        let dev = SoftDevice::open(SoftConfig::with_personality(Personality::Rxe)).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(4).unwrap();
+        let a = dev.create_qp(&pd, &cq, &cq, &qp_init(2)).unwrap();
+        let b = dev.create_qp(&pd, &cq, &cq, &qp_init(1)).unwrap();
+        connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+        let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+        let remote = dev
+            .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        b.to_error().unwrap();
+        a.post_send(&[SendWr {
+            wr_id: 1,
+            opcode: Opcode::RdmaWrite,
+            local: Local::Sge(local.sge(0, 8)),
+            remote: remote.remote(0),
+            imm_data: 0,
+            signaled: true,
+        }])
+        .unwrap();
+        // Past the spins and yields of going idle.
+        std::thread::sleep(Duration::from_millis(100));
+        let before = dev.dev.steps.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(200));
+        let steps = dev.dev.steps.load(Ordering::Relaxed).wrapping_sub(before);
+        assert!(
+            steps < 1_000,
+            "{steps} steps in 200 ms: the NIC thread spins"
+        );
+        // Still waiting, not failed: the error state flushes it.
+        let mut wc = [WorkCompletion::new(0, WcStatus::Success, 0)];
+        assert_eq!(cq.poll(&mut wc).unwrap(), 0);
+        a.to_error().unwrap();
+        let wc = wait_one(&cq);
+        assert_eq!((wc.wr_id, wc.status), (1, WcStatus::WrFlushErr));
     }
 
     #[test]

@@ -44,13 +44,43 @@ const YIELD: u32 = 50;
 /// The longest sleep: a safety net, the doorbell wakes the thread.
 const PARK: Duration = Duration::from_millis(5);
 
-/// The NIC thread's view of one QP: itself, its peer, and whether it waits for a receive.
+/// The NIC thread's view of one QP: itself, its peer, and what its send queue waits for.
 struct Served {
     qp: Arc<QpInner>,
     peer: Option<Arc<QpInner>>,
-    /// The peer's receive producer when this QP stalled on RNR, found empty (waits for it
-    /// to change).
-    rnr_wait: Option<u64>,
+    wait: Option<Wait>,
+}
+
+/// Why a send queue stalled, and so what lets it go on (or either side's error state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// RNR with retries forever: the peer's receive consumer index when its receive queue
+    /// was found empty (waits for the producer to pass it).
+    Receive(u64),
+    /// rxe with a transport retry count of 7 retransmits forever: waits for the responder
+    /// to listen (be in RTR or RTS) again.
+    Responder,
+}
+
+impl Wait {
+    /// Whether the wait still holds.
+    fn holds(self, qp: &QpInner, peer: Option<&QpInner>) -> bool {
+        if qp.state() == QpState::Err {
+            return false;
+        }
+        match (self, peer) {
+            (Wait::Receive(seen), Some(peer)) => {
+                peer.rq.published() == seen && peer.state() != QpState::Err
+            }
+            (Wait::Receive(_), None) => false,
+            (Wait::Responder, peer) => !peer.is_some_and(listens),
+        }
+    }
+}
+
+/// Whether a QP answers requests (RTR or RTS).
+fn listens(qp: &QpInner) -> bool {
+    matches!(qp.state(), QpState::Rtr | QpState::Rts)
 }
 
 pub(crate) fn run(dev: Arc<DeviceInner>) {
@@ -72,7 +102,7 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
                 .map(|qp| Served {
                     qp: Arc::clone(qp),
                     peer: qp.peer.lock().as_ref().and_then(|w| w.upgrade()),
-                    rnr_wait: None,
+                    wait: None,
                 })
                 .collect();
             // No QP removed before `version` is served from here on (`SoftQp`'s drop
@@ -115,14 +145,7 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
 fn has_work(s: &Served) -> bool {
     let qp = &s.qp;
     let sq_pending = qp.sq.published() != qp.sq.executed();
-    let blocked = match (s.rnr_wait, &s.peer) {
-        (Some(seen), Some(peer)) => {
-            peer.rq.published() == seen
-                && peer.state() != QpState::Err
-                && qp.state() != QpState::Err
-        }
-        _ => false,
-    };
+    let blocked = s.wait.is_some_and(|w| w.holds(qp, s.peer.as_deref()));
     let rq_flush = qp.state() == QpState::Err && qp.rq.published() != qp.rq.consumed();
     (sq_pending && !blocked) || rq_flush
 }
@@ -131,13 +154,11 @@ fn has_work(s: &Served) -> bool {
 fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
     let qp = &*s.qp;
     let mut progress = false;
-    if let (Some(seen), Some(peer)) = (s.rnr_wait, &s.peer) {
-        // Still waiting for a receive, unless either side went to the error state.
-        if peer.rq.published() == seen && peer.state() != QpState::Err && qp.state() != QpState::Err
-        {
+    if let Some(wait) = s.wait {
+        if wait.holds(qp, s.peer.as_deref()) {
             return flush_rq_if_error(dev, qp);
         }
-        s.rnr_wait = None;
+        s.wait = None;
     }
     let producer = qp.sq.published();
     let mut exec = qp.sq.executed();
@@ -184,15 +205,19 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                             vendor_err: 0,
                         })
                     }
-                    Exec::Stall => {
+                    Exec::Stall(why) => {
                         if recording {
                             qp.times.stamp(stamped, exec);
                         }
-                        // Wait for the producer to pass what the peek saw: the consumer
-                        // index (the queue was empty), which only this thread moves. The
-                        // producer read again could already count a receive posted since
-                        // the peek, which would then never wake this QP.
-                        s.rnr_wait = peer.map(|p| p.rq.consumed());
+                        s.wait = Some(match why {
+                            // Wait for the producer to pass what the peek saw: the
+                            // consumer index (the queue was empty), which only this thread
+                            // moves. The producer read again could already count a
+                            // receive posted since the peek, which would then never wake
+                            // this QP.
+                            Stall::Receive => Wait::Receive(peer.map_or(0, |p| p.rq.consumed())),
+                            Stall::Responder => Wait::Responder,
+                        });
                         break 'fetch;
                     }
                     Exec::Fail { status, responder } => {
@@ -326,13 +351,21 @@ enum Exec {
         opcode: WcOpcode,
         byte_len: u32,
     },
-    /// The responder has no receive posted and the requester retries forever (RNR retry 7).
-    Stall,
+    /// The requester retries forever, and the work request waits (not executed).
+    Stall(Stall),
     Fail {
         status: WcStatus,
         /// The responder moves to the error state with this event.
         responder: Option<fn(u32) -> AsyncEvent>,
     },
+}
+
+/// Why a work request waits.
+enum Stall {
+    /// The responder has no receive posted (RNR retry 7).
+    Receive,
+    /// The responder does not answer (rxe, transport retry count 7).
+    Responder,
 }
 
 fn fail(status: WcStatus) -> Exec {
@@ -478,7 +511,7 @@ fn recv_cqe(
 
 fn no_receive(qp: &QpInner) -> Exec {
     if qp.rnr_retry.load(Ordering::Relaxed) >= 7 {
-        Exec::Stall
+        Exec::Stall(Stall::Receive)
     } else {
         fail(WcStatus::RnrRetryExcErr)
     }
@@ -496,12 +529,17 @@ fn execute(
     index: u64,
     mrs: &MrTable,
 ) -> Exec {
-    // Without a listening responder the requester's retries run out.
-    let Some(peer) = peer.filter(|p| matches!(p.state(), QpState::Rtr | QpState::Rts)) else {
-        return fail(WcStatus::RetryExcErr);
+    let rxe = dev.config.personality == Personality::Rxe;
+    // Without a listening responder the requester's retries run out, except on rxe with a
+    // retry count of 7, which its completer never counts down (`rxe_comp.c`).
+    let Some(peer) = peer.filter(|p| listens(p)) else {
+        return if rxe && qp.retry_cnt.load(Ordering::Relaxed) >= 7 {
+            Exec::Stall(Stall::Responder)
+        } else {
+            fail(WcStatus::RetryExcErr)
+        };
     };
     let len = wqe.len;
-    let rxe = dev.config.personality == Personality::Rxe;
     match wqe.opcode {
         op::WRITE | op::WRITE_IMM => {
             let Some(src) = source(qp, wqe, index, mrs) else {

@@ -1721,7 +1721,8 @@ fn the_deepest_send_queue_frees_slots_through_the_counter_wrap() {
 
 /// Destroying a QP: mlx5's `ibv_destroy_qp` removes the QP's completions that were not
 /// polled yet from its CQs (libmlx5 `mlx5_destroy_qp` → `__mlx5_cq_clean`); rxe's leaves
-/// them. Either way the QP is gone for its peer: a WRITE to it exhausts its retries.
+/// them. Either way the QP is gone for its peer: a WRITE to it exhausts its retries
+/// (a count below 7: see `rxe_retries_forever_with_a_retry_count_of_7`).
 #[test]
 fn destroying_a_qp_removes_its_unpolled_completions_on_mlx5() {
     for personality in [Personality::Mlx5, Personality::Rxe] {
@@ -1734,8 +1735,13 @@ fn destroying_a_qp_removes_its_unpolled_completions_on_mlx5() {
         let c = dev.create_qp(&pd, &shared, &shared, &init).unwrap();
         let b = dev.create_qp(&pd, &other, &other, &init).unwrap();
         let d = dev.create_qp(&pd, &other, &other, &init).unwrap();
-        connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
-        connect_pair(&c, &d, &ConnectOptions::default()).unwrap();
+        // A retry count below 7: rxe retries 7 forever.
+        let options = ConnectOptions {
+            retry_cnt: 6,
+            ..ConnectOptions::default()
+        };
+        connect_pair(&a, &b, &options).unwrap();
+        connect_pair(&c, &d, &options).unwrap();
         let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
         let remote = dev
             .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
@@ -2210,4 +2216,34 @@ fn a_responder_in_the_error_state_does_not_answer() {
     let mut got = [0u8; 8];
     remote.read(0, &mut got).unwrap();
     assert_eq!(got, [0; 8]);
+}
+
+/// rxe never counts down a transport retry count of 7 (`rxe_comp.c`): WRITEs to a
+/// responder that does not answer wait, the QP in RTS, until the application moves it to
+/// the error state, which flushes them. With a retry count below 7, and on mlx5 (where 7 is
+/// a count), the retries run out. The same runner holds the real rxe0 to this
+/// (`selsig-verbs/tests/rxe.rs`).
+#[test]
+fn rxe_retries_forever_with_a_retry_count_of_7() {
+    use WcStatus::{RetryExcErr, WrFlushErr};
+    let forever = support::rxe_errors::Unanswered {
+        waiting: vec![],
+        state: QpState::Rts,
+        flushed: vec![(1, WrFlushErr), (2, WrFlushErr)],
+    };
+    let run_out = support::rxe_errors::Unanswered {
+        waiting: vec![(1, RetryExcErr), (2, WrFlushErr)],
+        state: QpState::Err,
+        flushed: vec![],
+    };
+    for (personality, retry_cnt, expected) in [
+        (Personality::Rxe, 7, &forever),
+        (Personality::Rxe, 6, &run_out),
+        (Personality::Mlx5, 7, &run_out),
+    ] {
+        let dev = SoftDevice::open(SoftConfig::with_personality(personality)).unwrap();
+        let seen =
+            support::rxe_errors::unanswered(&dev, None, retry_cnt, Duration::from_millis(300));
+        assert_eq!(&seen, expected, "{personality}, retry_cnt {retry_cnt}");
+    }
 }

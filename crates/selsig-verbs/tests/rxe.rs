@@ -894,3 +894,40 @@ fn rxe_drops_the_completions_an_overrun_cq_has_no_room_for() {
     assert_eq!(state, QpState::Rts);
     assert_eq!(events, ["cq_err"; 3]);
 }
+
+/// rxe retransmits forever with a transport retry count of 7 (its completer never counts
+/// 7 down), and gives up with `IBV_WC_RETRY_EXC_ERR` below 7; the soft NIC's rxe
+/// personality is held to the same (`selsig-soft/tests/soft.rs`). The wait is long enough
+/// for 7 retries of 67 ms (timeout 14) to have run out several times over.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn rxe_retries_forever_with_a_retry_count_of_7() {
+    use WcStatus::{RetryExcErr, WrFlushErr};
+    let dev = device();
+    let patience = Duration::from_secs(3);
+    let forever = rxe_errors::unanswered(&dev, dev.gid_index(), 7, patience);
+    let counted = rxe_errors::unanswered(&dev, dev.gid_index(), 1, patience);
+    if !dev.name().starts_with("rxe") {
+        println!(
+            "{} (not checked): retry_cnt 7: {forever:?}; retry_cnt 1: {counted:?}",
+            dev.name()
+        );
+        return;
+    }
+    assert_eq!(
+        forever,
+        rxe_errors::Unanswered {
+            waiting: vec![],
+            state: QpState::Rts,
+            flushed: vec![(1, WrFlushErr), (2, WrFlushErr)],
+        }
+    );
+    assert_eq!(
+        counted,
+        rxe_errors::Unanswered {
+            waiting: vec![(1, RetryExcErr), (2, WrFlushErr)],
+            state: QpState::Err,
+            flushed: vec![],
+        }
+    );
+}

@@ -180,7 +180,10 @@ pub struct ConnectOptions {
     /// port's active MTU. Default 4096: the active MTU, as perftest uses it (a smaller
     /// MTU splits each message into more packets).
     pub mtu: u32,
-    /// Transport retries before `IBV_WC_RETRY_EXC_ERR` (0–7).
+    /// Transport retries before `IBV_WC_RETRY_EXC_ERR` (0–7). The kernel's rxe never
+    /// counts 7 down: a work request to a peer that does not answer then waits until the
+    /// QP is moved to the error state (the IB specification gives 7 that meaning only for
+    /// `rnr_retry`).
     pub retry_cnt: u8,
     /// RNR retries before `IBV_WC_RNR_RETRY_EXC_ERR` (0–7; 7 retries forever).
     pub rnr_retry: u8,

@@ -378,3 +378,72 @@ pub fn overrun<D: Device>(
     }
     (got, a.state(), events)
 }
+
+/// What came of work requests to a responder that does not answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unanswered {
+    /// a's completions (wr_id, status) within the patience given.
+    pub waiting: Vec<(u64, WcStatus)>,
+    /// a's state then.
+    pub state: QpState,
+    /// a's completions after the application moved it to the error state.
+    pub flushed: Vec<(u64, WcStatus)>,
+}
+
+/// A responder in the error state does not answer: rxe drops the requests it gets
+/// (rxe_resp.c drains them), so the requester retransmits on its timer (timeout 14,
+/// 67 ms). rxe's completer never counts down a `retry_cnt` of 7 (rxe_comp.c,
+/// `COMPST_ERROR_RETRY`), so then it retries forever. Posts an unsignaled WRITE and a
+/// signaled one from a (connected with `retry_cnt`), collects a's completions for
+/// `patience` (or until both came), then moves a to the error state and collects the rest.
+pub fn unanswered<D: Device>(
+    dev: &D,
+    gid_index: Option<u8>,
+    retry_cnt: u8,
+    patience: Duration,
+) -> Unanswered {
+    let options = ConnectOptions {
+        gid_index,
+        retry_cnt,
+        ..ConnectOptions::default()
+    };
+    let Pair {
+        a,
+        b,
+        cq_a,
+        cq_b: _cq_b,
+        pd,
+    } = pair(dev, 16, (8, 1), &options);
+    let local = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+    let remote = dev.reg_mr(&pd, 64, ALL).unwrap();
+    b.to_error().unwrap();
+    let write = |wr_id, signaled| SendWr {
+        wr_id,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Sge(local.sge(0, 8)),
+        remote: remote.remote(0),
+        imm_data: 0,
+        signaled,
+    };
+    a.post_send(&[write(1, false), write(2, true)]).unwrap();
+    let collect = |got: &mut Vec<(u64, WcStatus)>, until: Duration| {
+        let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 4];
+        let start = Instant::now();
+        while got.len() < 2 && start.elapsed() < until {
+            let k = cq_a.poll(&mut buf).unwrap();
+            got.extend(buf[..k].iter().map(|w| (w.wr_id, w.status)));
+        }
+    };
+    let mut waiting = Vec::new();
+    collect(&mut waiting, patience);
+    let state = a.state();
+    a.to_error().unwrap();
+    let mut flushed = waiting.clone();
+    collect(&mut flushed, Duration::from_secs(10));
+    flushed.drain(..waiting.len());
+    Unanswered {
+        waiting,
+        state,
+        flushed,
+    }
+}
