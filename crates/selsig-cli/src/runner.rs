@@ -52,12 +52,21 @@ struct Side<D: Device> {
 }
 
 impl<D: Device> Side<D> {
-    /// When this queue posted more SENDs and WRITEs with immediate than receives were
-    /// posted on its peer, and nothing failed: what the rest wait for.
-    fn rnr_hint(&self, qp: &crate::scenario::Qp) -> String {
-        let healthy =
-            !self.peer_flushable && !matches!(self.queue.state(), QueueState::Error { .. });
-        if !healthy || self.consumers <= self.peer_recvs {
+    /// What this queue's work requests may wait for: when the peer may be in the error
+    /// state (it answers nothing) and this queue is not, rxe retransmitting them for ever
+    /// at `retry_cnt` 7; when this queue posted more SENDs and WRITEs with immediate than
+    /// receives were posted on its peer, and nothing failed, a receive.
+    fn wait_hint(&self, qp: &crate::scenario::Qp) -> String {
+        let failed = matches!(self.queue.state(), QueueState::Error { .. });
+        if self.peer_flushable && !failed && self.queue.outstanding() > 0 && qp.retry_cnt == 7 {
+            return format!(
+                " (\"{0}.peer\" may be in the error state, where it answers nothing: rxe \
+                 retransmits for ever at retry_cnt 7; move \"{0}\" to the error state to \
+                 flush its work requests, or set retry_cnt below 7)",
+                qp.name
+            );
+        }
+        if self.peer_flushable || failed || self.consumers <= self.peer_recvs {
             return String::new();
         }
         format!(
@@ -211,6 +220,7 @@ impl<'a, D: Device> Runner<'a, D> {
             let options = ConnectOptions {
                 gid_index: info.gid_index,
                 rnr_retry: q.rnr_retry,
+                retry_cnt: q.retry_cnt,
                 ..ConnectOptions::default()
             };
             let peer_options = ConnectOptions {
@@ -616,7 +626,7 @@ impl<'a, D: Device> Runner<'a, D> {
                 "{:?} stayed full{}",
                 self.sc.qp_name(own),
                 match own.peer {
-                    false => self.sides[own.index].rnr_hint(&self.sc.qps[own.index]),
+                    false => self.sides[own.index].wait_hint(&self.sc.qps[own.index]),
                     true => self.sides[own.index].recv_hint(&self.sc.qps[own.index]),
                 }
             );
@@ -841,7 +851,7 @@ impl<'a, D: Device> Runner<'a, D> {
                     "{}: {outstanding} work requests{tail}, {waiting} receives \
                      outstanding{unused}{}",
                     q.name,
-                    s.rnr_hint(q),
+                    s.wait_hint(q),
                 )
             })
             .collect()

@@ -107,6 +107,9 @@ pub struct QpDecl {
     /// The requester's RNR retry count (7 = forever).
     #[serde(default = "default_rnr")]
     pub rnr_retry: u8,
+    /// The requester's transport retry count (rxe retries 7 forever).
+    #[serde(default = "default_rnr")]
+    pub retry_cnt: u8,
     /// Receive queue depth of the peer.
     #[serde(default = "default_recv_depth")]
     pub peer_depth: u32,
@@ -310,6 +313,7 @@ pub struct Qp {
     pub peer_cq: usize,
     pub peer_access: Access,
     pub rnr_retry: u8,
+    pub retry_cnt: u8,
     pub peer_depth: u32,
 }
 
@@ -561,14 +565,13 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     ),
                 ));
             }
-            if q.rnr_retry > 7 {
-                return Err(self.err(
-                    span,
-                    format!(
-                        "qp {:?}: rnr_retry {} is out of range 0..=7",
-                        q.name, q.rnr_retry
-                    ),
-                ));
+            for (field, value) in [("rnr_retry", q.rnr_retry), ("retry_cnt", q.retry_cnt)] {
+                if value > 7 {
+                    return Err(self.err(
+                        span,
+                        format!("qp {:?}: {field} {value} is out of range 0..=7", q.name),
+                    ));
+                }
             }
             let manual = q.policy == "manual";
             let policy = if manual {
@@ -643,6 +646,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 peer_cq,
                 peer_access,
                 rnr_retry: q.rnr_retry,
+                retry_cnt: q.retry_cnt,
                 peer_depth: q.peer_depth,
             });
         }
@@ -1633,6 +1637,24 @@ poll = "idle"
         assert!(e.starts_with("x.toml:1:"), "{e}");
         let e = error(&OK.replace("size = 128\nfill", "size = 0\nfill"));
         assert!(e.contains("size 0 is out of range"), "{e}");
+        for field in ["rnr_retry", "retry_cnt"] {
+            let e = error(&OK.replace("name = \"a\"", &format!("name = \"a\"\n{field} = 8")));
+            assert!(
+                e.contains(&format!("qp \"a\": {field} 8 is out of range 0..=7")),
+                "{e}"
+            );
+            let s = parse(
+                "x.toml",
+                "x",
+                &OK.replace("name = \"a\"", &format!("name = \"a\"\n{field} = 3")),
+            )
+            .unwrap();
+            let q = &s.qps[0];
+            assert_eq!(
+                (q.rnr_retry, q.retry_cnt),
+                if field == "rnr_retry" { (3, 7) } else { (7, 3) }
+            );
+        }
         let e = error(&OK.replace("poll = \"idle\"", "poll = \"soon\""));
         assert!(e.contains("expected \"idle\""), "{e}");
         let e = error(&format!("{OK}\n[[step]]\nconfirm = \"a\"\ndrain = \"a\"\n"));

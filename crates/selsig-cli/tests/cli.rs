@@ -794,6 +794,49 @@ poll = "idle"
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// On rxe a WRITE to a peer in the error state is retransmitted for ever at `retry_cnt`
+/// 7 (the default): the step that waits for it fails after 20 s saying so. Below 7 the
+/// retries run out and the run ends.
+#[test]
+fn writes_to_a_peer_that_answers_nothing_are_named_on_rxe() {
+    let dir = scratch("selsig-cli-retry");
+    let path = dir.join("retry.toml");
+    let text = r#"description = "a WRITE to a peer in the error state"
+[[qp]]
+name = "a"
+policy = "always"
+[[region]]
+name = "dst"
+size = 64
+access = ["local_write", "remote_write"]
+[[step]]
+to_error = "a.peer"
+[[step]]
+post = { qp = "a", op = "write", remote = "dst", size = 0 }
+[[step]]
+poll = "idle"
+"#;
+    let run = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        selsig(&["run", path.to_str().unwrap(), "--personality", "rxe"])
+    };
+    let o = run(text);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "a: 1 work requests, 0 receives outstanding (\"a.peer\" may be in the error \
+             state, where it answers nothing: rxe retransmits for ever at retry_cnt 7; move \
+             \"a\" to the error state to flush its work requests, or set retry_cnt below 7)"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&text.replace("name = \"a\"", "name = \"a\"\nretry_cnt = 6"));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("retry_exc_err"), "{}", stdout(&o));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn a_step_that_fails_shows_the_trace_so_far_and_an_unsignaled_tail_is_named() {
     let dir = scratch("selsig-cli-tail");
