@@ -184,9 +184,10 @@ pub struct BenchArgs {
     /// with `-` (the table is then not printed).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<std::path::PathBuf>,
-    /// Write into the memory of `selsig serve` on HOST or HOST:PORT (another process or
-    /// host; verbs provider) instead of a peer QP in this process, as ib_write_bw's client
-    /// writes to its server. The server checks the bytes of a sweep's WRITEs.
+    /// Write into the memory of `selsig serve` on HOST or HOST:PORT (an IPv6 address bare,
+    /// or in brackets before a port: [fe80::1%eth0]:18515; another process or host; verbs
+    /// provider) instead of a peer QP in this process, as ib_write_bw's client writes to its
+    /// server. The server checks the bytes of a sweep's WRITEs.
     #[arg(long, value_name = "HOST", value_parser = crate::common::parse_host)]
     pub connect: Option<String>,
     #[command(flatten)]

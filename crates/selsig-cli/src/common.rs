@@ -176,9 +176,11 @@ fn parse_device(text: &str) -> std::result::Result<String, String> {
     not_blank(text, "a device name cannot be empty")
 }
 
-/// `selsig serve`'s address for `--connect`: not empty.
+/// `selsig serve`'s address for `--connect`: not empty, and a port (if any) a number.
 pub fn parse_host(text: &str) -> std::result::Result<String, String> {
-    not_blank(text, "no host given (HOST or HOST:PORT of selsig serve)")
+    let host = not_blank(text, "no host given (HOST or HOST:PORT of selsig serve)")?;
+    crate::remote::host_and_port(&host).map_err(|e| e.to_string())?;
+    Ok(host)
 }
 
 /// `text`, unless it is empty or only spaces (then `why`).

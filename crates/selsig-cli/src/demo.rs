@@ -67,8 +67,9 @@ pub struct DemoArgs {
     /// Print one JSON object instead of the drawing (see docs/demo-json.md).
     #[arg(long)]
     pub json: bool,
-    /// Write into the memory of `selsig serve` on HOST or HOST:PORT (another process or host;
-    /// verbs provider) instead of a peer QP in this process.
+    /// Write into the memory of `selsig serve` on HOST or HOST:PORT (an IPv6 address bare,
+    /// or in brackets before a port: [fe80::1%eth0]:18515; another process or host; verbs
+    /// provider) instead of a peer QP in this process.
     #[arg(long, value_name = "HOST", value_parser = crate::common::parse_host)]
     pub connect: Option<String>,
     #[command(flatten)]

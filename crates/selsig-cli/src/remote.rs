@@ -40,6 +40,8 @@ pub const MAX_RUN: Duration = Duration::from_secs(24 * 3600);
 const SEND_WAIT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 120 });
 /// The longest hello, welcome or check reply accepted (the outcomes may be longer).
 const MAX_SHORT: u64 = 64 << 10;
+/// The most of a server's refusal a client prints, in characters.
+const MAX_REFUSAL: usize = 1000;
 /// The server reads a WRITE back this many bytes at a time to check it.
 const CHECK_CHUNK: usize = 64 << 10;
 
@@ -256,19 +258,22 @@ fn receive_within<T: for<'de> Deserialize<'de>>(
 }
 
 fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, what: &str, max: u64) -> Result<T> {
-    let mut line = String::new();
+    // Bytes, not a line of text: a message cut at `max` inside a character is too long,
+    // not malformed.
+    let mut line = Vec::new();
     let n = std::io::Read::take(r, max)
-        .read_line(&mut line)
+        .read_until(b'\n', &mut line)
         .with_context(|| format!("cannot read the {what}"))?;
     ensure!(n > 0, "the peer closed the connection before the {what}");
     ensure!(
-        line.ends_with('\n') || (n as u64) < max,
+        line.ends_with(b"\n") || (n as u64) < max,
         "the peer sent a {what} longer than {max} bytes"
     );
-    serde_json::from_str(line.trim()).with_context(|| {
+    let line = line.trim_ascii();
+    serde_json::from_slice(line).with_context(|| {
         format!(
             "the peer sent a malformed {what}: {:?}",
-            excerpt(line.trim())
+            excerpt(&String::from_utf8_lossy(line))
         )
     })
 }
@@ -300,29 +305,56 @@ fn excerpt(text: &str) -> String {
     text.chars().take(200).collect()
 }
 
-/// `host[:port]` with the default port added where none is given: `host`, `host:port`,
-/// an IPv4 address, an IPv6 address bare (`fe80::1`) or in brackets (`[::1]`,
-/// `[::1]:9000`).
-fn with_port(host: &str) -> String {
-    use std::net::{IpAddr, SocketAddr};
+/// `host[:port]` as the name to resolve and the port, the default port where none is
+/// given: `host`, `host:port`, an IPv4 address, an IPv6 address bare (`fe80::1`, with
+/// the default port) or in brackets (`[::1]`, `[::1]:9000`), with a scope name too
+/// (`[fe80::1%eth0]:9000`, which the socket address parser does not take: the resolver
+/// does).
+pub(crate) fn host_and_port(host: &str) -> Result<(String, u16)> {
     let host = host.trim();
-    // An address with a port, a bracketed IPv6 one (with a scope name, as
-    // `[fe80::1%eth0]:9000`, which the parser does not take) too.
-    if host.parse::<SocketAddr>().is_ok() || (host.starts_with('[') && host.contains("]:")) {
-        return host.to_string();
+    let port = |p: &str| {
+        p.parse::<u16>()
+            .map_err(|_| anyhow::anyhow!("{p:?} is not a port (0 to 65535)"))
+    };
+    if let Some(rest) = host.strip_prefix('[') {
+        let Some((name, after)) = rest.split_once(']') else {
+            bail!("no ']' after the IPv6 address");
+        };
+        return match after {
+            "" => Ok((name.to_string(), DEFAULT_PORT)),
+            _ => match after.strip_prefix(':') {
+                Some(p) => Ok((name.to_string(), port(p)?)),
+                None => bail!("':PORT' or nothing may follow the ']'"),
+            },
+        };
     }
-    let bare = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if let Ok(ip) = bare.parse::<IpAddr>() {
-        return SocketAddr::new(ip, DEFAULT_PORT).to_string();
+    match host.rsplit_once(':') {
+        // Two colons or more: a bare IPv6 address.
+        Some((name, p)) if !name.contains(':') => Ok((name.to_string(), port(p)?)),
+        _ => Ok((host.to_string(), DEFAULT_PORT)),
     }
-    if host.matches(':').count() == 1 {
-        host.to_string()
+}
+
+/// `name:port` for messages, an IPv6 address in brackets.
+fn show_address(name: &str, port: u16) -> String {
+    if name.contains(':') {
+        format!("[{name}]:{port}")
     } else {
-        format!("{host}:{DEFAULT_PORT}")
+        format!("{name}:{port}")
     }
+}
+
+/// Text a peer sent, for the terminal: at most `max` characters, control characters
+/// escaped.
+fn printable(text: &str, max: usize) -> String {
+    let mut shown = String::new();
+    for c in text.chars().take(max) {
+        match c.is_control() {
+            true => shown.extend(c.escape_default()),
+            false => shown.push(c),
+        }
+    }
+    shown
 }
 
 /// The client side: a connection to a server, its region, and the check at the end.
@@ -362,8 +394,9 @@ impl RemotePeer {
         size: u64,
         run: Option<Duration>,
     ) -> Result<RemotePeer> {
-        let address = with_port(host);
-        let addrs: Vec<_> = address
+        let (name, port) = host_and_port(host)?;
+        let address = show_address(&name, port);
+        let addrs: Vec<_> = (name.as_str(), port)
             .to_socket_addrs()
             .with_context(|| format!("cannot resolve {address}"))?
             .collect();
@@ -400,7 +433,10 @@ impl RemotePeer {
         })?;
         let welcome = match reply {
             Reply::Welcome(w) => w,
-            Reply::Refusal(r) => bail!("selsig serve at {address} refused: {}", r.error),
+            Reply::Refusal(r) => bail!(
+                "selsig serve at {address} refused: {}",
+                printable(&r.error, MAX_REFUSAL)
+            ),
         };
         ensure!(
             welcome.version == PROTOCOL,
@@ -415,13 +451,7 @@ impl RemotePeer {
                 rkey: welcome.rkey,
             },
             // Printed: no control characters from the peer reach the terminal.
-            device: welcome
-                .device
-                .chars()
-                .take(64)
-                .collect::<String>()
-                .escape_debug()
-                .to_string(),
+            device: printable(&welcome.device, 64),
             reader,
             writer,
             slots: wrs,
@@ -445,7 +475,10 @@ impl RemotePeer {
             MAX_LINE,
         )? {
             CheckReply::Checked(checked) => checked,
-            CheckReply::Refusal(r) => bail!("selsig serve refused the outcomes: {}", r.error),
+            CheckReply::Refusal(r) => bail!(
+                "selsig serve refused the outcomes: {}",
+                printable(&r.error, MAX_REFUSAL)
+            ),
         };
         if let Some(wr) = checked
             .mismatches
@@ -726,7 +759,8 @@ fn serve_one<D: Device>(dev: &D, info: &DeviceInfo, stream: TcpStream) -> Result
     // (served one at a time) waiting long. Its outcomes come after its run: minutes.
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(Timed::new(stream, HELLO_WAIT));
-    let hello: Hello = receive_within(&mut reader, "client's hello", HELLO_WAIT, MAX_SHORT)?;
+    let hello: Hello = receive_within(&mut reader, "client's hello", HELLO_WAIT, MAX_SHORT)
+        .map_err(|e| refuse(&mut writer, e))?;
     match prepare(dev, info, &hello) {
         Ok(prepared) => finish(prepared, &hello, dev, &mut reader, &mut writer),
         Err(e) => Err(refuse(&mut writer, e)),
@@ -834,7 +868,8 @@ fn finish<D: Device>(
         },
     )?;
     let wait = RUN_WAIT + Duration::from_secs(hello.run_s);
-    let mut check: Check = receive_within(reader, "client's outcomes", wait, MAX_LINE)?;
+    let mut check: Check = receive_within(reader, "client's outcomes", wait, MAX_LINE)
+        .map_err(|e| refuse(writer, e))?;
     check.completed.sort_unstable();
     posted_once(&check.completed, hello.wrs).map_err(|e| refuse(writer, e))?;
     let checked = if check.verify { hello.wrs } else { 0 };
@@ -844,13 +879,25 @@ fn finish<D: Device>(
         hello.size as usize,
         slot as usize,
         &check.completed,
-    )?;
+    )
+    .map_err(|e| refuse(writer, e))?;
     send(
         writer,
         &Checked {
             mismatches: mismatches.clone(),
         },
-    )?;
+    )
+    .with_context(|| {
+        // The server's own record of the check, which the client did not get.
+        format!(
+            "cannot send the check of {checked} slots: {} not as the outcomes say{}",
+            mismatches.len(),
+            match mismatches.len() {
+                0 => String::new(),
+                _ => format!(" (slots {:?})", &mismatches[..mismatches.len().min(10)]),
+            }
+        )
+    })?;
     drop(qp);
     Ok((checked, mismatches))
 }
@@ -872,16 +919,43 @@ mod tests {
 
     #[test]
     fn the_default_port_is_added_where_none_is_given() {
-        assert_eq!(with_port("target"), "target:18515");
-        assert_eq!(with_port("target:9000"), "target:9000");
-        assert_eq!(with_port("10.77.0.1"), "10.77.0.1:18515");
-        assert_eq!(with_port("10.77.0.1:9000"), "10.77.0.1:9000");
-        assert_eq!(with_port("::1"), "[::1]:18515");
-        assert_eq!(with_port("[::1]"), "[::1]:18515");
-        assert_eq!(with_port("[::1]:9000"), "[::1]:9000");
-        // A scope name, which the address parser does not take: kept as given.
-        assert_eq!(with_port("[fe80::1%eth0]:9000"), "[fe80::1%eth0]:9000");
-        assert_eq!(with_port("[fe80::1%eth0]"), "[fe80::1%eth0]:18515");
+        let split = |host| {
+            let (name, port) = host_and_port(host).unwrap();
+            show_address(&name, port)
+        };
+        assert_eq!(split("target"), "target:18515");
+        assert_eq!(split("target:9000"), "target:9000");
+        assert_eq!(split("10.77.0.1"), "10.77.0.1:18515");
+        assert_eq!(split("10.77.0.1:9000"), "10.77.0.1:9000");
+        assert_eq!(split("::1"), "[::1]:18515");
+        assert_eq!(split("[::1]"), "[::1]:18515");
+        assert_eq!(split("[::1]:9000"), "[::1]:9000");
+        assert_eq!(split("[fe80::1%eth0]:9000"), "[fe80::1%eth0]:9000");
+        assert_eq!(split("[fe80::1%eth0]"), "[fe80::1%eth0]:18515");
+        assert_eq!(split("fe80::1%eth0"), "[fe80::1%eth0]:18515");
+        for (host, why) in [
+            ("target:port", "\"port\" is not a port (0 to 65535)"),
+            ("target:70000", "\"70000\" is not a port (0 to 65535)"),
+            ("[::1]:x", "\"x\" is not a port (0 to 65535)"),
+            ("[::1", "no ']' after the IPv6 address"),
+            ("[::1]9000", "':PORT' or nothing may follow the ']'"),
+        ] {
+            let err = host_and_port(host).expect_err(host).to_string();
+            assert_eq!(err, why);
+        }
+    }
+
+    /// A link-local address with a scope name (the loopback's, which every host has) and
+    /// a port resolves: the socket address parser takes no scope name, the resolver does.
+    #[test]
+    fn a_scoped_link_local_address_with_a_port_resolves() {
+        let (name, port) = host_and_port("[fe80::1%lo]:9000").unwrap();
+        let addrs: Vec<_> = (name.as_str(), port).to_socket_addrs().unwrap().collect();
+        assert!(
+            matches!(addrs.as_slice(), [std::net::SocketAddr::V6(a)]
+                if a.port() == 9000 && a.scope_id() != 0 && a.ip().segments()[0] == 0xfe80),
+            "{addrs:?}"
+        );
     }
 
     /// A server in a thread: `serve` gets the first connection (a reader and a writer);
@@ -1163,6 +1237,97 @@ mod tests {
         server.join().unwrap();
     }
 
+    /// What a server says in a refusal reaches the terminal with its control characters
+    /// escaped, and at most 1000 characters of it: of the hello and of the outcomes.
+    #[test]
+    fn a_servers_refusal_is_printed_escaped_and_cut() {
+        let error = format!("\u{1b}[2J\nfake: ok{}", "A".repeat(60_000));
+        let shown = format!(
+            "\\u{{1b}}[2J\\nfake: ok{}",
+            "A".repeat(MAX_REFUSAL - "\u{1b}[2J\nfake: ok".chars().count())
+        );
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        let refusal = error.clone();
+        let (at, server) = fake_server(move |mut reader, mut writer| {
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            send(&mut writer, &Refusal { error: refusal }).unwrap();
+        });
+        let err = RemotePeer::connect(&at, &mine, 4, 64, None)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert_eq!(err, format!("selsig serve at {at} refused: {shown}"));
+        server.join().unwrap();
+        let (at, server) = fake_server(move |mut reader, mut writer| {
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            send(&mut writer, &welcome("rxe0")).unwrap();
+            let _: Check = receive(&mut reader, "client's outcomes", MAX_LINE).unwrap();
+            send(&mut writer, &Refusal { error }).unwrap();
+        });
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        let err = peer.check(vec![1]).expect_err("refused").to_string();
+        assert_eq!(err, format!("selsig serve refused the outcomes: {shown}"));
+        server.join().unwrap();
+    }
+
+    /// A hello or outcomes the server cannot take: the client hears why, not a closed
+    /// connection (which it would blame on a busy server).
+    #[test]
+    fn a_server_tells_the_client_what_it_could_not_read() {
+        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(4).unwrap();
+        // A malformed hello.
+        let (server, mut client) = tcp_pair();
+        client.write_all(b"{\"wrs\":-1}\n").unwrap();
+        let err = format!(
+            "{:#}",
+            serve_one(&dev, &soft_info(), server).expect_err("bad")
+        );
+        assert!(
+            err.starts_with("the peer sent a malformed client's hello"),
+            "{err}"
+        );
+        let reply: Reply =
+            receive(&mut BufReader::new(client), "server's reply", MAX_SHORT).unwrap();
+        assert!(
+            matches!(&reply, Reply::Refusal(r) if r.error == err),
+            "{reply:?}"
+        );
+        // Malformed outcomes, after the welcome.
+        let (_qp, hello) = hello_from(&dev, &pd, &cq, 8, 64, 0);
+        let (server, mut client) = tcp_pair();
+        client
+            .write_all((hello + "{\"completed\":\"all\"}\n").as_bytes())
+            .unwrap();
+        let err = format!(
+            "{:#}",
+            serve_one(&dev, &soft_info(), server).expect_err("bad")
+        );
+        assert!(
+            err.starts_with("the peer sent a malformed client's outcomes"),
+            "{err}"
+        );
+        let mut reader = BufReader::new(client);
+        let _: Welcome = receive(&mut reader, "server's reply", MAX_SHORT).unwrap();
+        let reply: CheckReply = receive(&mut reader, "server's check", MAX_LINE).unwrap();
+        assert!(
+            matches!(&reply, CheckReply::Refusal(r) if r.error == err),
+            "{reply:?}"
+        );
+    }
+
+    /// A message that reaches the length limit in the middle of a character is too long,
+    /// not malformed.
+    #[test]
+    fn a_message_cut_inside_a_character_is_too_long() {
+        let text = format!("{}\u{e9}\n", " ".repeat(99));
+        let err = receive::<Hello>(&mut text.as_bytes(), "client's hello", 100)
+            .expect_err("too long")
+            .to_string();
+        assert_eq!(err, "the peer sent a client's hello longer than 100 bytes");
+    }
+
     #[test]
     fn a_server_refuses_a_run_longer_than_a_day_and_survives_any_length() {
         let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
@@ -1224,10 +1389,16 @@ mod tests {
             let _ = stop.recv_timeout(Duration::from_secs(60));
         });
         let start = Instant::now();
-        let err = serve_one(&dev, &soft_info(), server)
-            .expect_err("given up")
-            .to_string();
-        gave_up(&err, start);
+        let err = serve_one(&dev, &soft_info(), server).expect_err("given up");
+        gave_up(&err.root_cause().to_string(), start);
+        // The server's own record of what it found, which the client did not get.
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot send the check of {wrs} slots: {wrs} not as the outcomes say (slots \
+                 [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])"
+            )
+        );
         drop(done);
         quiet.join().unwrap();
     }

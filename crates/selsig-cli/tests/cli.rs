@@ -331,6 +331,15 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             vec!["bench", "--connect", " "],
             "invalid value ' ' for '--connect <HOST>': no host given",
         ),
+        // A port that is not one, before anything is resolved.
+        (
+            vec!["bench", "--connect", "target:port"],
+            "invalid value 'target:port' for '--connect <HOST>': \"port\" is not a port (0 to 65535)",
+        ),
+        (
+            vec!["demo", "--connect", "[::1]9000"],
+            "invalid value '[::1]9000' for '--connect <HOST>': ':PORT' or nothing may follow the ']'",
+        ),
     ] {
         let o = selsig(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
