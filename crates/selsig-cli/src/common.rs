@@ -311,15 +311,39 @@ fn exact_bytes(number: &str, unit: u64) -> Exact {
     ))
 }
 
-/// The bytes work request `wr` (1-based) writes: recognisable and different for every
-/// work request and offset.
+/// The bytes work request `wr` (1-based) writes: never 0, and different for every work
+/// request (see [`Pattern`]). `pattern(0, ..)` is a scenario's `fill = "pattern"`: byte `i`
+/// is `(7i mod 251) + 1`.
 pub fn pattern(wr: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| pattern_byte(wr, i)).collect()
+    let p = Pattern::new(wr);
+    (0..len).map(|i| p.byte(i)).collect()
 }
 
-/// Byte `i` of [`pattern`]`(wr, ..)`.
-pub fn pattern_byte(wr: u64, i: usize) -> u8 {
-    (wr.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8 + 1
+/// The pattern of one work request: byte `i` is `(d + 7i) mod 251 + 1`, where `d` is digit
+/// `i mod 8` of the work request's number in base 251. So the first bytes spell the
+/// number: 3 bytes tell apart the work requests below 251^3 (15.8 million), 8 bytes any
+/// two; and patterns neither repeat every 251 work requests nor are each other's shifted
+/// by a few bytes, as those of a plain `(31 wr + 7i) mod 251` were.
+#[derive(Debug, Clone, Copy)]
+pub struct Pattern {
+    digits: [u8; 8],
+}
+
+impl Pattern {
+    pub fn new(wr: u64) -> Self {
+        let mut digits = [0u8; 8];
+        let mut rest = wr;
+        for d in &mut digits {
+            *d = (rest % 251) as u8;
+            rest /= 251;
+        }
+        Pattern { digits }
+    }
+
+    /// Byte `i`.
+    pub fn byte(&self, i: usize) -> u8 {
+        ((u64::from(self.digits[i % 8]) + 7 * (i as u64 % 251)) % 251) as u8 + 1
+    }
 }
 
 /// FNV-1a, 64 bits: the memory digest of traces (stable, no dependency).
@@ -435,6 +459,35 @@ mod tests {
     fn patterns_differ_between_work_requests_and_have_no_zero() {
         assert_ne!(pattern(1, 64), pattern(2, 64));
         assert!(pattern(7, 4096).iter().all(|&b| b != 0));
+        assert!(pattern(u64::MAX, 4096).iter().all(|&b| b != 0));
+        // A scenario's fill.
+        assert!(
+            pattern(0, 600)
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == (7 * i % 251) as u8 + 1)
+        );
+        // Every work request a demo or a server may check (up to 2^20), 3 bytes each:
+        // no two alike, so a WRITE that lands in another's slot is seen.
+        let mut seen = std::collections::HashSet::new();
+        for wr in 1..=1u64 << 20 {
+            assert!(seen.insert(pattern(wr, 3)), "WRITE {wr}");
+        }
+        // Not periodic in the number (it was: every 251), and not another's shifted.
+        assert_ne!(pattern(1, 64), pattern(252, 64));
+        let long: Vec<Vec<u8>> = (1..=300).map(|wr| pattern(wr, 512)).collect();
+        for (a, pa) in long.iter().enumerate() {
+            for pb in &long {
+                for shift in 1..250 {
+                    assert_ne!(
+                        &pa[shift..shift + 64],
+                        &pb[..64],
+                        "WRITE {} by {shift}",
+                        a + 1
+                    );
+                }
+            }
+        }
         assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
     }

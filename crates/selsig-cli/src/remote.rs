@@ -17,7 +17,7 @@ use selsig::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::common::{DeviceInfo, OnDevice, ProviderArgs, pattern_byte};
+use crate::common::{DeviceInfo, OnDevice, Pattern, ProviderArgs};
 
 /// The default TCP port (perftest's).
 pub const DEFAULT_PORT: u16 = 18515;
@@ -708,17 +708,15 @@ fn mismatches<M: MemoryRegion>(
     for wr in 1..=wrs {
         let start = (wr as usize - 1) * slot;
         let landed = completed.binary_search(&wr).is_ok();
+        let pattern = Pattern::new(u64::from(wr));
         let mut holds = true;
         for from in (0..size).step_by(CHECK_CHUNK) {
             let piece = &mut got[..CHECK_CHUNK.min(size - from)];
             region.read(start + from, piece)?;
-            holds = piece.iter().enumerate().all(|(i, &b)| {
-                b == if landed {
-                    pattern_byte(u64::from(wr), from + i)
-                } else {
-                    0
-                }
-            });
+            holds = piece
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == if landed { pattern.byte(from + i) } else { 0 });
             if !holds {
                 break;
             }
