@@ -337,6 +337,17 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
             sizes.len()
         );
     }
+    // Before the region: perftest mode makes its region of the size.
+    for &size in &sizes {
+        ensure!(
+            size >= 1,
+            "--size 0: a WRITE of no bytes moves nothing to measure"
+        );
+        ensure!(
+            size <= u64::from(u32::MAX),
+            "--size {size} is more than one WRITE carries (4 GiB - 1)"
+        );
+    }
     let region = match (args.region, perftest) {
         (Some(region), true) => bail!(
             "--region {region} with --cq-mod: perftest mode registers what ib_write_bw does, max(SIZE, {}) bytes (the page size) on each side",
@@ -351,14 +362,6 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         "--region {region}: the bench registers at most {MAX_REGION} bytes on each side"
     );
     for &size in &sizes {
-        ensure!(
-            size >= 1,
-            "--size 0: a WRITE of no bytes moves nothing to measure"
-        );
-        ensure!(
-            size <= u64::from(u32::MAX),
-            "--size {size} is more than one WRITE carries (4 GiB - 1)"
-        );
         ensure!(
             size <= region,
             "--size {size} is larger than the registered region (--region {region})"
@@ -1486,6 +1489,85 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("shorter than a nanosecond"), "{e}");
+    }
+
+    /// The bounds themselves are taken: ib_write_bw's, a day, 4 GiB, a queue of one.
+    #[test]
+    fn settings_at_their_limits_are_taken() {
+        let p = plan_of(&["--cq-mod", "1024", "-t", "15000", "-n", "100000000"]).unwrap();
+        assert_eq!(
+            (p.policies[0], p.tx_depth, p.stop),
+            (Policy::Every(1024), 15000, Stop::Iters(100_000_000))
+        );
+        let p = plan_of(&["--cq-mod", "1", "-t", "1", "-n", "5", "-l", "1"]).unwrap();
+        assert_eq!(
+            (p.policies[0], p.tx_depth, p.stop),
+            (Policy::Every(1), 1, Stop::Iters(5))
+        );
+        // perftest's default size, and its region.
+        let p = plan_of(&["--cq-mod", "4"]).unwrap();
+        assert_eq!((p.sizes.as_slice(), p.region), (&[65536][..], 65536));
+        let p = plan_of(&["-s", "64", "--region", "4G", "-e", "1"]).unwrap();
+        assert_eq!(p.region, 4 << 30);
+        let p = plan_of(&["-s", "4294967295", "--region", "4G", "-e", "1"]).unwrap();
+        assert_eq!(p.sizes, [u64::from(u32::MAX)]);
+        let p = plan_of(&["-D", "86400"]).unwrap();
+        assert_eq!(p.stop, Stop::Duration(Duration::from_secs(86400)));
+        // A queue of one: every WRITE signaled, adaptive included.
+        let p = plan_of(&["-t", "1", "-e", "1,adaptive"]).unwrap();
+        let names: Vec<String> = p.policies.iter().map(|p| p.to_string()).collect();
+        assert_eq!(names, ["every:1", "adaptive:1,20us"]);
+        // Inline WRITEs need no buffers: a region of one WRITE takes any interval.
+        let p = plan_of(&["--inline", "-s", "64", "--region", "64", "-e", "16"]).unwrap();
+        assert_eq!(p.policies, [Policy::Every(16)]);
+        // Each interval once.
+        let p = plan_of(&["-e", "1,1,adaptive,adaptive"]).unwrap();
+        assert_eq!(p.policies.len(), 2, "{:?}", p.policies);
+        // NIC times: on in a sweep unless turned off, never in perftest mode.
+        assert!(plan_of(&[]).unwrap().nic_times);
+        assert!(!plan_of(&["--no-nic-times"]).unwrap().nic_times);
+        assert!(!plan_of(&["--cq-mod", "4"]).unwrap().nic_times);
+    }
+
+    /// Two sizes: the interval is checked against the size with the fewest buffers.
+    #[test]
+    fn an_interval_is_checked_against_every_size() {
+        let e = format!(
+            "{:#}",
+            plan_of(&["-s", "64,64K", "--region", "1M", "-e", "32"]).unwrap_err()
+        );
+        assert!(
+            e.contains("--every 32 with --size 65536: only 16 WRITEs can be outstanding"),
+            "{e}"
+        );
+        let e = format!("{:#}", plan_of(&["-t", "0"]).unwrap_err());
+        assert_eq!(e, "--tx-depth must be at least 1");
+        // A size too large for one WRITE is named as such in perftest mode too (whose
+        // region is made of the size).
+        let e = format!(
+            "{:#}",
+            plan_of(&["--cq-mod", "4", "-s", "5G", "-n", "10"]).unwrap_err()
+        );
+        assert_eq!(
+            e,
+            "--size 5368709120 is more than one WRITE carries (4 GiB - 1)"
+        );
+    }
+
+    #[test]
+    fn percentiles_are_read_at_their_quantiles() {
+        let mut h = new_histogram();
+        for v in 1..=1000u64 {
+            h.record(v * 1000).unwrap();
+        }
+        let p = Percentiles::of(&h).unwrap();
+        let near = |got: u64, want: u64| got.abs_diff(want) <= want / 100;
+        assert_eq!(p.count, 1000);
+        assert!(near(p.p50_ns, 500_000), "{p:?}");
+        assert!(near(p.p99_ns, 990_000), "{p:?}");
+        assert!(near(p.max_ns, 1_000_000), "{p:?}");
+        assert!((p.mean_ns - 500_500.0).abs() < 5_000.0, "{p:?}");
+        assert!(Percentiles::of(&new_histogram()).is_none());
     }
 
     #[test]

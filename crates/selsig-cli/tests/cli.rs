@@ -1187,6 +1187,100 @@ fn a_timed_bench_point_counts_the_marker_that_confirms_its_tail() {
     );
     assert_eq!(markers, u64::from(wrs % 7 != 0), "{p}");
     assert_eq!(cqes, wrs / 7 + markers, "{p}");
+    // A marker is not a forced signal (the last WRITE of a counted run is).
+    assert_eq!(p["forced"], 0, "{p}");
+    assert_eq!(v["settings"]["duration_s"], 0.05);
+    assert!(v["settings"]["iters"].is_null(), "{v}");
+}
+
+/// The table and the JSON of one run give the same figures, and the figures agree with
+/// one another: the rate in millions, WRITEs per completion, the interval asked for, and
+/// lags (a queue of WRITEs long at most) far below the point's duration.
+#[test]
+fn bench_figures_agree_between_the_table_and_the_json() {
+    let dir = scratch("selsig-bench-figures");
+    let json = dir.join("figures.json");
+    let o = selsig(&[
+        "bench",
+        "-n",
+        "20000",
+        "-s",
+        "64",
+        "-e",
+        "1,128",
+        "-t",
+        "128",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(v["settings"]["duration_s"].is_null(), "{v}");
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    for p in points {
+        let policy = p["policy"].as_str().unwrap();
+        let n: u64 = policy.strip_prefix("every:").unwrap().parse().unwrap();
+        assert_eq!(p["interval"].as_u64(), Some(n), "{p}");
+        let (wrs, cqes) = (p["wrs"].as_f64().unwrap(), p["cqes"].as_f64().unwrap());
+        assert!(
+            (p["wrs_per_cqe"].as_f64().unwrap() - wrs / cqes).abs() < 1e-9,
+            "{p}"
+        );
+        let rate = p["wr_per_sec"].as_f64().unwrap() / 1e6;
+        assert!(
+            (p["mpps"].as_f64().unwrap() - rate).abs() < 1e-9 * rate,
+            "{p}"
+        );
+        let row = out
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["64B", policy]))
+            .unwrap_or_else(|| panic!("a row for {policy}: {out}"));
+        let shown: f64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!((shown - rate).abs() <= 0.005 + 1e-9, "{row} vs {rate}");
+        let seconds = p["seconds"].as_f64().unwrap();
+        let p50 = p["lag"]["p50_ns"].as_f64().unwrap();
+        assert!(
+            p50 > 0.0 && p50 < seconds * 1e9 / 10.0,
+            "{policy}: p50 {p50} ns in {seconds} s"
+        );
+    }
+    // perftest mode: its columns are the JSON's figures; the soft NIC's memcpy yardstick
+    // is a sweep's only.
+    let o = selsig(&[
+        "bench",
+        "--cq-mod",
+        "100",
+        "-s",
+        "64",
+        "-n",
+        "1000",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["memcpy"].as_array().map(Vec::len), Some(0), "{v}");
+    let p = &v["points"][0];
+    let row: Vec<f64> = out
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq(["64", "1000"]))
+        .unwrap_or_else(|| panic!("a perftest row: {out}"))
+        .split_whitespace()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    let (mib, mpps) = (
+        p["mib_per_sec"].as_f64().unwrap(),
+        p["mpps"].as_f64().unwrap(),
+    );
+    assert!((row[2] - mib).abs() <= 0.005 + 1e-9, "{row:?} vs {mib}");
+    assert!(
+        (row[3] - mpps).abs() <= 0.000_000_5 + 1e-12,
+        "{row:?} vs {mpps}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
