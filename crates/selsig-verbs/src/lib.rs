@@ -1847,6 +1847,12 @@ mod tests {
                 (e.failure, errno_of(&e)),
                 (PostFailure::Full, Some(libc::ENOMEM))
             );
+            // ENOSPC is a full queue too.
+            let e = post_error(-1, Some(libc::ENOSPC), Some(0), 2, queue, never);
+            assert_eq!(
+                (e.failure, errno_of(&e)),
+                (PostFailure::Full, Some(libc::ENOSPC))
+            );
             let e = post_error(-1, Some(libc::EIO), Some(0), 2, queue, never);
             assert_eq!(
                 (e.index, e.failure, errno_of(&e)),

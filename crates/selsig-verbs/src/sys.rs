@@ -550,7 +550,9 @@ impl Verbs {
 /// `csrc/layout.c` computes with the C compiler.
 #[cfg(test)]
 mod layout {
+    #[cfg(verbs_h)]
     use super::*;
+    #[cfg(verbs_h)]
     use std::mem::{align_of, offset_of, size_of};
 
     #[cfg(verbs_h)]
@@ -566,6 +568,7 @@ mod layout {
     }
 
     /// What Rust computes for the same names.
+    #[cfg(verbs_h)]
     fn rust_table() -> Vec<(String, usize)> {
         macro_rules! size {
             ($t:ident) => {

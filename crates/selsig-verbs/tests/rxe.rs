@@ -49,6 +49,16 @@ struct Pair {
 }
 
 fn pair(depth: u32) -> Pair {
+    pair_with(depth, false, |o| o)
+}
+
+/// [`pair`], with `sq_sig_all` on both QPs and the connect options as `options` makes
+/// them of the defaults.
+fn pair_with(
+    depth: u32,
+    sq_sig_all: bool,
+    options: impl FnOnce(ConnectOptions) -> ConnectOptions,
+) -> Pair {
     let dev = device();
     let pd = dev.alloc_pd().unwrap();
     let cq_a = Arc::new(dev.create_cq(64).unwrap());
@@ -60,14 +70,14 @@ fn pair(depth: u32) -> Pair {
             max_inline_data: 64,
             ..QpCaps::default()
         },
-        sq_sig_all: false,
+        sq_sig_all,
     };
     let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
     let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
-    let options = ConnectOptions {
+    let options = options(ConnectOptions {
         gid_index: dev.gid_index(),
         ..ConnectOptions::default()
-    };
+    });
     connect_pair(&a, &b, &options).unwrap();
     Pair {
         dev,
@@ -321,6 +331,10 @@ fn read_send_recv_and_immediate_data() {
             wr_id: 11,
             sge: None,
         },
+        RecvWr {
+            wr_id: 12,
+            sge: Some(inbox.sge(192, 64)),
+        },
     ])
     .unwrap();
     p.a.post_send(&[
@@ -348,9 +362,17 @@ fn read_send_recv_and_immediate_data() {
             imm_data: 0xfeed,
             signaled: true,
         },
+        SendWr {
+            wr_id: 4,
+            opcode: Opcode::SendWithImm,
+            local: Local::Sge(local.sge(100, 6)),
+            remote: RemoteAddr::default(),
+            imm_data: 0xbeef,
+            signaled: true,
+        },
     ])
     .unwrap();
-    let sends = poll_n(&p.cq_a, 3);
+    let sends = poll_n(&p.cq_a, 4);
     assert!(
         sends.iter().all(|w| w.status == WcStatus::Success),
         "{sends:?}"
@@ -362,11 +384,28 @@ fn read_send_recv_and_immediate_data() {
     let mut got = [0u8; 18];
     local.read(0, &mut got).unwrap();
     assert_eq!(&got, b"bytes to read back");
-    let recvs = poll_n(&p.cq_b, 2);
+    let recvs = poll_n(&p.cq_b, 3);
     assert_eq!(
-        (recvs[0].wr_id, recvs[0].opcode, recvs[0].byte_len),
-        (10, Some(WcOpcode::Recv), 6)
+        (
+            recvs[0].wr_id,
+            recvs[0].opcode,
+            recvs[0].byte_len,
+            recvs[0].imm_data
+        ),
+        (10, Some(WcOpcode::Recv), 6, None)
     );
+    assert_eq!(
+        (
+            recvs[2].wr_id,
+            recvs[2].opcode,
+            recvs[2].byte_len,
+            recvs[2].imm_data
+        ),
+        (12, Some(WcOpcode::Recv), 6, Some(0xbeef))
+    );
+    let mut got = [0u8; 6];
+    inbox.read(192, &mut got).unwrap();
+    assert_eq!(&got, b"a SEND");
     assert_eq!(
         (recvs[1].wr_id, recvs[1].opcode, recvs[1].imm_data),
         (11, Some(WcOpcode::RecvRdmaWithImm), Some(0xfeed))
@@ -415,12 +454,156 @@ fn requests_beyond_the_device_limits_name_the_limit() {
         };
         assert!(e.to_string().contains(field), "{e}");
     }
-    // Within the limits, it works.
+    // Within the limits, it works, up to the limits themselves (named in the errors).
     let init = QpInit {
         caps: QpCaps::default(),
         sq_sig_all: false,
     };
     dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let limit = |caps| {
+        let init = QpInit {
+            caps,
+            sq_sig_all: false,
+        };
+        let e = dev.create_qp(&pd, &cq, &cq, &init).err().expect("beyond");
+        let e = e.to_string();
+        let (_, after) = e.split_once("supports up to ").expect("the limit named");
+        after.split(' ').next().unwrap().parse::<u32>().unwrap()
+    };
+    let max_wr = limit(QpCaps {
+        max_send_wr: u32::MAX,
+        ..QpCaps::default()
+    });
+    let max_sge = limit(QpCaps {
+        max_send_sge: u32::MAX,
+        ..QpCaps::default()
+    });
+    // Each on its own: both at once can be more memory than the device gives a queue
+    // (rxe0 in the VM: ENOMEM).
+    for caps in [
+        QpCaps {
+            max_send_wr: max_wr,
+            ..QpCaps::default()
+        },
+        QpCaps {
+            max_send_sge: max_sge,
+            ..QpCaps::default()
+        },
+    ] {
+        let init = QpInit {
+            caps,
+            sq_sig_all: false,
+        };
+        let qp = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+        let got = qp.caps();
+        assert!(
+            got.max_send_wr >= caps.max_send_wr && got.max_send_sge >= caps.max_send_sge,
+            "{got:?}"
+        );
+    }
+}
+
+/// The inline limit is what the device granted, which may be more than asked (rxe makes
+/// room for its scatter list): a post of that many inline bytes is taken, one more is not.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn the_inline_limit_is_what_the_device_granted() {
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = Arc::new(dev.create_cq(16).unwrap());
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 1,
+            max_inline_data: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    let options = ConnectOptions {
+        gid_index: dev.gid_index(),
+        ..ConnectOptions::default()
+    };
+    connect_pair(&a, &b, &options).unwrap();
+    let max = a.caps().max_inline_data as usize;
+    assert!(max >= 1, "{:?}", a.caps());
+    if dev.name().starts_with("rxe") {
+        assert!(
+            max > 1,
+            "rxe grants its scatter list's room: {:?}",
+            a.caps()
+        );
+    }
+    let remote = dev.reg_mr(&pd, 4096, RW).unwrap();
+    let bytes = vec![0x5a; max + 1];
+    let inline = |len: usize, wr_id| SendWr {
+        wr_id,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Inline(&bytes[..len]),
+        remote: remote.remote(0),
+        imm_data: 0,
+        signaled: true,
+    };
+    let e = a
+        .post_send(&[inline(max + 1, 1)])
+        .expect_err("one byte more");
+    assert!(
+        matches!(e.failure, PostFailure::InlineTooLong { len, max: m } if len == max + 1 && m as usize == max),
+        "{e:?}"
+    );
+    a.post_send(&[inline(max, 2)]).expect("the granted limit");
+    let wc = poll_n(&cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
+    let mut got = vec![0u8; max];
+    remote.read(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0x5a));
+}
+
+/// A QP connected with an RNR retry count below 7 fails a SEND that finds no receive
+/// after those retries, and soon: the responder asks for the shortest wait selsig sets
+/// (`min_rnr_timer` 12, 0.64 ms), not 0, which encodes the longest (655 ms).
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_send_without_a_receive_fails_after_the_rnr_retries_asked_for() {
+    let p = pair_with(4, false, |o| ConnectOptions { rnr_retry: 2, ..o });
+    let local = p.dev.reg_mr(&p.pd, 64, Access::LOCAL_WRITE).unwrap();
+    let start = Instant::now();
+    p.a.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: Opcode::Send,
+        local: Local::Sge(local.sge(0, 8)),
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: true,
+    }])
+    .unwrap();
+    let wc = poll_n(&p.cq_a, 1)[0];
+    let took = start.elapsed();
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RnrRetryExcErr));
+    assert!(took < Duration::from_millis(500), "{took:?}");
+}
+
+/// With `sq_sig_all` every work request completes, whatever its own flag.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn sq_sig_all_signals_every_work_request() {
+    let p = pair_with(4, true, |o| o);
+    assert!(p.a.sq_sig_all());
+    let local = p.dev.reg_mr(&p.pd, 64, Access::LOCAL_WRITE).unwrap();
+    let remote = p.dev.reg_mr(&p.pd, 64, RW).unwrap();
+    p.a.post_send(&[
+        write(1, &local, 0, 8, remote.remote(0), false),
+        write(2, &local, 8, 8, remote.remote(8), false),
+    ])
+    .unwrap();
+    let wcs = poll_n(&p.cq_a, 2);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    quiet(&p.cq_a);
 }
 
 #[test]
