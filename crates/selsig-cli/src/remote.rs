@@ -1131,6 +1131,18 @@ mod tests {
         (qp, serde_json::to_string(&hello).unwrap() + "\n")
     }
 
+    /// The client's side of a session whose outcomes the server refused: a welcome, then
+    /// the refusal `err` in place of the check.
+    fn hears_outcomes_refused(client: TcpStream, err: &str) {
+        let mut reader = BufReader::new(client);
+        let _: Welcome = receive(&mut reader, "server's reply", MAX_SHORT).unwrap();
+        let reply: CheckReply = receive(&mut reader, "server's check", MAX_LINE).unwrap();
+        assert!(
+            matches!(&reply, CheckReply::Refusal(r) if r.error == err),
+            "{reply:?}"
+        );
+    }
+
     #[test]
     fn a_server_refuses_outcomes_of_writes_not_posted_or_named_twice() {
         let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
@@ -1153,13 +1165,7 @@ mod tests {
                 .to_string();
             assert_eq!(err, format!("the client's outcomes name {why}"));
             // The client hears why, in place of the check.
-            let mut reader = BufReader::new(client);
-            let _: Welcome = receive(&mut reader, "server's reply", MAX_SHORT).unwrap();
-            let reply: CheckReply = receive(&mut reader, "server's check", MAX_LINE).unwrap();
-            assert!(
-                matches!(&reply, CheckReply::Refusal(r) if r.error == err),
-                "{reply:?}"
-            );
+            hears_outcomes_refused(client, &err);
         }
         // Outcomes of WRITEs posted, each once, are checked.
         let (_qp, hello) = hello_from(&dev, &pd, &cq, 8, 64, 0);
@@ -1306,13 +1312,7 @@ mod tests {
             err.starts_with("the peer sent a malformed client's outcomes"),
             "{err}"
         );
-        let mut reader = BufReader::new(client);
-        let _: Welcome = receive(&mut reader, "server's reply", MAX_SHORT).unwrap();
-        let reply: CheckReply = receive(&mut reader, "server's check", MAX_LINE).unwrap();
-        assert!(
-            matches!(&reply, CheckReply::Refusal(r) if r.error == err),
-            "{reply:?}"
-        );
+        hears_outcomes_refused(client, &err);
     }
 
     /// A message that reaches the length limit in the middle of a character is too long,

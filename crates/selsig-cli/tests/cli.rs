@@ -1200,22 +1200,16 @@ fn a_timed_bench_point_counts_the_marker_that_confirms_its_tail() {
 fn bench_figures_agree_between_the_table_and_the_json() {
     let dir = scratch("selsig-bench-figures");
     let json = dir.join("figures.json");
-    let o = selsig(&[
-        "bench",
-        "-n",
-        "20000",
-        "-s",
-        "64",
-        "-e",
-        "1,128",
-        "-t",
-        "128",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
-    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    // The table on standard output, the JSON in a file.
+    let run = |args: &[&str]| {
+        let mut all = vec!["bench", "--json", json.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let o = selsig(&all);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        (stdout(&o), v)
+    };
+    let (out, v) = run(&["-n", "20000", "-s", "64", "-e", "1,128", "-t", "128"]);
     assert!(v["settings"]["duration_s"].is_null(), "{v}");
     let points = v["points"].as_array().unwrap();
     assert_eq!(points.len(), 2);
@@ -1248,20 +1242,7 @@ fn bench_figures_agree_between_the_table_and_the_json() {
     }
     // perftest mode: its columns are the JSON's figures; the soft NIC's memcpy yardstick
     // is a sweep's only.
-    let o = selsig(&[
-        "bench",
-        "--cq-mod",
-        "100",
-        "-s",
-        "64",
-        "-n",
-        "1000",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
-    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let (out, v) = run(&["--cq-mod", "100", "-s", "64", "-n", "1000"]);
     assert_eq!(v["memcpy"].as_array().map(Vec::len), Some(0), "{v}");
     let p = &v["points"][0];
     let row: Vec<f64> = out

@@ -1252,6 +1252,18 @@ mod tests {
         }
     }
 
+    /// A signaled WRITE of 8 bytes from the start of `local` to the start of `remote`.
+    fn write_8<'a>(wr_id: u64, local: &SoftMr, remote: &SoftMr) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            opcode: Opcode::RdmaWrite,
+            local: Local::Sge(local.sge(0, 8)),
+            remote: remote.remote(0),
+            imm_data: 0,
+            signaled: true,
+        }
+    }
+
     fn wait_one(cq: &SoftCq) -> WorkCompletion {
         let mut wc = [WorkCompletion::new(0, WcStatus::Success, 0)];
         let start = Instant::now();
@@ -1282,15 +1294,7 @@ mod tests {
         let remote = dev
             .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .unwrap();
-        a.post_send(&[SendWr {
-            wr_id: 1,
-            opcode: Opcode::RdmaWrite,
-            local: Local::Sge(local.sge(0, 8)),
-            remote: remote.remote(0),
-            imm_data: 0,
-            signaled: true,
-        }])
-        .unwrap();
+        a.post_send(&[write_8(1, &local, &remote)]).unwrap();
         let wc = wait_one(&cq);
         assert_eq!(
             (wc.wr_id, wc.status, wc.qp_num),
@@ -1310,14 +1314,7 @@ mod tests {
         let remote = dev
             .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .unwrap();
-        let write = |wr_id| SendWr {
-            wr_id,
-            opcode: Opcode::RdmaWrite,
-            local: Local::Sge(local.sge(0, 8)),
-            remote: remote.remote(0),
-            imm_data: 0,
-            signaled: true,
-        };
+        let write = |wr_id| write_8(wr_id, &local, &remote);
         let a = dev.create_qp(&pd, &cq, &cq, &qp_init(1)).unwrap();
         let b = dev.create_qp(&pd, &cq, &cq, &qp_init(1)).unwrap();
         connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
@@ -1358,15 +1355,7 @@ mod tests {
             .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .unwrap();
         b.to_error().unwrap();
-        a.post_send(&[SendWr {
-            wr_id: 1,
-            opcode: Opcode::RdmaWrite,
-            local: Local::Sge(local.sge(0, 8)),
-            remote: remote.remote(0),
-            imm_data: 0,
-            signaled: true,
-        }])
-        .unwrap();
+        a.post_send(&[write_8(1, &local, &remote)]).unwrap();
         // Past the spins and yields of going idle.
         std::thread::sleep(Duration::from_millis(100));
         let before = dev.dev.steps.load(Ordering::Relaxed);
