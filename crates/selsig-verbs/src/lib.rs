@@ -1207,15 +1207,7 @@ impl QueuePair for VerbsQp {
             &format!("pkey_index 0, port {port}, access {}", options.access),
         )?;
         let gid_index = options.gid_index.or(self.dev.gid_index);
-        // The smaller of what both sides take (the peer's 0: not known).
-        let mtu = options
-            .mtu
-            .min(self.dev.active_mtu)
-            .min(if remote.mtu == 0 {
-                u32::MAX
-            } else {
-                remote.mtu
-            });
+        let mtu = path_mtu(options.mtu, self.dev.active_mtu, remote.mtu);
         let responder = responder_depth(self.dev.limits.as_ref());
         let initiator = initiator_depth(self.dev.limits.as_ref(), remote.rd_atomic);
         let mut a = sys::ibv_qp_attr {
@@ -1689,25 +1681,44 @@ impl Device for VerbsDevice {
             if (self.v().fns.get_async_event)(self.ctx.ctx.as_ptr(), &mut ev) != 0 {
                 return None;
             }
-            let qp_num = || (*ev.element.cast::<sys::ibv_qp>()).qp_num;
-            let event = match ev.event_type {
-                sys::IBV_EVENT_CQ_ERR => AsyncEvent::CqErr {
-                    cq: (*ev.element.cast::<sys::ibv_cq>()).handle,
-                },
-                sys::IBV_EVENT_QP_FATAL => AsyncEvent::QpFatal { qp_num: qp_num() },
-                sys::IBV_EVENT_QP_REQ_ERR => AsyncEvent::QpReqErr { qp_num: qp_num() },
-                sys::IBV_EVENT_QP_ACCESS_ERR => AsyncEvent::QpAccessErr { qp_num: qp_num() },
-                sys::IBV_EVENT_PORT_ACTIVE => AsyncEvent::PortActive {
-                    port: ev.element as usize as u8,
-                },
-                sys::IBV_EVENT_PORT_ERR => AsyncEvent::PortErr {
-                    port: ev.element as usize as u8,
-                },
-                other => AsyncEvent::Other { event_type: other },
-            };
+            let event = decode_event(&ev);
             (self.v().fns.ack_async_event)(&mut ev);
             Some(event)
         }
+    }
+}
+
+/// The path MTU: the smallest of what is asked, this port's active MTU and the peer's
+/// (0: not known).
+fn path_mtu(asked: u32, active: u32, remote: u32) -> u32 {
+    let remote = if remote == 0 { u32::MAX } else { remote };
+    asked.min(active).min(remote)
+}
+
+/// The event `ev` describes.
+///
+/// # Safety
+///
+/// `ev.element` points to a live `ibv_cq` for `IBV_EVENT_CQ_ERR` and to a live `ibv_qp`
+/// for the QP events, as `ibv_get_async_event` fills it until the event is acknowledged.
+unsafe fn decode_event(ev: &sys::ibv_async_event) -> AsyncEvent {
+    // SAFETY: the element is a QP for the QP events (the caller's promise).
+    let qp_num = || unsafe { (*ev.element.cast::<sys::ibv_qp>()).qp_num };
+    match ev.event_type {
+        sys::IBV_EVENT_CQ_ERR => AsyncEvent::CqErr {
+            // SAFETY: the element is a CQ for this event (the caller's promise).
+            cq: unsafe { (*ev.element.cast::<sys::ibv_cq>()).handle },
+        },
+        sys::IBV_EVENT_QP_FATAL => AsyncEvent::QpFatal { qp_num: qp_num() },
+        sys::IBV_EVENT_QP_REQ_ERR => AsyncEvent::QpReqErr { qp_num: qp_num() },
+        sys::IBV_EVENT_QP_ACCESS_ERR => AsyncEvent::QpAccessErr { qp_num: qp_num() },
+        sys::IBV_EVENT_PORT_ACTIVE => AsyncEvent::PortActive {
+            port: ev.element as usize as u8,
+        },
+        sys::IBV_EVENT_PORT_ERR => AsyncEvent::PortErr {
+            port: ev.element as usize as u8,
+        },
+        other => AsyncEvent::Other { event_type: other },
     }
 }
 
@@ -1715,6 +1726,80 @@ impl Device for VerbsDevice {
 mod tests {
     use super::*;
     use std::ffi::c_uint;
+
+    /// A peer that did not say its MTU leaves the smaller of what was asked and this
+    /// port's: never more than the port takes.
+    #[test]
+    fn the_path_mtu_is_the_smallest_known() {
+        assert_eq!(path_mtu(4096, 1024, 0), 1024);
+        assert_eq!(path_mtu(1024, 4096, 0), 1024);
+        assert_eq!(path_mtu(4096, 4096, 2048), 2048);
+        assert_eq!(path_mtu(4096, 1024, 4096), 1024);
+        assert_eq!(path_mtu(512, 1024, 2048), 512);
+    }
+
+    /// Each event is read from the element its type names: a CQ's handle, a QP's number,
+    /// a port number in the pointer itself.
+    #[test]
+    fn async_events_are_decoded_from_their_element() {
+        // SAFETY: both structs are plain C data (pointers, integers, pthread objects), for
+        // which all zero bytes are a valid value; only the fields set below are read.
+        let (mut cq, mut qp) = unsafe {
+            (
+                std::mem::zeroed::<sys::ibv_cq>(),
+                std::mem::zeroed::<sys::ibv_qp>(),
+            )
+        };
+        cq.handle = 0x51;
+        qp.qp_num = 0x1234;
+        let cq_ptr: *mut sys::ibv_cq = &mut cq;
+        let qp_ptr: *mut sys::ibv_qp = &mut qp;
+        for (event_type, element, expected) in [
+            (
+                sys::IBV_EVENT_CQ_ERR,
+                cq_ptr.cast(),
+                AsyncEvent::CqErr { cq: 0x51 },
+            ),
+            (
+                sys::IBV_EVENT_QP_FATAL,
+                qp_ptr.cast(),
+                AsyncEvent::QpFatal { qp_num: 0x1234 },
+            ),
+            (
+                sys::IBV_EVENT_QP_REQ_ERR,
+                qp_ptr.cast(),
+                AsyncEvent::QpReqErr { qp_num: 0x1234 },
+            ),
+            (
+                sys::IBV_EVENT_QP_ACCESS_ERR,
+                qp_ptr.cast(),
+                AsyncEvent::QpAccessErr { qp_num: 0x1234 },
+            ),
+            (
+                sys::IBV_EVENT_PORT_ACTIVE,
+                std::ptr::without_provenance_mut(2),
+                AsyncEvent::PortActive { port: 2 },
+            ),
+            (
+                sys::IBV_EVENT_PORT_ERR,
+                std::ptr::without_provenance_mut(1),
+                AsyncEvent::PortErr { port: 1 },
+            ),
+            (
+                99,
+                std::ptr::null_mut(),
+                AsyncEvent::Other { event_type: 99 },
+            ),
+        ] {
+            let ev = sys::ibv_async_event {
+                element,
+                event_type,
+            };
+            // SAFETY: the element is the CQ or QP above (alive) for the events that read
+            // one; the others do not dereference it.
+            assert_eq!(unsafe { decode_event(&ev) }, expected, "{event_type}");
+        }
+    }
 
     /// Standard error as a closed pipe: every write fails with EPIPE.
     struct ClosedPipe;
