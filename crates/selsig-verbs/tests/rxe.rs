@@ -1114,3 +1114,49 @@ fn rxe_retries_forever_with_a_retry_count_of_7() {
         }
     );
 }
+
+/// The device's counts of protection domains, CQs, QPs and memory regions, as the kernel
+/// keeps them (`rdma res show`, iproute2); `None` where the tool is missing.
+fn kernel_resources(dev: &str) -> Option<Vec<(String, u64)>> {
+    let out = std::process::Command::new("rdma")
+        .args(["res", "show"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(&format!("{dev}:")))?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    Some(
+        words
+            .windows(2)
+            .filter(|w| ["pd", "cq", "qp", "mr"].contains(&w[0]))
+            .map(|w| (w[0].to_string(), w[1].parse().unwrap_or(u64::MAX)))
+            .collect(),
+    )
+}
+
+/// Dropping what the provider created gives every object back to the kernel: its counts
+/// of protection domains, CQs, QPs and regions return to what they were.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn dropped_objects_are_destroyed_in_the_kernel() {
+    let dev = device();
+    let Some(before) = kernel_resources(dev.name()) else {
+        println!("skipped: no `rdma` tool (iproute2) to read the kernel's counts");
+        return;
+    };
+    {
+        let p = pair(4);
+        let _mr = p.dev.reg_mr(&p.pd, 4096, RW).unwrap();
+        let during = kernel_resources(dev.name()).unwrap();
+        // One more PD, two more CQs and QPs, one more region.
+        let more: Vec<u64> = during
+            .iter()
+            .zip(&before)
+            .map(|((_, now), (_, then))| now - then)
+            .collect();
+        assert_eq!(more, [1, 2, 2, 1], "{before:?} → {during:?}");
+    }
+    assert_eq!(kernel_resources(dev.name()).unwrap(), before);
+}
