@@ -586,16 +586,20 @@ pub fn render(r: &Report) -> String {
         }
     }
     let bytes = u64::from(r.summary.completed) * r.size;
+    let bytes = match bytes {
+        1 => "1 byte".to_string(),
+        n => format!("{n} bytes"),
+    };
     let _ = writeln!(o);
     if r.remote_verified {
         let (done, rest) = (r.summary.completed, r.wrs - r.summary.completed);
         let what = match (done, rest) {
-            (1, 0) => format!("the write verified ({bytes} bytes)"),
-            (_, 0) => format!("all {done} writes verified ({bytes} bytes)"),
+            (1, 0) => format!("the write verified ({bytes})"),
+            (_, 0) => format!("all {done} writes verified ({bytes})"),
             (0, 1) => "verified: the write did not land".to_string(),
             (0, _) => format!("verified: none of the {rest} writes landed"),
             _ => format!(
-                "verified: {} landed ({bytes} bytes), {} did not",
+                "verified: {} landed ({bytes}), {} did not",
                 match done {
                     1 => "the completed write".to_string(),
                     _ => format!("the {done} completed writes"),

@@ -57,6 +57,25 @@ fn demo_draws_the_seed() {
     assert!(out.contains("2 CQEs generated, 6 saved"), "{out}");
 }
 
+/// The demo prints exactly what README.md shows, with and without a failure.
+#[test]
+fn demo_prints_what_the_readme_shows() {
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+    )
+    .unwrap();
+    for (command, args) in [
+        ("$ cargo run --release -q -- demo\n", &["demo"][..]),
+        ("$ selsig demo --fail-at 3\n", &["demo", "--fail-at", "3"]),
+    ] {
+        let (_, block) = readme.split_once(command).expect("the README's block");
+        let (shown, _) = block.split_once("```").unwrap();
+        let o = selsig(args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(stdout(&o), shown, "{args:?}");
+    }
+}
+
 #[test]
 fn demo_counts_one_in_the_singular() {
     let o = selsig(&["demo", "--wrs", "1", "--fail-at", "1"]);
@@ -98,6 +117,36 @@ fn demo_counts_one_in_the_singular() {
         out.contains("Remote buffer: verified: none of the 2 writes landed."),
         "{out}"
     );
+    let o = selsig(&["demo", "--wrs", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("Remote buffer: the write verified (64 bytes)."),
+        "{out}"
+    );
+    let o = selsig(&["demo", "--wrs", "2", "--size", "1", "--fail-at", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("the completed write landed (1 byte), the other did not."),
+        "{out}"
+    );
+    // A queue of one slot: every WRITE signaled.
+    let o = selsig(&["demo", "--tx-depth", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("8 WRs executed; 8 CQEs generated, 0 saved"),
+        "{}",
+        stdout(&o)
+    );
+    // WRITEs never posted after a failure: no completion saved for them.
+    let o = selsig(&["demo", "--wrs", "20", "-t", "4", "--fail-at", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("16 not posted; 3 CQEs generated, 1 saved"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[test]
@@ -134,6 +183,24 @@ fn demo_json_reports_what_the_nic_did() {
             .all(|o| o["outcome"] == "completed")
     );
     assert_eq!(v["remote_verified"], true);
+    // Each post as docs/demo-json.md says: selsig's wr_id, and why it was signaled.
+    assert_eq!(v["posts"][0]["wr_id"], 9223372036854775809u64);
+    assert_eq!(v["posts"][3]["reason"], "policy");
+    // The interval of every policy, and a size of 0 as given.
+    let json = |args: &[&str]| -> Value {
+        let mut all = vec!["demo", "--json"];
+        all.extend_from_slice(args);
+        let o = selsig(&all);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    assert_eq!(json(&["--policy", "always"])["every"], 1);
+    assert_eq!(json(&["-Q", "2"])["every"], 2);
+    assert_eq!(json(&["--size", "0"])["size"], 0);
+    // A tail confirmed by a marker: the completion is the marker's, of no WRITE.
+    let v = json(&["--wrs", "1", "--policy", "never"]);
+    assert_eq!(v["cqes"][0]["marker"], true, "{v}");
+    assert!(v["cqes"][0]["wr"].is_null(), "{v}");
 }
 
 #[test]
@@ -250,6 +317,7 @@ fn demo_bad_input_is_an_error_not_a_panic() {
     let seed = seed.to_str().unwrap();
     for (args, text) in [
         (vec!["demo", "--wrs", "0"], "--wrs must be at least 1"),
+        (vec!["demo", "--every", "0"], "--every must be at least 1"),
         (vec!["demo", "--fail-at", "9"], "--fail-at 9 names no WRITE"),
         (
             vec!["demo", "--size", "0", "--fail-at", "2"],
