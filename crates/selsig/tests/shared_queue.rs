@@ -392,12 +392,7 @@ fn a_cq_budget_beyond_the_cq_is_refused() {
 #[test]
 fn work_requests_the_provider_took_before_failing_stay_outstanding() {
     let cq = FakeCq::new(16);
-    let mut q = Queue::with_config(
-        qp(1, 8),
-        Arc::clone(&cq),
-        QueueConfig::with_policy(Policy::Never),
-    )
-    .unwrap();
+    let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Never).unwrap();
     let remote = RemoteAddr::default();
     let fail_next = |q: &Queue, index, failure| {
         *q.qp().fail_next.lock().unwrap() = Some((index, failure));
@@ -846,12 +841,7 @@ fn a_cq_of_a_queues_own_takes_no_other_queue() {
 #[test]
 fn a_marker_the_provider_refuses_is_forgotten_and_the_tail_still_confirmed() {
     let cq = FakeCq::new(16);
-    let mut q = Queue::with_config(
-        qp(1, 8),
-        Arc::clone(&cq),
-        QueueConfig::with_policy(Policy::Never),
-    )
-    .unwrap();
+    let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Never).unwrap();
     let remote = RemoteAddr::default();
     let p = q.post(Work::write_empty(remote, 1)).unwrap();
     assert!(!p.signaled());
