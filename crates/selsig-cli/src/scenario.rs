@@ -105,10 +105,10 @@ pub struct QpDecl {
     #[serde(default = "default_peer_access")]
     pub peer_access: Vec<String>,
     /// The requester's RNR retry count (7 = forever).
-    #[serde(default = "default_rnr")]
+    #[serde(default = "default_retries")]
     pub rnr_retry: u8,
     /// The requester's transport retry count (rxe retries 7 forever).
-    #[serde(default = "default_rnr")]
+    #[serde(default = "default_retries")]
     pub retry_cnt: u8,
     /// Receive queue depth of the peer.
     #[serde(default = "default_recv_depth")]
@@ -124,7 +124,8 @@ fn default_policy() -> String {
 fn default_peer_access() -> Vec<String> {
     vec!["remote_write".into(), "remote_read".into()]
 }
-fn default_rnr() -> u8 {
+/// `rnr_retry` and `retry_cnt`: 7, as perftest.
+fn default_retries() -> u8 {
     7
 }
 fn default_recv_depth() -> u32 {
