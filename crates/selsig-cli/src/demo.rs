@@ -719,3 +719,166 @@ fn wrap_list(items: &[String], width: usize) -> Vec<String> {
     }
     lines
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Options {
+        #[command(flatten)]
+        demo: DemoArgs,
+    }
+
+    /// `validate` on `selsig demo ARGS`.
+    fn validated(args: &[&str]) -> Result<()> {
+        let options = Options::try_parse_from(std::iter::once("demo").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("{args:?} do not parse: {e}"));
+        validate(&options.demo)
+    }
+
+    #[test]
+    fn validate_takes_each_limit_and_refuses_one_beyond() {
+        for args in [
+            // MAX_WRS WRITEs of 1 KiB: exactly the 1 GiB registered on each side.
+            &["--wrs", "1048576", "--size", "1024"][..],
+            &["--wrs", "1048576", "--size", "0"],
+            &["--wrs", "1", "--size", "1073741824"],
+            &["--wrs", "5", "--fail-at", "1"],
+            &["--wrs", "5", "--fail-at", "5"],
+            &["--wrs", "1", "--fail-at", "1", "--size", "1"],
+            // Its completion queue needs 2 × 2147483646 + 2 = u32::MAX - 1 entries.
+            &["--tx-depth", "2147483646"],
+            &["--tx-depth", "1", "--every", "1"],
+        ] {
+            if let Err(e) = validated(args) {
+                panic!("{args:?} refused: {e:#}");
+            }
+        }
+        for (args, text) in [
+            (
+                &["--wrs", "1048577", "--size", "1"][..],
+                "--wrs 1048577: the demo runs at most 1048576 WRITEs",
+            ),
+            (
+                &["--wrs", "1048576", "--size", "1025"],
+                "--wrs 1048576 × --size 1025 needs 1074790400 bytes on each side; \
+                 the demo registers at most 1073741824",
+            ),
+            (
+                &["--wrs", "1", "--size", "1073741825"],
+                "--wrs 1 × --size 1073741825 needs 1073741825 bytes on each side; \
+                 the demo registers at most 1073741824",
+            ),
+            (
+                &["--wrs", "1", "--size", "4294967296"],
+                "--size 4294967296 is more than one WRITE carries",
+            ),
+            (
+                &["--wrs", "5", "--fail-at", "6"],
+                "--fail-at 6 names no WRITE: there are 5 (1 to 5)",
+            ),
+            (
+                &["--wrs", "5", "--fail-at", "0"],
+                "--fail-at 0 names no WRITE: there are 5 (1 to 5)",
+            ),
+            (&["--tx-depth", "0"], "--tx-depth must be at least 1"),
+            (
+                &["--tx-depth", "2147483647"],
+                "--tx-depth 2147483647 is too large: its completion queue would need more \
+                 than 4294967295 entries",
+            ),
+        ] {
+            match validated(args) {
+                Ok(()) => panic!("{args:?} taken"),
+                Err(e) => assert_eq!(format!("{e:#}"), text, "{args:?}"),
+            }
+        }
+    }
+
+    /// A report of three WRITEs to a server, the third signaled, whose one completion is
+    /// a flush with these outcomes (what the soft NIC never produces: a flush covering
+    /// unsignaled WRITEs, and a server that finds a completed WRITE missing).
+    fn flushed_report(outcomes: [&'static str; 3]) -> Report {
+        let count = |what: &str| outcomes.iter().filter(|o| **o == what).count() as u32;
+        Report {
+            provider: "verbs",
+            device: "rxe0".to_string(),
+            personality: None,
+            wrs: 3,
+            size: 64,
+            policy: "every:4".to_string(),
+            every: Some(4),
+            sq_depth: 64,
+            fail_at: None,
+            posts: (1..=3)
+                .map(|wr| PostView {
+                    wr,
+                    wr_id: u64::from(wr),
+                    signaled: wr == 3,
+                    reason: (wr == 3).then_some("policy"),
+                })
+                .collect(),
+            cqes: vec![CqeView {
+                wr: Some(3),
+                wr_id: 3,
+                status: "wr_flush_err",
+                opcode: None,
+                marker: false,
+            }],
+            confirmed: vec![Confirmed {
+                cqe: Some(3),
+                wr_id: 3,
+                wrs: vec![1, 2, 3],
+            }],
+            outcomes: (1..=3)
+                .map(|wr| OutcomeView {
+                    wr,
+                    outcome: outcomes[wr as usize - 1],
+                    status: None,
+                })
+                .collect(),
+            remote_verified: false,
+            mismatches: vec![2],
+            target: Some("rxe0 at 10.0.0.2:18515".to_string()),
+            summary: Summary {
+                completed: count("completed"),
+                failed: 0,
+                flushed: count("flushed"),
+                not_posted: 0,
+                cqes: 1,
+                cqes_saved: 2,
+            },
+            elapsed_us: 0,
+        }
+    }
+
+    #[test]
+    fn render_draws_a_flush_covering_several_writes_and_a_failed_check() {
+        let text = render(&flushed_report(["completed", "completed", "flushed"]));
+        assert_eq!(
+            text,
+            "selsig demo: 3 RDMA WRITEs of 64 B on rxe0 (verbs provider), policy every:4, send queue depth 64\n\
+             The WRITEs go to the memory of selsig serve on rxe0 at 10.0.0.2:18515.\n\
+             \n\
+             Send queue (S = signaled, U = unsignaled):\n\
+             \x20 WR1(U) → WR2(U) → WR3(S)\n\
+             \n\
+             Completion queue (what the NIC wrote):\n\
+             \x20 CQE3: WR1–WR2 completed, WR3 flushed   (wr_id 0x3, wr_flush_err)\n\
+             \n\
+             Remote buffer: VERIFICATION FAILED for WR2.\n\
+             Summary: 2 WRs executed, 1 flushed; 1 CQE generated, 2 saved vs signaling every WR.\n"
+        );
+        let text = render(&flushed_report(["flushed", "flushed", "flushed"]));
+        assert!(
+            text.contains("\n  CQE3: WR1–WR3 flushed   (wr_id 0x3, wr_flush_err)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nSummary: 0 WRs executed, 3 flushed; 1 CQE generated"),
+            "{text}"
+        );
+    }
+}
