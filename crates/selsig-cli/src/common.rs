@@ -149,7 +149,7 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                 device: dev.name().to_string(),
                 personality: None,
                 gid_index: dev.gid_index(),
-                rxe: dev.name().starts_with("rxe"),
+                rxe: dev.is_rxe(),
             };
             task.run(&dev, &info)
         }

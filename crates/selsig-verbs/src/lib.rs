@@ -197,6 +197,8 @@ pub struct VerbsDevice {
     ethernet: bool,
     /// Destroying a QP removes its unpolled completions from its CQs (mlx4, mlx5).
     cleans_cq: bool,
+    /// The kernel's Soft-RoCE (rxe).
+    rxe: bool,
     /// A software device (rxe), whose kernel flushes a receive queue only when the QP moves
     /// to the error state or a packet comes: a receive posted once the QP is in the error
     /// state would never complete.
@@ -236,12 +238,17 @@ fn driver_cleans_cq(driver: Option<&str>) -> bool {
     matches!(driver, Some("mlx5_core" | "mlx4_core"))
 }
 
-/// Whether device `name` is a software one: rxe names the network device it runs over in
-/// its sysfs `parent` attribute; a device with no kernel driver behind it (or whose sysfs
-/// cannot be read) counts as one too (a wrong guess costs a query per receive post).
-fn is_software(name: &str, driver: Option<&str>) -> bool {
+/// Whether device `name` is the kernel's Soft-RoCE, whatever its name (`rdma link add NAME
+/// type rxe ...`): rxe alone gives its devices a sysfs `parent` attribute, naming the
+/// network device it runs over (`rxe_verbs.c`).
+fn is_rxe(name: &str) -> bool {
     std::path::Path::new(&format!("/sys/class/infiniband/{name}/parent")).exists()
-        || driver.is_none()
+}
+
+/// Whether a device is a software one: rxe, or a device with no kernel driver behind it (or
+/// whose sysfs cannot be read; a wrong guess costs a query per receive post).
+fn is_software(rxe: bool, driver: Option<&str>) -> bool {
+    rxe || driver.is_none()
 }
 
 /// The kernel driver of device `name` (`/sys/class/infiniband/NAME/device/driver`; rxe has
@@ -259,6 +266,7 @@ impl fmt::Debug for VerbsDevice {
             .field("gid_index", &self.gid_index)
             .field("lid", &self.lid)
             .field("ethernet", &self.ethernet)
+            .field("rxe", &self.rxe)
             .finish()
     }
 }
@@ -506,7 +514,8 @@ impl VerbsDevice {
         }
         let driver = driver_of(&ctx.name);
         let cleans_cq = driver_cleans_cq(driver.as_deref());
-        let software = is_software(&ctx.name, driver.as_deref());
+        let rxe = is_rxe(&ctx.name);
+        let software = is_software(rxe, driver.as_deref());
         Ok(VerbsDevice {
             ctx,
             limits,
@@ -517,6 +526,7 @@ impl VerbsDevice {
             active_mtu: mtu_bytes(attr.active_mtu),
             ethernet,
             cleans_cq,
+            rxe,
             software,
         })
     }
@@ -534,6 +544,14 @@ impl VerbsDevice {
     /// The port's active MTU in bytes.
     pub fn active_mtu(&self) -> u32 {
         self.active_mtu
+    }
+
+    /// Whether the device is the kernel's Soft-RoCE (rxe), known by the sysfs `parent`
+    /// attribute rxe gives its devices, so under any name. rxe differs from hardware RNICs
+    /// in ways an application can see: send slots freed on execution, no async event for a
+    /// responder's access error, a retry count of 7 that retransmits forever, ...
+    pub fn is_rxe(&self) -> bool {
+        self.rxe
     }
 
     fn v(&self) -> &'static Verbs {

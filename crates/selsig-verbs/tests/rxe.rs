@@ -529,7 +529,7 @@ fn the_inline_limit_is_what_the_device_granted() {
     connect_pair(&a, &b, &options).unwrap();
     let max = a.caps().max_inline_data as usize;
     assert!(max >= 1, "{:?}", a.caps());
-    if dev.name().starts_with("rxe") {
+    if dev.is_rxe() {
         assert!(
             max > 1,
             "rxe grants its scatter list's room: {:?}",
@@ -623,7 +623,7 @@ fn open_errors_say_what_is_wrong() {
         sq_sig_all: false,
     };
     let qp = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
-    assert!(dev.name().starts_with("rxe") && !qp.destroy_cleans_cq());
+    assert!(dev.is_rxe() && !qp.destroy_cleans_cq());
     assert!(qp.recv_cq_is_send_cq());
     drop(qp);
     let e = VerbsDevice::open(&VerbsOptions {
@@ -1047,7 +1047,7 @@ mod rxe_errors;
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn rxe_fails_requests_as_the_soft_rxe_personality_does() {
     let dev = device();
-    let rxe = dev.name().starts_with("rxe");
+    let rxe = dev.is_rxe();
     for (case, expected) in rxe_errors::cases() {
         let seen = rxe_errors::run(&dev, dev.gid_index(), &case);
         if rxe {
@@ -1064,7 +1064,7 @@ fn rxe_fails_requests_as_the_soft_rxe_personality_does() {
 fn rxe_drops_the_completions_an_overrun_cq_has_no_room_for() {
     let dev = device();
     let (got, state, events) = rxe_errors::overrun(&dev, dev.gid_index());
-    if !dev.name().starts_with("rxe") {
+    if !dev.is_rxe() {
         // mlx5 puts the CQ in the error state instead (SEMANTICS.md 8): not this test's.
         println!("{} (not checked): {got:?} {state:?} {events:?}", dev.name());
         return;
@@ -1090,7 +1090,7 @@ fn rxe_retries_forever_with_a_retry_count_of_7() {
     let patience = Duration::from_secs(3);
     let forever = rxe_errors::unanswered(&dev, dev.gid_index(), 7, patience);
     let counted = rxe_errors::unanswered(&dev, dev.gid_index(), 1, patience);
-    if !dev.name().starts_with("rxe") {
+    if !dev.is_rxe() {
         println!(
             "{} (not checked): retry_cnt 7: {forever:?}; retry_cnt 1: {counted:?}",
             dev.name()
