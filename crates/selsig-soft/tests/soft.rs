@@ -978,6 +978,259 @@ fn receives_are_flushed_when_the_qp_goes_to_error() {
         statuses(&wcs),
         [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]
     );
+    // (mlx5 finds the receive queue whose slots a poll frees by the QP number.)
+    assert!(wcs.iter().all(|w| w.qp_num == p.b.qp_num()), "{wcs:?}");
+    assert_no_more(&p.cq_b);
+}
+
+/// Posts a SEND of `len` bytes from `local` and waits for its completion's status.
+fn send(p: &Pair, local: &SoftMr, len: u32) -> WcStatus {
+    p.a.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: Opcode::Send,
+        local: Local::Sge(local.sge(0, len)),
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: true,
+    }])
+    .unwrap();
+    poll_n(&p.cq_a, 1)[0].status
+}
+
+#[test]
+fn a_send_of_one_byte_or_of_the_receive_s_whole_length_lands() {
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    local.write(0, &pattern(5, 64)).unwrap();
+    let inbox = p.mr(64, Access::LOCAL_WRITE);
+    for len in [64u32, 1] {
+        p.b.post_recv(&[RecvWr {
+            wr_id: u64::from(len),
+            sge: Some(inbox.sge(0, len)),
+        }])
+        .unwrap();
+        assert_eq!(send(&p, &local, len), WcStatus::Success, "{len} bytes");
+        let wc = poll_n(&p.cq_b, 1)[0];
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (u64::from(len), WcStatus::Success, len)
+        );
+        let mut got = vec![0u8; len as usize];
+        inbox.read(0, &mut got).unwrap();
+        assert_eq!(got, pattern(5, len as usize), "{len} bytes");
+        inbox.write(0, &[0; 64]).unwrap();
+    }
+    // One byte into a receive with a key of no region: checked, and it fails.
+    let mut sge = inbox.sge(0, 1);
+    sge.lkey ^= 0x00a5_a500;
+    p.b.post_recv(&[RecvWr {
+        wr_id: 3,
+        sge: Some(sge),
+    }])
+    .unwrap();
+    assert_eq!(send(&p, &local, 1), WcStatus::RemOpErr);
+    assert_eq!(statuses(&poll_n(&p.cq_b, 1)), [(3, WcStatus::LocProtErr)]);
+}
+
+#[test]
+fn a_write_of_one_byte_lands_and_its_key_is_checked() {
+    let p = pair();
+    let local = p.mr(8, Access::LOCAL_WRITE);
+    local.write(0, &[0x5a]).unwrap();
+    let remote = p.mr(8, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    assert_eq!(
+        one_write(&p, &local, 1, remote.remote(3)),
+        WcStatus::Success
+    );
+    let mut got = [0u8; 8];
+    remote.read(0, &mut got).unwrap();
+    assert_eq!(got, [0, 0, 0, 0x5a, 0, 0, 0, 0]);
+    let mut bad = remote.remote(0);
+    bad.rkey ^= 0x00a5_a500;
+    assert_eq!(one_write(&p, &local, 1, bad), WcStatus::RemAccessErr);
+}
+
+/// A completion the CQ has no room for puts the QP in the error state at once (mlx5): the
+/// WRITEs after it in the same post are flushed, not executed, and the QP's fatal event is
+/// raised once.
+#[test]
+fn an_overrun_stops_the_queue_at_once_and_raises_one_fatal_event() {
+    let p = pair_with(Personality::Mlx5, 64, 1, false);
+    assert_eq!(p.cq_a.capacity(), 1);
+    let local = p.mr(32, Access::LOCAL_WRITE);
+    local.write(0, &[0xab; 32]).unwrap();
+    let remote = p.mr(32, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let wrs: Vec<_> = (0..4)
+        .map(|i| {
+            write(
+                i + 1,
+                &local,
+                8 * i as usize,
+                8,
+                remote.remote(8 * i as usize),
+                true,
+            )
+        })
+        .collect();
+    p.a.post_send(&wrs).unwrap();
+    let start = Instant::now();
+    while p.a.state() != QpState::Err {
+        assert!(start.elapsed() < WAIT, "the overrun did not stop the QP");
+        std::thread::yield_now();
+    }
+    // Time for anything the NIC would still do.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut got = [0u8; 32];
+    remote.read(0, &mut got).unwrap();
+    // WRITE 1 completed, WRITE 2 ran and its completion overran the CQ; 3 and 4 did not run.
+    assert_eq!(got[..16], [0xab; 16]);
+    assert_eq!(got[16..], [0; 16]);
+    let mut events = Vec::new();
+    while let Some(e) = p.dev.poll_async_event() {
+        events.push(e);
+    }
+    assert_eq!(
+        events,
+        [
+            AsyncEvent::CqErr { cq: p.cq_a.id() },
+            AsyncEvent::QpFatal {
+                qp_num: p.a.qp_num()
+            }
+        ]
+    );
+}
+
+/// The work requests a post took before one it refused are executed without another post
+/// (the doorbell rings for them, as mlx5's does).
+#[test]
+fn the_work_requests_before_a_refused_one_run_without_another_post() {
+    let p = pair();
+    let local = p.mr(8, Access::LOCAL_WRITE);
+    let remote = p.mr(8, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let big = [0u8; 100];
+    let err =
+        p.a.post_send(&[
+            write(1, &local, 0, 8, remote.remote(0), true),
+            SendWr {
+                local: Local::Inline(&big),
+                ..write(2, &local, 0, 8, remote.remote(0), true)
+            },
+        ])
+        .unwrap_err();
+    assert_eq!(err.index, 1, "{err}");
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(1, WcStatus::Success)]);
+    assert_no_more(&p.cq_a);
+}
+
+/// A SEND waiting for a receive (`rnr_retry = 7`) stops waiting when the responder goes to
+/// the error state on its own (here: its CQ overran), not only on `to_error`: it fails with
+/// a retry error, as no responder answers.
+#[test]
+fn a_send_waiting_for_a_receive_fails_once_the_responder_fails() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (dev.create_cq(16).unwrap(), dev.create_cq(1).unwrap());
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &depths(4, 4)).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &depths(4, 4)).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    a.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: Opcode::Send,
+        local: Local::Empty,
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: true,
+    }])
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let marker = |wr_id| SendWr {
+        wr_id,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Empty,
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: true,
+    };
+    b.post_send(&[marker(1), marker(2)]).unwrap();
+    assert_eq!(statuses(&poll_n(&cq_a, 1)), [(1, WcStatus::RetryExcErr)]);
+    assert_eq!(b.state(), QpState::Err);
+}
+
+/// rxe rounds a receive queue up to 2^k - 1 slots, as its send queue, and takes that many.
+#[test]
+fn rxe_takes_receives_up_to_its_rounded_queue() {
+    let dev = SoftDevice::open(SoftConfig::with_personality(Personality::Rxe)).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let qp = dev.create_qp(&pd, &cq, &cq, &depths(4, 8)).unwrap();
+    let peer = dev.create_qp(&pd, &cq, &cq, &depths(4, 8)).unwrap();
+    connect_pair(&qp, &peer, &ConnectOptions::default()).unwrap();
+    for wr_id in 0..15 {
+        qp.post_recv(&[RecvWr { wr_id, sge: None }])
+            .unwrap_or_else(|e| panic!("receive {wr_id}: {e}"));
+    }
+    let err = qp
+        .post_recv(&[RecvWr {
+            wr_id: 15,
+            sge: None,
+        }])
+        .unwrap_err();
+    assert!(err.is_full(), "{err}");
+    assert_eq!(err.source.as_ref().and_then(|e| e.raw_os_error()), Some(12));
+}
+
+#[test]
+fn posts_and_queues_the_device_cannot_take_are_refused() {
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    // An RDMA READ has nowhere to put inline data.
+    let bytes = [1u8; 8];
+    let err =
+        p.a.post_send(&[SendWr {
+            opcode: Opcode::RdmaRead,
+            local: Local::Inline(&bytes),
+            ..write(1, &local, 0, 8, remote.remote(0), true)
+        }])
+        .unwrap_err();
+    assert_eq!(err.index, 0);
+    assert!(matches!(err.failure, PostFailure::Invalid(_)), "{err}");
+    assert_no_more(&p.cq_a);
+    // 2 GiB is the largest message: taken (and failing on the region's bounds), one byte
+    // more refused.
+    let sge = |length| {
+        Local::Sge(selsig::Sge {
+            length,
+            ..local.sge(0, 1)
+        })
+    };
+    p.a.post_send(&[SendWr {
+        local: sge(1 << 31),
+        ..write(2, &local, 0, 8, remote.remote(0), true)
+    }])
+    .unwrap();
+    assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(2, WcStatus::LocProtErr)]);
+    let err =
+        p.a.post_send(&[SendWr {
+            local: sge((1 << 31) + 1),
+            ..write(3, &local, 0, 8, remote.remote(0), true)
+        }])
+        .unwrap_err();
+    assert!(matches!(err.failure, PostFailure::Invalid(_)), "{err}");
+    // Receives on a QP in the reset state, and a CQ of no entries.
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(4).unwrap();
+    let qp = dev.create_qp(&pd, &cq, &cq, &depths(4, 4)).unwrap();
+    let err = qp
+        .post_recv(&[RecvWr {
+            wr_id: 1,
+            sge: None,
+        }])
+        .unwrap_err();
+    assert_eq!(err.failure, PostFailure::State(QpState::Reset), "{err}");
+    let e = dev.create_cq(0).unwrap_err();
+    assert!(e.to_string().contains("0 entries"), "{e}");
 }
 
 #[test]
