@@ -1670,12 +1670,7 @@ mod tests {
             report.points[1].gbit_per_sec = hi;
             report.points[1].size = 64;
             let svg = crate::chart::render(&report).unwrap();
-            let texts: Vec<&str> = svg
-                .split("<text")
-                .skip(1)
-                .filter_map(|t| t.split_once('>').map(|(_, rest)| rest))
-                .filter_map(|t| t.split_once("</text>").map(|(text, _)| text.trim()))
-                .collect();
+            let texts = svg_texts(&svg);
             let from = texts
                 .iter()
                 .position(|t| t.starts_with("Throughput"))
@@ -1697,6 +1692,99 @@ mod tests {
                 "{y:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_chart_draws_each_figure_against_the_interval_it_names() {
+        // One size, every 1, 4 and 16, and adaptive at 4: throughput 1, 2 and 4 Gb/s (3
+        // adaptive), lag p50 100, 200 and 400 µs with p99 eight times as long.
+        let mut report = report_of(&[1.0; 4]);
+        for (i, p) in report.points.iter_mut().enumerate() {
+            let interval = [1u32, 4, 16, 4][i];
+            p.size = 64;
+            p.interval = (i < 3).then_some(interval);
+            p.policy = match i {
+                3 => "adaptive:4,50us".to_string(),
+                _ => format!("every:{interval}"),
+            };
+            p.gbit_per_sec = [1.0, 2.0, 4.0, 3.0][i];
+            let p50 = [100_000, 200_000, 400_000, 150_000][i];
+            p.lag = Some(Percentiles {
+                count: 1000,
+                p50_ns: p50,
+                p99_ns: 8 * p50,
+                max_ns: 8 * p50,
+                mean_ns: p50 as f64,
+            });
+        }
+        let svg = crate::chart::render(&report).unwrap();
+        let texts = svg_texts(&svg);
+        let at = |title: &str| texts.iter().position(|t| t.starts_with(title)).unwrap();
+        let (throughput, lag) = (at("Throughput"), at("Confirmation lag"));
+        let numbers =
+            |panel: &[&str]| -> Vec<f64> { panel.iter().filter_map(|t| t.parse().ok()).collect() };
+        // Each panel's axes: its unit, the intervals 1 to 16 (not their logarithms, and
+        // the largest not cut off), below y labels that span the figures.
+        for (panel, unit, lo, hi) in [
+            (&texts[throughput..lag], "Gb/s", 1.0, 4.0),
+            (&texts[lag..], "microseconds (log scale)", 100.0, 3200.0),
+        ] {
+            assert!(panel.contains(&unit), "{unit}: {panel:?}");
+            let numbers = numbers(panel);
+            let (y, x) = numbers.split_at(numbers.len() - 5);
+            assert_eq!(x, [1.0, 2.0, 4.0, 8.0, 16.0], "{unit}: {panel:?}");
+            let (min, max) = (y[0], y[y.len() - 1]);
+            assert!(min <= lo && max >= hi && max < 100.0 * hi, "{unit}: {y:?}");
+        }
+        // The lines join the every:N points only (the adaptive one is a triangle), left
+        // to right; p99 (dashed) above p50 (solid).
+        let points = |style: &str| -> Vec<Vec<(i64, i64)>> {
+            svg.split("<polyline")
+                .skip(1)
+                .filter(|e| e.contains(style))
+                .map(|e| {
+                    let list = e.split("points=\"").nth(1).unwrap();
+                    list[..list.find('"').unwrap()]
+                        .split_whitespace()
+                        .map(|p| {
+                            let (x, y) = p.split_once(',').unwrap();
+                            (x.parse().unwrap(), y.parse().unwrap())
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        let lines: Vec<_> = points(r##"stroke="#0072B2" stroke-width="2""##)
+            .into_iter()
+            .filter(|l| l.len() > 2)
+            .collect();
+        assert_eq!(lines.len(), 2, "throughput and lag p50: {lines:?}");
+        for line in &lines {
+            assert_eq!(line.len(), 3, "{line:?}");
+            assert!(line.windows(2).all(|w| w[0].0 < w[1].0), "{line:?}");
+        }
+        let p50_top = lines[1].iter().map(|p| p.1).min().unwrap();
+        let dashes = points(r##"stroke="#0072B2" stroke-width="1""##);
+        assert!(!dashes.is_empty());
+        assert!(
+            dashes.iter().flatten().all(|p| p.1 < p50_top),
+            "p99 {dashes:?} not above p50 {:?}",
+            lines[1]
+        );
+        assert_eq!(
+            svg.matches("<polygon").count(),
+            2,
+            "an adaptive triangle a panel"
+        );
+    }
+
+    /// The texts of an SVG document, in order.
+    fn svg_texts(svg: &str) -> Vec<&str> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| t.split_once('>').map(|(_, rest)| rest))
+            .filter_map(|t| t.split_once("</text>").map(|(text, _)| text.trim()))
+            .collect()
     }
 
     #[test]
