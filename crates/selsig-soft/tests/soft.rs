@@ -141,6 +141,18 @@ fn write(
     }
 }
 
+/// A signaled SEND of no bytes.
+fn empty_send(wr_id: u64) -> SendWr<'static> {
+    SendWr {
+        wr_id,
+        opcode: Opcode::Send,
+        local: Local::Empty,
+        remote: RemoteAddr::default(),
+        imm_data: 0,
+        signaled: true,
+    }
+}
+
 fn pattern(wr: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| (wr as usize * 31 + i) as u8).collect()
 }
@@ -598,11 +610,15 @@ fn cq_overrun_puts_the_cq_and_qp_in_error_and_raises_events() {
     ));
 }
 
+/// Posts one signaled work request on `a` and returns its completion's status.
+fn one(p: &Pair, wr: SendWr<'_>) -> WcStatus {
+    p.a.post_send(&[wr]).unwrap();
+    poll_n(&p.cq_a, 1)[0].status
+}
+
 /// Posts one signaled WRITE and returns its completion's status.
 fn one_write(p: &Pair, local: &SoftMr, len: u32, remote: RemoteAddr) -> WcStatus {
-    p.a.post_send(&[write(1, local, 0, len, remote, true)])
-        .unwrap();
-    poll_n(&p.cq_a, 1)[0].status
+    one(p, write(1, local, 0, len, remote, true))
 }
 
 #[test]
@@ -890,15 +906,7 @@ fn a_send_waiting_for_a_receive_runs_once_one_is_posted() {
     let mut rounds = 0u64;
     // At most 3 s of rounds (the race showed within the first 60 000 in every run).
     while rounds < 300_000 && start.elapsed() < Duration::from_secs(3) {
-        p.a.post_send(&[SendWr {
-            wr_id: rounds,
-            opcode: Opcode::Send,
-            local: Local::Empty,
-            remote: RemoteAddr::default(),
-            imm_data: 0,
-            signaled: true,
-        }])
-        .unwrap();
+        p.a.post_send(&[empty_send(rounds)]).unwrap();
         for _ in 0..rounds % 64 {
             std::hint::spin_loop();
         }
@@ -937,14 +945,7 @@ fn a_receive_slot_is_free_again_when_mlx5_polls_its_completion_or_rxe_writes_it(
         let recv = |wr_id| b.post_recv(&[RecvWr { wr_id, sge: None }]);
         recv(0).unwrap();
         assert!(recv(9).unwrap_err().is_full(), "{personality:?}");
-        let send = SendWr {
-            wr_id: 1,
-            opcode: Opcode::Send,
-            local: Local::Empty,
-            remote: RemoteAddr::default(),
-            imm_data: 0,
-            signaled: true,
-        };
+        let send = empty_send(1);
         a.post_send(&[send]).unwrap();
         // The SEND completed, so the receive did: its completion waits in b's CQ.
         assert_eq!(statuses(&poll_n(&cq_a, 1)), [(1, WcStatus::Success)]);
@@ -993,16 +994,13 @@ fn receives_are_flushed_when_the_qp_goes_to_error() {
 
 /// Posts a SEND of `len` bytes from `local` and waits for its completion's status.
 fn send(p: &Pair, local: &SoftMr, len: u32) -> WcStatus {
-    p.a.post_send(&[SendWr {
-        wr_id: 1,
-        opcode: Opcode::Send,
-        local: Local::Sge(local.sge(0, len)),
-        remote: RemoteAddr::default(),
-        imm_data: 0,
-        signaled: true,
-    }])
-    .unwrap();
-    poll_n(&p.cq_a, 1)[0].status
+    one(
+        p,
+        SendWr {
+            opcode: Opcode::Send,
+            ..write(1, local, 0, len, RemoteAddr::default(), true)
+        },
+    )
 }
 
 #[test]
@@ -1113,8 +1111,7 @@ fn an_overrun_stops_the_queue_at_once_and_raises_one_fatal_event() {
 #[test]
 fn the_work_requests_before_a_refused_one_run_without_another_post() {
     let p = pair();
-    let local = p.mr(8, Access::LOCAL_WRITE);
-    let remote = p.mr(8, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (local, remote) = write_regions(&p);
     let big = [0u8; 100];
     let err =
         p.a.post_send(&[
@@ -1141,24 +1138,11 @@ fn a_send_waiting_for_a_receive_fails_once_the_responder_fails() {
     let a = dev.create_qp(&pd, &cq_a, &cq_a, &depths(4, 4)).unwrap();
     let b = dev.create_qp(&pd, &cq_b, &cq_b, &depths(4, 4)).unwrap();
     connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
-    a.post_send(&[SendWr {
-        wr_id: 1,
-        opcode: Opcode::Send,
-        local: Local::Empty,
-        remote: RemoteAddr::default(),
-        imm_data: 0,
-        signaled: true,
-    }])
-    .unwrap();
+    a.post_send(&[empty_send(1)]).unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    let marker = |wr_id| SendWr {
-        wr_id,
-        opcode: Opcode::RdmaWrite,
-        local: Local::Empty,
-        remote: RemoteAddr::default(),
-        imm_data: 0,
-        signaled: true,
-    };
+    // Two zero-length WRITEs (no key checked), two completions.
+    let local = dev.reg_mr(&pd, 8, Access::LOCAL_WRITE).unwrap();
+    let marker = |wr_id| write(wr_id, &local, 0, 0, RemoteAddr::default(), true);
     b.post_send(&[marker(1), marker(2)]).unwrap();
     assert_eq!(statuses(&poll_n(&cq_a, 1)), [(1, WcStatus::RetryExcErr)]);
     assert_eq!(b.state(), QpState::Err);
@@ -1190,8 +1174,7 @@ fn rxe_takes_receives_up_to_its_rounded_queue() {
 #[test]
 fn posts_and_queues_the_device_cannot_take_are_refused() {
     let p = pair();
-    let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (local, remote) = write_regions(&p);
     // An RDMA READ has nowhere to put inline data.
     let bytes = [1u8; 8];
     let err =
