@@ -63,11 +63,11 @@ pub struct File {
     pub region: Vec<Spanned<RegionDecl>>,
     pub step: Vec<Spanned<Step>>,
     #[serde(default)]
-    pub expect: Option<Spanned<Expect>>,
+    pub expect: Option<Spanned<ExpectDecl>>,
     /// Where a provider legitimately differs, and why: `differs.rxe = "..."`. Required
     /// for `[expect.rxe]`, and only with it.
     #[serde(default)]
-    pub differs: Option<Spanned<BTreeMap<String, String>>>,
+    pub differs: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -251,8 +251,20 @@ impl<'de> Deserialize<'de> for PollStep {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// `[expect]` as written, each entry with its place in the file, so that an error names the
+/// entry's line. Checked into an [`Expect`].
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct ExpectDecl {
+    pub cqes: Option<Vec<Spanned<ExpectCqe>>>,
+    pub outcomes: Option<BTreeMap<String, Spanned<Vec<Spanned<String>>>>>,
+    pub digests: Option<BTreeMap<String, Spanned<String>>>,
+    pub events: Option<Vec<Spanned<String>>>,
+    pub rxe: Option<Spanned<Box<ExpectDecl>>>,
+}
+
+/// What a run must show; each field is checked when given.
+#[derive(Debug, Default)]
 pub struct Expect {
     /// Every completion of the run, in trace order.
     pub cqes: Option<Vec<ExpectCqe>>,
@@ -262,9 +274,30 @@ pub struct Expect {
     pub digests: Option<BTreeMap<String, String>>,
     /// Asynchronous events, as `type:qp` (e.g. `qp_access_err:a.peer`).
     pub events: Option<Vec<String>>,
-    /// What differs on rxe (the kernel's Soft-RoCE, and the soft NIC's rxe personality):
-    /// the fields given here replace the ones above.
-    pub rxe: Option<Box<Expect>>,
+}
+
+impl ExpectDecl {
+    /// The expectations without their places in the file (`rxe` is checked apart).
+    fn plain(&self) -> Expect {
+        let items = |l: &Vec<Spanned<String>>| l.iter().map(|i| i.get_ref().clone()).collect();
+        Expect {
+            cqes: self
+                .cqes
+                .as_ref()
+                .map(|l| l.iter().map(|c| c.get_ref().clone()).collect()),
+            outcomes: self.outcomes.as_ref().map(|m| {
+                m.iter()
+                    .map(|(q, l)| (q.clone(), items(l.get_ref())))
+                    .collect()
+            }),
+            digests: self.digests.as_ref().map(|m| {
+                m.iter()
+                    .map(|(r, d)| (r.clone(), d.get_ref().clone()))
+                    .collect()
+            }),
+            events: self.events.as_ref().map(items),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -1167,30 +1200,29 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             steps.push(action);
         }
         let differs_span = raw.differs.as_ref().map(Spanned::span);
-        let differs = raw
-            .differs
-            .as_ref()
-            .map(|d| d.get_ref().clone())
-            .unwrap_or_default();
-        if raw.differs.is_some() && differs.is_empty() {
+        let differs_decl = raw.differs.as_ref().map(Spanned::get_ref);
+        if differs_decl.is_some_and(BTreeMap::is_empty) {
             return Err(self.err(
                 differs_span,
                 "[differs] is empty: give differs.rxe, why rxe differs, with [expect.rxe]".into(),
             ));
         }
-        for (key, why) in &differs {
+        let mut differs = BTreeMap::new();
+        for (key, why) in differs_decl.into_iter().flatten() {
+            let span = Some(why.span());
             if key != "rxe" {
                 return Err(self.err(
-                    differs_span,
+                    span,
                     format!("differs.{key}: the only provider that may differ is rxe"),
                 ));
             }
-            if why.trim().is_empty() {
+            if why.get_ref().trim().is_empty() {
                 return Err(self.err(
-                    differs_span,
+                    span,
                     format!("differs.{key} is empty: it must say why {key} differs"),
                 ));
             }
+            differs.insert(key.clone(), why.get_ref().clone());
         }
         let has_expect_rxe = raw
             .expect
@@ -1205,12 +1237,15 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
         let mut expect = Expect::default();
         let mut expect_rxe = None;
         if let Some(e) = &raw.expect {
-            let span = Some(e.span());
             let e = e.get_ref();
-            self.expectations(e, span.clone(), &qps, &regions, &deregistered, "expect")?;
+            self.expectations(e, &qps, &regions, &deregistered, "expect")?;
             if let Some(r) = &e.rxe {
-                if r.rxe.is_some() {
-                    return Err(self.err(span, "expect.rxe.rxe: one level only".into()));
+                let span = Some(r.span());
+                let r = r.get_ref();
+                if let Some(inner) = &r.rxe {
+                    return Err(
+                        self.err(Some(inner.span()), "expect.rxe.rxe: one level only".into())
+                    );
                 }
                 if !differs.contains_key("rxe") {
                     return Err(self.err(
@@ -1218,22 +1253,17 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         "[expect.rxe] needs differs.rxe to say why rxe differs".into(),
                     ));
                 }
-                self.expectations(r, span.clone(), &qps, &regions, &deregistered, "expect.rxe")?;
+                self.expectations(r, &qps, &regions, &deregistered, "expect.rxe")?;
+                // The fields `[expect.rxe]` gives replace `[expect]`'s.
+                let (r, e) = (r.plain(), e.plain());
                 expect_rxe = Some(Expect {
-                    cqes: r.cqes.clone().or_else(|| e.cqes.clone()),
-                    outcomes: r.outcomes.clone().or_else(|| e.outcomes.clone()),
-                    digests: r.digests.clone().or_else(|| e.digests.clone()),
-                    events: r.events.clone().or_else(|| e.events.clone()),
-                    rxe: None,
+                    cqes: r.cqes.or(e.cqes),
+                    outcomes: r.outcomes.or(e.outcomes),
+                    digests: r.digests.or(e.digests),
+                    events: r.events.or(e.events),
                 });
             }
-            expect = Expect {
-                cqes: e.cqes.clone(),
-                outcomes: e.outcomes.clone(),
-                digests: e.digests.clone(),
-                events: e.events.clone(),
-                rxe: None,
-            };
+            expect = e.plain();
         }
         Ok(Scenario {
             name: name.to_string(),
@@ -1251,8 +1281,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
 
     fn expectations(
         &self,
-        e: &Expect,
-        span: Option<Range<usize>>,
+        e: &ExpectDecl,
         qps: &[Qp],
         regions: &[Region],
         // The step that deregistered each region, if one did.
@@ -1264,8 +1293,10 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             .flat_map(|q| [q.name.clone(), format!("{}.peer", q.name)])
             .collect();
         for c in e.cqes.iter().flatten() {
+            let span = Some(c.span());
+            let c = c.get_ref();
             if !names.contains(&c.qp) {
-                return Err(self.err(span.clone(), format!("{what}.cqes: no qp named {:?}", c.qp)));
+                return Err(self.err(span, format!("{what}.cqes: no qp named {:?}", c.qp)));
             }
             if !WcStatus::ALL.iter().any(|s| s.short_name() == c.status) {
                 return Err(self.err(
@@ -1327,21 +1358,29 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
         }
         for (q, list) in e.outcomes.iter().flatten() {
             if !qps.iter().any(|x| &x.name == q) {
-                return Err(self.err(span.clone(), format!("{what}.outcomes: no qp named {q:?}")));
+                return Err(self.err(
+                    Some(list.span()),
+                    format!("{what}.outcomes: no qp named {q:?}"),
+                ));
             }
             let mut ranges = Vec::new();
-            for item in list {
-                let (first, last, ..) = parse_outcome_range(item)
-                    .map_err(|m| self.err(span.clone(), format!("{what}.outcomes.{q}: {m}")))?;
-                ranges.push((first, last, item));
+            for item in list.get_ref() {
+                let span = item.span();
+                let item = item.get_ref();
+                let (first, last, ..) = parse_outcome_range(item).map_err(|m| {
+                    self.err(Some(span.clone()), format!("{what}.outcomes.{q}: {m}"))
+                })?;
+                ranges.push((first, last, item, span));
             }
-            // Each work request has one outcome: ranges must not overlap.
-            ranges.sort();
+            // Each work request has one outcome: ranges must not overlap. Of two that do,
+            // the later in the file is at fault.
+            ranges.sort_by(|x, y| (x.0, x.1, x.2).cmp(&(y.0, y.1, y.2)));
             for pair in ranges.windows(2) {
-                let ((_, last, a), (first, _, b)) = (pair[0], pair[1]);
+                let ((_, last, a, a_at), (first, _, b, b_at)) = (&pair[0], &pair[1]);
                 if first <= last {
+                    let later = if a_at.start > b_at.start { a_at } else { b_at };
                     return Err(self.err(
-                        span.clone(),
+                        Some(later.clone()),
                         format!(
                             "{what}.outcomes.{q}: {a:?} and {b:?} overlap (work request {first} \
                              is in both)"
@@ -1351,6 +1390,8 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             }
         }
         for (r, d) in e.digests.iter().flatten() {
+            let span = Some(d.span());
+            let d = d.get_ref();
             let Some(i) = regions.iter().position(|x| &x.name == r) else {
                 return Err(self.err(
                     span.clone(),
@@ -1374,6 +1415,8 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             }
         }
         for event in e.events.iter().flatten() {
+            let span = Some(event.span());
+            let event = event.get_ref();
             let (kind, qp) = match event.split_once(':') {
                 Some((k, q)) => (k, Some(q)),
                 None => (event.as_str(), None),
@@ -1957,6 +2000,80 @@ poll = "idle"
             "cq_err:a",
             &expect("events = [\"cq_err:a\"]"),
             "expect.events: \"cq_err:a\": cq_err names no qp (drop \":a\")",
+        );
+    }
+
+    /// An error in `[expect]` or `[differs]` names the line and column of the entry at fault,
+    /// not the table's header (`OK` ends on line 16; `[expect]` is on line 18).
+    #[test]
+    fn expectation_errors_name_the_line_of_their_entry() {
+        let at = |body: &str, want: &str| {
+            let text = format!("{OK}\n[expect]\n{body}\n");
+            let e = error(&text);
+            assert!(
+                e.starts_with(want),
+                "{body}:\n{e}\nshould start with: {want}"
+            );
+        };
+        at(
+            "events = []\ncqes = [\n  { qp = \"a\", wr_id = 1, status = \"success\" },\n  \
+             { qp = \"b\", wr_id = 2, status = \"success\" },\n]",
+            "x.toml:22:3: expect.cqes: no qp named \"b\"",
+        );
+        at(
+            "cqes = [\n  { qp = \"a\", wr_id = 1, status = \"success\" },\n  \
+             { qp = \"a\", wr_id = 2, status = \"nope\" },\n]",
+            "x.toml:21:3: expect.cqes: unknown status \"nope\"",
+        );
+        at(
+            "events = []\n[expect.outcomes]\na = [\"1 completed\"]\nb = [\"1 completed\"]",
+            "x.toml:22:5: expect.outcomes: no qp named \"b\"",
+        );
+        at(
+            "events = []\n[expect.outcomes]\na = [\"1 completed\", \"x completed\"]",
+            "x.toml:21:21: expect.outcomes.a: ",
+        );
+        // Of two overlapping ranges, the later in the file is at fault.
+        at(
+            "[expect.outcomes]\na = [\n  \"3 completed\",\n  \"1-3 flushed\",\n]",
+            "x.toml:22:3: expect.outcomes.a: \"1-3 flushed\" and \"3 completed\" overlap",
+        );
+        at(
+            "events = []\n[expect.digests]\ndst = \"0123456789abcdef\"\nsrc = \"1fb4\"",
+            "x.toml:22:7: expect.digests.src: \"1fb4\" is not 16 hex digits",
+        );
+        at(
+            "[expect.digests]\nnone = \"0123456789abcdef\"",
+            "x.toml:20:8: expect.digests: no region named \"none\"",
+        );
+        at(
+            "events = [\n  \"cq_err\",\n  \"qp_req_err\",\n]",
+            "x.toml:21:3: expect.events: \"qp_req_err\": name the qp",
+        );
+        // Inside `[expect.rxe]`, its own entries' lines.
+        at(
+            "events = []\n[expect.rxe]\nevents = [\n  \"cq_err\",\n  \"qp_fatal:z\",\n]\n\
+             [differs]\nrxe = \"why\"",
+            "x.toml:23:3: expect.rxe.events: \"qp_fatal:z\": no qp named \"z\"",
+        );
+        // The rules on `[expect.rxe]` as a whole name its header, and `[differs]`'s rules
+        // the entry they are about.
+        at(
+            "events = []\n[expect.rxe]\nevents = []",
+            "x.toml:20:1: [expect.rxe] needs differs.rxe",
+        );
+        at(
+            "events = []\n[expect.rxe]\nevents = []\n[expect.rxe.rxe]\nevents = []\n\
+             [differs]\nrxe = \"x\"",
+            "x.toml:22:1: expect.rxe.rxe: one level only",
+        );
+        at(
+            "[expect.rxe]\nevents = []\n[differs]\nrxe = \"x\"\nmlx5 = \"y\"",
+            "x.toml:23:8: differs.mlx5: the only provider that may differ is rxe",
+        );
+        at(
+            "[expect.rxe]\nevents = []\n[differs]\nrxe = \"  \"",
+            "x.toml:22:7: differs.rxe is empty",
         );
     }
 

@@ -1008,7 +1008,8 @@ fn bad_scenarios_name_file_line_and_problem() {
                     "events = [\"qp_access_err:a.peer\"]",
                     "events = [\"qp_access_err:a.peer\"]\ndigests = { dst = \"0000000000000000\" }",
                 ),
-            34,
+            // The entry's line, not the [expect] header's (34).
+            41,
             "expect.digests.dst: step 3 deregisters the region, so nothing is left to read at \
              the end",
         ),
@@ -1088,13 +1089,13 @@ fn bad_scenarios_name_file_line_and_problem() {
         (
             "empty-reason",
             format!("{seed}\n[differs]\nrxe = \" \"\n"),
-            seed.lines().count() + 2,
+            seed.lines().count() + 3,
             "differs.rxe is empty: it must say why rxe differs",
         ),
         (
             "signed-digest",
             seed.replace("1fb4b57231ed8584", "+000000000000000"),
-            25,
+            32,
             "is not 16 hex digits",
         ),
         (
@@ -1112,7 +1113,7 @@ fn bad_scenarios_name_file_line_and_problem() {
                 "wr_id = 4, status = \"success\", opcode = \"rdma_write\" }",
                 "wr_id = 4, status = \"success\", opcode = \"rdma_write\", byte_len = 64 }",
             ),
-            25,
+            27,
             "expect.cqes: byte_len of a wr_id 4 success rdma_write completion: byte_len is defined only in successful completions of receives and READs",
         ),
         (
@@ -1121,7 +1122,7 @@ fn bad_scenarios_name_file_line_and_problem() {
                 "wr_id = 4, status = \"success\"",
                 "wr_id = 4, status = \"rem_access_err\"",
             ),
-            25,
+            27,
             "expect.cqes: opcode of a wr_id 4 rem_access_err rdma_write completion: a completion that is not a success has no opcode",
         ),
         (
@@ -2786,7 +2787,7 @@ fn fields_that_would_be_ignored_contradict_or_fail_later_are_refused() {
                 "[\"1-8 completed\"]",
                 "[\"1-8 flushed\", \"1-8 completed\"]",
             ),
-            25,
+            30,
             "\"1-8 completed\" and \"1-8 flushed\" overlap (work request 1 is in both)",
         ),
         (
@@ -2864,19 +2865,19 @@ fn fields_that_would_be_ignored_contradict_or_fail_later_are_refused() {
         (
             "unknown-opcode",
             seed.replacen("opcode = \"rdma_write\"", "opcode = \"rdma_wirte\"", 1),
-            25,
+            27,
             "expect.cqes: unknown opcode \"rdma_wirte\"",
         ),
         (
             "unknown-event",
             format!("{seed}events = [\"qp_acess_err:a.peer\"]\n"),
-            25,
+            33,
             "unknown event type \"qp_acess_err\"",
         ),
         (
             "event-of-no-qp",
             format!("{seed}events = [\"qp_access_err:b\"]\n"),
-            25,
+            33,
             "no qp named \"b\"",
         ),
         (
