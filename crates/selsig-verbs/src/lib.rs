@@ -159,6 +159,8 @@ impl Drop for Context {
         // SAFETY: the context was opened by `ibv_open_device` and every object created
         // from it holds an `Arc<Context>`, so none is left when this runs.
         let rc = unsafe { (self.v.fns.close_device)(self.ctx.as_ptr()) };
+        // Unlike the destroy calls, which return the errno, `ibv_close_device` returns -1
+        // and sets errno (ibv_open_device(3)).
         if rc != 0 {
             report(format_args!(
                 "ibv_close_device({}) failed: {}",
