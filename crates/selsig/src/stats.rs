@@ -68,9 +68,12 @@ impl Stats {
         }
     }
 
-    /// Work requests retired, whatever their outcome.
+    /// Work requests retired, whatever their outcome (saturating, as [`merge`](Self::merge)
+    /// does).
     pub fn retired(&self) -> u64 {
-        self.completed + self.failed + self.flushed
+        self.completed
+            .saturating_add(self.failed)
+            .saturating_add(self.flushed)
     }
 
     /// Mean work requests retired per completion handled.
@@ -88,7 +91,7 @@ impl Stats {
         if self.posted == 0 {
             0.0
         } else {
-            (self.signaled + self.markers) as f64 * 1000.0 / self.posted as f64
+            (self.signaled as f64 + self.markers as f64) * 1000.0 / self.posted as f64
         }
     }
 
@@ -128,6 +131,68 @@ fn new_histogram(max: u64) -> Histogram<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_figures_count_every_outcome_and_marker() {
+        let mut s = Stats::new();
+        (s.completed, s.failed, s.flushed, s.cqes) = (1, 2, 4, 2);
+        assert_eq!(s.retired(), 7);
+        assert_eq!(s.mean_wrs_per_cqe(), 3.5);
+        (s.posted, s.signaled, s.markers) = (1000, 10, 2);
+        assert_eq!(s.signaled_per_1000(), 12.0);
+        assert_eq!(Stats::new().mean_wrs_per_cqe(), 0.0);
+        assert_eq!(Stats::new().signaled_per_1000(), 0.0);
+        // Merged counts saturate; what is derived from them does too, without overflow.
+        (s.completed, s.signaled, s.markers) = (u64::MAX, u64::MAX, u64::MAX);
+        assert_eq!(s.retired(), u64::MAX);
+        assert!(s.signaled_per_1000() > 1e16);
+    }
+
+    #[test]
+    fn the_histograms_hold_what_they_promise() {
+        let mut s = Stats::new();
+        assert_eq!(s.lag_ns.sigfig(), 2);
+        // A lag of an hour is resolved, not clamped below it.
+        let hour = 3_600_000_000_000;
+        s.lag_ns.saturating_record(hour);
+        assert!(s.lag_ns.equivalent(s.lag_ns.max(), hour));
+        // A completion may retire a million work requests.
+        s.wrs_per_cqe.saturating_record(1 << 20);
+        assert!(s.wrs_per_cqe.equivalent(s.wrs_per_cqe.max(), 1 << 20));
+    }
+
+    #[test]
+    fn merging_adds_every_field() {
+        let mut b = Stats::new();
+        (b.posted, b.signaled, b.requested, b.forced, b.markers) = (1, 2, 3, 4, 5);
+        (b.cqes, b.success_cqes, b.error_cqes, b.flush_cqes) = (6, 7, 8, 9);
+        (b.rejected_cqes, b.completed, b.failed, b.flushed) = (10, 11, 12, 13);
+        b.lag_ns.saturating_record(1000);
+        b.wrs_per_cqe.saturating_record(3);
+        let mut a = Stats::new();
+        a.merge(&b);
+        a.merge(&b);
+        let counts = |s: &Stats| {
+            [
+                s.posted,
+                s.signaled,
+                s.requested,
+                s.forced,
+                s.markers,
+                s.cqes,
+                s.success_cqes,
+                s.error_cqes,
+                s.flush_cqes,
+                s.rejected_cqes,
+                s.completed,
+                s.failed,
+                s.flushed,
+            ]
+        };
+        assert_eq!(counts(&a), counts(&b).map(|n| 2 * n));
+        assert_eq!((a.lag_ns.len(), a.wrs_per_cqe.len()), (2, 2));
+        assert!(a.lag_ns.equivalent(a.lag_ns.max(), 1000));
+    }
 
     #[test]
     fn merging_adds_and_saturates() {
