@@ -236,6 +236,23 @@ mod tests {
             Ok(adaptive)
         );
         assert_eq!("adaptive:budget=64,lag=50000ns".parse(), Ok(adaptive));
+        assert_eq!("adaptive:64,50µs".parse(), Ok(adaptive));
+        // Names in any case.
+        assert_eq!("ALWAYS".parse(), Ok(Policy::Always));
+        assert_eq!("Every:4".parse(), Ok(Policy::Every(4)));
+    }
+
+    #[test]
+    fn the_default_and_the_intervals() {
+        assert_eq!(Policy::default(), Policy::Every(4));
+        assert_eq!(Policy::Every(7).interval(), Some(7));
+        assert_eq!(Policy::Always.interval(), Some(1));
+        assert_eq!(Policy::Never.interval(), None);
+        let adaptive = Policy::Adaptive {
+            max_unsignaled: 3,
+            max_lag: Duration::from_micros(1),
+        };
+        assert_eq!(adaptive.interval(), Some(3));
     }
 
     #[test]
@@ -255,6 +272,11 @@ mod tests {
         ] {
             assert_eq!(p.to_string().parse(), Ok(p), "{p}");
         }
+        let zero = Policy::Adaptive {
+            max_unsignaled: 1,
+            max_lag: Duration::ZERO,
+        };
+        assert_eq!(zero.to_string(), "adaptive:1,0ns");
     }
 
     #[test]
@@ -296,6 +318,23 @@ mod tests {
         );
         assert!("adaptive:4,lag=1us,max_lag=2us".parse::<Policy>().is_err());
         assert!("adaptive:4,1us,2us".parse::<Policy>().is_err());
+        // A bare lag after a named one (it would take the second place of the budget).
+        assert!("adaptive:lag=1us,2us,budget=4".parse::<Policy>().is_err());
+        // An adaptive budget of zero, as text and as a value.
+        assert_eq!(
+            "adaptive:0,1us".parse::<Policy>(),
+            Err(PolicyError::ZeroInterval)
+        );
+        let zero = Policy::Adaptive {
+            max_unsignaled: 0,
+            max_lag: Duration::from_micros(1),
+        };
+        assert_eq!(zero.validate(), Err(PolicyError::ZeroInterval));
+        // A unit with no number is a bad duration, not a bad number.
+        assert_eq!(
+            parse_duration("us"),
+            Err(PolicyError::Duration("us".into()))
+        );
     }
 
     #[test]
