@@ -123,6 +123,24 @@ mod tests {
     }
 
     #[test]
+    fn pools_are_told_apart_and_a_budget_is_the_cq_size() {
+        let (a, b) = (CqCredits::new(4), CqCredits::new(4));
+        assert!(!a.same_pool(&b));
+        assert_ne!(a.id(), b.id(), "two pools of one size");
+        assert_eq!(a.id(), a.clone().id());
+        assert_eq!(a.try_acquire(3), Some(1));
+        assert_eq!(
+            CqBudget::Shared(a.clone()).capacity(),
+            4,
+            "the CQ's size, not what is free"
+        );
+        assert_eq!(CqBudget::Exclusive(6).capacity(), 6);
+        // Returning far more than was taken neither wraps nor grows the pool.
+        assert!(!a.release(u32::MAX));
+        assert_eq!(a.available(), 4);
+    }
+
+    #[test]
     fn concurrent_use_never_loses_credits() {
         let pool = CqCredits::new(8);
         let threads: Vec<_> = (0..4)
