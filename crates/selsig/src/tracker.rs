@@ -1258,7 +1258,10 @@ impl<T> SendTracker<T> {
 
     fn release_credits(&mut self, n: u32) {
         if let CqBudget::Shared(pool) = &self.cq {
-            pool.release(n);
+            // Every credit given back was taken for a work request: more would be a bug
+            // here (the pool ignores the excess).
+            let taken = pool.release(n);
+            debug_assert!(taken, "{n} credits given back that were not taken");
         }
     }
 }
