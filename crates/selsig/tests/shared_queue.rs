@@ -46,6 +46,9 @@ impl MemoryRegion for FakeMr {
 struct FakeCq {
     capacity: u32,
     ring: Mutex<VecDeque<WorkCompletion>>,
+    /// A poll that fills the buffer says it filled one more (a provider breaking its
+    /// contract).
+    overcounts: bool,
 }
 
 impl FakeCq {
@@ -53,6 +56,7 @@ impl FakeCq {
         Arc::new(FakeCq {
             capacity,
             ring: Mutex::new(VecDeque::new()),
+            overcounts: false,
         })
     }
     fn push(&self, wc: WorkCompletion) {
@@ -74,7 +78,11 @@ impl CompletionQueue for FakeCq {
         for slot in out.iter_mut().take(n) {
             *slot = ring.pop_front().unwrap();
         }
-        Ok(n)
+        Ok(if self.overcounts && n == out.len() {
+            n + 1
+        } else {
+            n
+        })
     }
 }
 
@@ -382,6 +390,73 @@ fn a_cq_budget_beyond_the_cq_is_refused() {
         ..QueueConfig::default()
     };
     Queue::with_config(qp(1, 64), Arc::clone(&cq), fits).unwrap();
+    // The same for a shared CQ whose pool is larger than the CQ (not taken for a lack of
+    // room for receives: the QP has none).
+    let shared = SharedCq::with_credits(Arc::clone(&cq), CqCredits::new(5));
+    let r = Queue::on_shared_cq(qp(1, 64), &shared, QueueConfig::default()).map_err(|e| e.error);
+    assert!(
+        matches!(r, Err(ConfigError::CqBudgetTooLarge { budget: 5, room: 4 })),
+        "{:?}",
+        r.err()
+    );
+}
+
+/// A QP whose destruction removes its completions from the CQ (mlx5) leaves none behind to
+/// be taken for a later queue's: a queue on a new QP with the same number starts at 1.
+#[test]
+fn a_queue_replacing_one_whose_qp_cleaned_the_cq_starts_afresh() {
+    let cq = FakeCq::new(16);
+    let shared = SharedCq::new(Arc::clone(&cq));
+    let remote = RemoteAddr::default();
+    let cleaning = FakeQp {
+        cleans: true,
+        ..qp(2, 8)
+    };
+    let mut qb =
+        Queue::on_shared_cq(cleaning, &shared, QueueConfig::with_policy(Policy::Never)).unwrap();
+    for i in 1..=3 {
+        qb.post(Work::write_empty(remote, i)).unwrap();
+    }
+    drop(qb);
+    let mut qc =
+        Queue::on_shared_cq(qp(2, 8), &shared, QueueConfig::with_policy(Policy::Always)).unwrap();
+    assert_eq!(qc.post(Work::write_empty(remote, 100)).unwrap().seq, Seq(1));
+}
+
+/// A provider whose poll says it filled more of the buffer than there is is not trusted
+/// beyond the buffer, on a CQ of its own or a shared one.
+#[test]
+fn a_poll_count_beyond_the_buffer_is_cut_to_it() {
+    for shared in [false, true] {
+        let cq = Arc::new(FakeCq {
+            capacity: 16,
+            ring: Mutex::new(VecDeque::new()),
+            overcounts: true,
+        });
+        let config = QueueConfig {
+            poll_batch: 1,
+            ..QueueConfig::with_policy(Policy::Always)
+        };
+        let mut q = match shared {
+            false => Queue::with_config(qp(1, 8), Arc::clone(&cq), config).unwrap(),
+            true => {
+                let shared = SharedCq::new(Arc::clone(&cq));
+                Queue::on_shared_cq(qp(1, 8), &shared, config).unwrap()
+            }
+        };
+        let remote = RemoteAddr::default();
+        for i in 1..=2 {
+            assert!(q.post(Work::write_empty(remote, i)).unwrap().signaled());
+            cq.complete(i.into(), WcStatus::Success, 1);
+        }
+        let mut done = Vec::new();
+        assert_eq!(q.poll(&mut done).unwrap(), 1, "shared: {shared}");
+        assert_eq!(q.poll(&mut done).unwrap(), 1, "shared: {shared}");
+        assert_eq!(
+            outcomes(&done),
+            [(1, Outcome::Completed), (2, Outcome::Completed)]
+        );
+    }
 }
 
 /// A provider that fails part-way hands back the work request it names and those after it;
