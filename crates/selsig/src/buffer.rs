@@ -181,3 +181,152 @@ impl<M> fmt::Debug for Buffer<M> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::provider::Access;
+
+    /// A region in a vector, at address 0x1000, keys 7 (local) and 9 (remote).
+    #[derive(Debug)]
+    struct Mem(Mutex<Vec<u8>>);
+
+    impl Mem {
+        fn buffer(len: usize) -> Buffer<Mem> {
+            Buffer::new(Mem(Mutex::new(vec![0; len])))
+        }
+    }
+
+    impl MemoryRegion for Mem {
+        fn addr(&self) -> u64 {
+            0x1000
+        }
+        fn len(&self) -> usize {
+            self.0.lock().unwrap().len()
+        }
+        fn lkey(&self) -> u32 {
+            7
+        }
+        fn rkey(&self) -> u32 {
+            9
+        }
+        fn access(&self) -> Access {
+            Access::LOCAL_WRITE
+        }
+        fn write(&self, offset: usize, data: &[u8]) -> Result<(), ProviderError> {
+            let mut m = self.0.lock().unwrap();
+            let range = bounds(offset, data.len(), m.len())?;
+            m[range].copy_from_slice(data);
+            Ok(())
+        }
+        fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), ProviderError> {
+            let m = self.0.lock().unwrap();
+            buf.copy_from_slice(&m[bounds(offset, buf.len(), m.len())?]);
+            Ok(())
+        }
+    }
+
+    fn bounds(
+        offset: usize,
+        len: usize,
+        region_len: usize,
+    ) -> Result<std::ops::Range<usize>, ProviderError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= region_len => Ok(offset..end),
+            _ => Err(ProviderError::OutOfBounds {
+                offset,
+                len,
+                region_len,
+            }),
+        }
+    }
+
+    fn place(b: &Buffer<Mem>) -> (usize, usize) {
+        (b.offset(), b.len())
+    }
+
+    #[test]
+    fn a_part_addresses_its_own_bytes() {
+        let (head, mut tail) = Mem::buffer(16).split_at(10).unwrap();
+        assert_eq!((tail.addr(), tail.lkey()), (0x100a, 7));
+        assert_eq!(
+            tail.remote(),
+            RemoteAddr {
+                addr: 0x100a,
+                rkey: 9
+            }
+        );
+        let sge = tail.sge().unwrap();
+        assert_eq!((sge.addr, sge.length, sge.lkey), (0x100a, 6, 7));
+        tail.write(1, &[1, 2]).unwrap();
+        assert_eq!(tail.to_vec(), [0, 1, 2, 0, 0, 0]);
+        tail.fill(5).unwrap();
+        assert_eq!(tail.to_vec(), [5; 6]);
+        let mut two = [0; 2];
+        tail.read(4, &mut two).unwrap();
+        assert_eq!(two, [5, 5]);
+        // The head is untouched, and whole again with its tail.
+        assert_eq!(head.to_vec(), [0; 10]);
+        let whole = head.join(tail).unwrap();
+        assert_eq!(whole.to_vec()[9..], [0, 5, 5, 5, 5, 5, 5]);
+    }
+
+    #[test]
+    fn reads_and_writes_stay_inside_the_buffer() {
+        let (_, mut tail) = Mem::buffer(16).split_at(10).unwrap();
+        tail.write(6, &[]).unwrap();
+        tail.write(5, &[1]).unwrap();
+        let e = tail.write(5, &[1, 2]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ProviderError::OutOfBounds {
+                    offset: 5,
+                    len: 2,
+                    region_len: 6
+                }
+            ),
+            "{e}"
+        );
+        assert!(tail.read(7, &mut []).is_err());
+        assert!(tail.write(usize::MAX, &[1]).is_err());
+    }
+
+    #[test]
+    fn splits_take_their_bounds_exactly() {
+        let b = Mem::buffer(90);
+        let b = b.split_at(91).unwrap_err();
+        let (whole, empty) = b.split_at(90).unwrap();
+        assert_eq!((place(&whole), place(&empty)), ((0, 90), (90, 0)));
+        let (parts, rest) = whole.split_into(3, 30).unwrap();
+        let places: Vec<_> = parts.iter().map(place).collect();
+        assert_eq!(places, [(0, 30), (30, 30), (60, 30)]);
+        assert_eq!(place(&rest), (90, 0));
+        let ten = Mem::buffer(10);
+        let ten = ten.split_into(2, 6).unwrap_err();
+        assert_eq!(place(&ten), (0, 10));
+        let (parts, rest) = ten.split_into(2, 4).unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(place(&rest), (8, 2));
+        assert!(rest.split_into(usize::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn only_adjacent_parts_of_one_region_join() {
+        let (mut parts, _) = Mem::buffer(90).split_into(3, 30).unwrap();
+        let c = parts.pop().unwrap();
+        let b = parts.pop().unwrap();
+        let a = parts.pop().unwrap();
+        let (a, c) = a.join(c).unwrap_err();
+        let (c, b) = c.join(b).unwrap_err();
+        let ab = a.join(b).unwrap();
+        assert_eq!(place(&ab), (0, 60));
+        assert_eq!(place(&ab.join(c).unwrap()), (0, 90));
+        // The same offsets in another region are not adjacent.
+        let (head, _) = Mem::buffer(20).split_at(10).unwrap();
+        let (_, other_tail) = Mem::buffer(20).split_at(10).unwrap();
+        assert!(head.join(other_tail).is_err());
+    }
+}
