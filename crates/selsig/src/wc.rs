@@ -155,6 +155,10 @@ c_enum! {
         LocalInv = 6, "IBV_WC_LOCAL_INV", "local_inv";
         /// A TSO send completed.
         Tso = 7, "IBV_WC_TSO", "tso";
+        /// A FLUSH (to persistence) completed.
+        Flush = 8, "IBV_WC_FLUSH", "flush";
+        /// An ATOMIC WRITE completed.
+        AtomicWrite = 9, "IBV_WC_ATOMIC_WRITE", "atomic_write";
         /// A receive completed (the peer's SEND).
         Recv = 128, "IBV_WC_RECV", "recv";
         /// A receive consumed by the peer's RDMA WRITE with immediate.
@@ -171,6 +175,10 @@ c_enum! {
         TmNoTag = 134, "IBV_WC_TM_NO_TAG", "tm_no_tag";
         /// Driver specific.
         Driver1 = 135, "IBV_WC_DRIVER1", "driver1";
+        /// Driver specific.
+        Driver2 = 136, "IBV_WC_DRIVER2", "driver2";
+        /// Driver specific.
+        Driver3 = 137, "IBV_WC_DRIVER3", "driver3";
     }
 }
 
@@ -262,22 +270,81 @@ mod tests {
     fn unknown_values_are_errors_not_panics() {
         let err = WcStatus::try_from(24).unwrap_err();
         assert_eq!(err.to_string(), "unknown ibv_wc_status value 24");
-        assert!(WcOpcode::try_from(8).is_err());
-        assert!(WcOpcode::try_from(u32::MAX).is_err());
+        for v in [10, 127, 138, u32::MAX] {
+            let err = WcOpcode::try_from(v).unwrap_err();
+            assert_eq!((err.what, err.value), ("ibv_wc_opcode", v));
+        }
+    }
+
+    #[test]
+    fn only_success_is_a_success_and_only_a_flush_a_flush() {
+        for &s in WcStatus::ALL {
+            assert_eq!(s.is_success(), s == WcStatus::Success, "{s}");
+            assert_eq!(s.is_flush(), s == WcStatus::WrFlushErr, "{s}");
+        }
     }
 
     #[test]
     fn opcode_values_match_verbs_h() {
-        assert_eq!(WcOpcode::try_from(1), Ok(WcOpcode::RdmaWrite));
-        assert_eq!(WcOpcode::try_from(128), Ok(WcOpcode::Recv));
-        assert_eq!(WcOpcode::try_from(129), Ok(WcOpcode::RecvRdmaWithImm));
-        assert!(WcOpcode::Recv.is_recv() && WcOpcode::RecvRdmaWithImm.is_recv());
-        assert!(!WcOpcode::RdmaWrite.is_recv());
-        for o in WcOpcode::ALL {
+        // rdma-core's `enum ibv_wc_opcode`, every value.
+        let verbs_h = [
+            (0, "IBV_WC_SEND"),
+            (1, "IBV_WC_RDMA_WRITE"),
+            (2, "IBV_WC_RDMA_READ"),
+            (3, "IBV_WC_COMP_SWAP"),
+            (4, "IBV_WC_FETCH_ADD"),
+            (5, "IBV_WC_BIND_MW"),
+            (6, "IBV_WC_LOCAL_INV"),
+            (7, "IBV_WC_TSO"),
+            (8, "IBV_WC_FLUSH"),
+            (9, "IBV_WC_ATOMIC_WRITE"),
+            (128, "IBV_WC_RECV"),
+            (129, "IBV_WC_RECV_RDMA_WITH_IMM"),
+            (130, "IBV_WC_TM_ADD"),
+            (131, "IBV_WC_TM_DEL"),
+            (132, "IBV_WC_TM_SYNC"),
+            (133, "IBV_WC_TM_RECV"),
+            (134, "IBV_WC_TM_NO_TAG"),
+            (135, "IBV_WC_DRIVER1"),
+            (136, "IBV_WC_DRIVER2"),
+            (137, "IBV_WC_DRIVER3"),
+        ];
+        assert_eq!(WcOpcode::ALL.len(), verbs_h.len());
+        for (&o, (value, c_name)) in WcOpcode::ALL.iter().zip(verbs_h) {
+            assert_eq!((u32::from(o), o.c_name()), (value, c_name));
+            assert_eq!(WcOpcode::try_from(value), Ok(o));
+            assert_eq!(o.is_recv(), value & 128 != 0, "{o}");
             assert_eq!(
                 o.short_name(),
                 o.c_name().trim_start_matches("IBV_WC_").to_lowercase()
             );
         }
+    }
+
+    #[test]
+    fn byte_len_is_defined_for_receives_reads_and_atomics() {
+        use WcOpcode::*;
+        for o in [Recv, RecvRdmaWithImm, RdmaRead, CompSwap, FetchAdd] {
+            assert!(o.has_byte_len(), "{o}");
+        }
+        for o in [Send, RdmaWrite, BindMw, LocalInv, Flush, AtomicWrite] {
+            assert!(!o.has_byte_len(), "{o}");
+        }
+    }
+
+    #[test]
+    fn a_new_completion_defines_only_what_it_is_given() {
+        let wc = WorkCompletion::new(1, WcStatus::RemAccessErr, 2);
+        let empty = WorkCompletion {
+            wr_id: 1,
+            status: WcStatus::RemAccessErr,
+            opcode: None,
+            byte_len: 0,
+            qp_num: 2,
+            imm_data: None,
+            vendor_err: 0,
+        };
+        assert_eq!(wc, empty);
+        assert_eq!(wc.with_opcode(WcOpcode::Send).opcode, Some(WcOpcode::Send));
     }
 }
