@@ -202,17 +202,16 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     let invalid = |e: &dyn std::fmt::Display| {
         format!("invalid size {text:?}: {e} (examples: 64, 4K, 1.5K, 64KiB, 1M)")
     };
-    let trimmed = text.trim();
-    // The crate's own errors name what it does not take ("lots", "4Q").
-    config.parse_size(trimmed).map_err(|e| invalid(&e))?;
-    let (number, unit) = split_number(trimmed)
+    let (number, unit) = split_number(text.trim())
         .ok_or_else(|| invalid(&"not a number (digits, a fraction, an exponent) and a unit"))?;
     let unit = if unit.is_empty() {
         1
     } else {
-        config
-            .parse_size(format!("1{unit}"))
-            .map_err(|e| invalid(&e))?
+        config.parse_size(format!("1{unit}")).map_err(|_| {
+            invalid(&format!(
+                "unknown unit {unit:?} (B, or K, M, G, T, P, E alone or with B or iB: all binary)"
+            ))
+        })?
     };
     match exact_bytes(number, unit) {
         Exact::Whole(n) => u64::try_from(n).map_err(|_| invalid(&"more than 2^64 bytes")),
@@ -321,8 +320,8 @@ pub fn pattern(wr: u64, len: usize) -> Vec<u8> {
 
 /// The pattern of one work request: byte `i` is `(d + 7i) mod 251 + 1`, where `d` is digit
 /// `i mod 8` of the work request's number in base 251. So the first bytes spell the
-/// number: 3 bytes tell apart the work requests below 251^3 (15.8 million), 8 bytes any
-/// two; and patterns neither repeat every 251 work requests nor are each other's shifted
+/// number: 3 bytes tell apart the work requests below 251^3 (15.8 million), 8 bytes those
+/// below 251^8 (1.5 × 10^19); and patterns neither repeat every 251 work requests nor are each other's shifted
 /// by a few bytes, as those of a plain `(31 wr + 7i) mod 251` were.
 #[derive(Debug, Clone, Copy)]
 pub struct Pattern {
@@ -453,6 +452,24 @@ mod tests {
         assert_eq!(parse_size("1EiB"), Ok(1 << 60));
         assert_eq!(parse_size("2.5e1K"), Ok(25 * 1024));
         assert_eq!(parse_size(" 4 KiB "), Ok(4096));
+        assert_eq!(parse_size("1e+3"), Ok(1000));
+        // A fraction with no digit before the point, as the docs allow.
+        assert_eq!(parse_size(".5K"), Ok(512));
+        assert_eq!(parse_size("5.K"), Ok(5120));
+        let e = parse_size(".5").unwrap_err();
+        assert!(e.contains(": 0.5 is not a whole number of bytes"), "{e}");
+        let e = parse_size("1e-99K").unwrap_err();
+        assert!(
+            e.contains(": 1e-99 × 1024 is not a whole number of bytes"),
+            "{e}"
+        );
+        // What is not a number and a unit says so; an unknown unit is named.
+        for text in ["2 5", "1e2 3", "-1", "lots", "", "K", ".", ".K"] {
+            let e = parse_size(text).unwrap_err();
+            assert!(e.contains(": not a number (digits"), "{text:?}: {e}");
+        }
+        let e = parse_size("4Q").unwrap_err();
+        assert!(e.contains(": unknown unit \"Q\""), "{e}");
     }
 
     #[test]
@@ -475,6 +492,8 @@ mod tests {
         }
         // Not periodic in the number (it was: every 251), and not another's shifted.
         assert_ne!(pattern(1, 64), pattern(252, 64));
+        // The eighth byte spells the eighth digit.
+        assert_ne!(pattern(1, 8), pattern(1 + 251u64.pow(7), 8));
         let long: Vec<Vec<u8>> = (1..=300).map(|wr| pattern(wr, 512)).collect();
         for (a, pa) in long.iter().enumerate() {
             for pb in &long {
