@@ -442,6 +442,44 @@ fn messages_to_a_closed_or_full_stderr_are_lost_not_a_panic() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0));
     assert!(stdout(&o).contains("\"event\":\"cqe\""), "{}", stdout(&o));
+    // Nor does it fail when nobody reads its trace.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["run", seed.to_str().unwrap()])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("expectations met"), "{}", stderr(&o));
+}
+
+/// An output file written over keeps its permissions (its new content is staged in a file
+/// beside it, which is created for the owner alone).
+#[test]
+fn an_output_file_written_over_keeps_its_permissions() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = scratch("selsig-json-mode");
+    let path = dir.join("it.json");
+    std::fs::write(&path, "old").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let o = selsig(&[
+        "bench",
+        "-n",
+        "100",
+        "-s",
+        "64",
+        "-e",
+        "1",
+        "--json",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(v["points"][0]["wrs"], 100);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o640);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -514,6 +552,11 @@ fn every_shipped_scenario_meets_its_expectations_with_a_stable_trace() {
             let v: Value = serde_json::from_str(line).expect("JSON lines");
             assert!(v["event"].is_string(), "{line}");
             assert!(!line.contains("0x7f"), "no addresses in the trace: {line}");
+            // Fields a line does not define are left out, not written empty.
+            assert!(
+                !line.contains(":null") && !line.contains("\"marker\":false"),
+                "{path}: {line}"
+            );
         }
         // The rxe personality gives the same trace (it frees slots earlier, which the
         // tracker's own accounting does not depend on), except where the scenario says
@@ -734,6 +777,50 @@ outcomes = { a = ["1 failed:rem_inv_req_err"] }
 }
 
 /// The file in docs/scenarios.md that shows every field runs, and its expectations hold.
+/// The example trace in docs/scenarios.md is what `selsig run scenarios/seed.toml` prints,
+/// line for line (where it is not abridged); `-q` prints no trace.
+#[test]
+fn the_documented_trace_is_what_a_run_prints() {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/scenarios.md"),
+    )
+    .unwrap();
+    let (_, example) = doc
+        .split_once("Example, `selsig run scenarios/seed.toml`")
+        .unwrap();
+    let (_, example) = example.split_once("```\n").unwrap();
+    let (example, _) = example.split_once("```").unwrap();
+    let seed = scenarios().join("seed.toml");
+    let o = selsig(&["run", seed.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let printed: Vec<&str> = out.lines().collect();
+    let documented: Vec<&str> = example.lines().filter(|l| l.starts_with('{')).collect();
+    assert!(documented.len() >= 8, "{example}");
+    for line in documented {
+        assert!(
+            printed.contains(&line),
+            "documented, not printed: {line}\n{out}"
+        );
+    }
+    let quiet = selsig(&["run", "-q", seed.to_str().unwrap()]);
+    assert_eq!(quiet.status.code(), Some(0), "{}", stderr(&quiet));
+    assert!(quiet.stdout.is_empty(), "{}", stdout(&quiet));
+    assert!(
+        stderr(&quiet).contains("expectations met"),
+        "{}",
+        stderr(&quiet)
+    );
+    // An asynchronous event's line, as the table gives its fields.
+    let fault = scenarios().join("fault-no-access.toml");
+    let out = stdout(&selsig(&["run", fault.to_str().unwrap()]));
+    assert!(
+        out.lines()
+            .any(|l| l == "{\"event\":\"async\",\"type\":\"qp_access_err\",\"qp\":\"a.peer\"}"),
+        "{out}"
+    );
+}
+
 #[test]
 fn the_documented_scenario_file_runs() {
     let doc = std::fs::read_to_string(
@@ -2735,6 +2822,30 @@ fn a_scenarios_personality_is_ignored_by_the_verbs_provider() {
     let err = stderr(&o);
     assert_ne!(o.status.code(), Some(2), "{err}");
     assert!(!err.contains("--personality"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// On the soft NIC a scenario's `[device] personality` is the NIC's personality when the
+/// command line names none: rxe's expectations apply, and are met.
+#[test]
+fn a_scenarios_personality_chooses_the_soft_nics() {
+    let dir = scratch("selsig-cli-own-personality");
+    let path = dir.join("error-mid-own.toml");
+    let text = std::fs::read_to_string(scenarios().join("error-mid.toml")).unwrap();
+    assert!(!text.contains("[device]"));
+    let text = text.replacen("[[qp]]", "[device]\npersonality = \"rxe\"\n\n[[qp]]", 1);
+    std::fs::write(&path, text).unwrap();
+    let o = selsig(&["run", "-q", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the rxe expectations apply"),
+        "{}",
+        stderr(&o)
+    );
+    // The command line's personality wins.
+    let o = selsig(&["run", "-q", path.to_str().unwrap(), "--personality", "mlx5"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("rxe"), "{}", stderr(&o));
     std::fs::remove_dir_all(&dir).ok();
 }
 
