@@ -463,17 +463,8 @@ fn an_output_file_written_over_keeps_its_permissions() {
     let path = dir.join("it.json");
     std::fs::write(&path, "old").unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
-    let o = selsig(&[
-        "bench",
-        "-n",
-        "100",
-        "-s",
-        "64",
-        "-e",
-        "1",
-        "--json",
-        path.to_str().unwrap(),
-    ]);
+    let json = path.to_str().unwrap();
+    let o = selsig(&["bench", "-n", "100", "-s", "64", "-e", "1", "--json", json]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(v["points"][0]["wrs"], 100);
