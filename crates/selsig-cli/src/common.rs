@@ -321,8 +321,8 @@ pub fn pattern(wr: u64, len: usize) -> Vec<u8> {
 /// The pattern of one work request: byte `i` is `(d + 7i) mod 251 + 1`, where `d` is digit
 /// `i mod 8` of the work request's number in base 251. So the first bytes spell the
 /// number: 3 bytes tell apart the work requests below 251^3 (15.8 million), 8 bytes those
-/// below 251^8 (1.5 × 10^19); and patterns neither repeat every 251 work requests nor are each other's shifted
-/// by a few bytes, as those of a plain `(31 wr + 7i) mod 251` were.
+/// below 251^8 (1.5 × 10^19); and patterns neither repeat every 251 work requests nor are
+/// each other's shifted by a few bytes, as those of a plain `(31 wr + 7i) mod 251` were.
 #[derive(Debug, Clone, Copy)]
 pub struct Pattern {
     digits: [u8; 8],
