@@ -208,6 +208,22 @@ fn outcomes(done: &[selsig::Completion<FakeMr, u32>]) -> Vec<(u32, Outcome)> {
     done.iter().map(|c| (c.user, c.outcome)).collect()
 }
 
+/// Polls `q` while `more(q)` holds, at most 100 times: a queue that stops taking
+/// completions fails the test instead of hanging it.
+fn poll_while(
+    q: &mut Queue,
+    done: &mut Vec<selsig::Completion<FakeMr, u32>>,
+    mut more: impl FnMut(&Queue) -> bool,
+) {
+    for _ in 0..100 {
+        if !more(q) {
+            return;
+        }
+        q.poll(done).unwrap();
+    }
+    assert!(!more(q), "still more to poll after 100 polls");
+}
+
 /// B's WR2 fails, WR3 and WR4 are flushed. A polls first and takes B's error completion;
 /// B then polls: it must see the error before the flushes behind it, or it would take the
 /// first flush for a QP moved to the error state without an error, and report WR2
@@ -230,7 +246,12 @@ fn an_error_polled_by_another_queue_reaches_its_queue_before_the_flushes_behind_
         "B's completion is not A's"
     );
     assert_eq!(shared.waiting(), 1);
-    while qb.poll(&mut done_b).unwrap() > 0 {}
+    for polls in 0.. {
+        if qb.poll(&mut done_b).unwrap() == 0 {
+            break;
+        }
+        assert!(polls < 100, "still polling after 100 polls");
+    }
     assert!(done_a.is_empty() && qa.take_unclaimed().is_empty());
     assert_eq!(
         outcomes(&done_b),
@@ -332,9 +353,7 @@ fn a_dropped_queue_retires_the_completions_polled_for_it() {
         cq.complete(seq, WcStatus::Success, 2);
     }
     let mut done = Vec::new();
-    while !cq.ring.lock().unwrap().is_empty() {
-        qa.poll(&mut done).unwrap();
-    }
+    poll_while(&mut qa, &mut done, |_| !cq.ring.lock().unwrap().is_empty());
     assert_eq!((shared.waiting(), shared.credits().available()), (3, 5));
     drop(qb);
     assert_eq!((shared.waiting(), shared.credits().available()), (0, 8));
@@ -807,13 +826,11 @@ fn completions_left_by_a_dropped_queue_do_not_retire_a_new_queue_on_its_qp_numbe
         .collect();
     assert_eq!(seqs, [4, 5, 6]);
     let mut done_a = Vec::new();
-    while !cq.ring.lock().unwrap().is_empty() {
-        qa.poll(&mut done_a).unwrap();
-    }
+    poll_while(&mut qa, &mut done_a, |_| {
+        !cq.ring.lock().unwrap().is_empty()
+    });
     let mut done_c = Vec::new();
-    while shared.waiting() > 0 {
-        qc.poll(&mut done_c).unwrap();
-    }
+    poll_while(&mut qc, &mut done_c, |_| shared.waiting() > 0);
     assert!(done_a.is_empty() && done_c.is_empty());
     assert_eq!(qc.state(), QueueState::Ready);
     assert_eq!(qc.outstanding(), 3);
@@ -965,9 +982,9 @@ fn the_first_work_request_of_a_queue_replacing_a_dropped_one_retires() {
     assert!(p.signaled());
     cq.complete(4, WcStatus::Success, 2);
     let mut done = Vec::new();
-    while qc.outstanding() > 0 && !cq.ring.lock().unwrap().is_empty() {
-        qc.poll(&mut done).unwrap();
-    }
+    poll_while(&mut qc, &mut done, |q| {
+        q.outstanding() > 0 && !cq.ring.lock().unwrap().is_empty()
+    });
     assert_eq!(outcomes(&done), [(100, Outcome::Completed)]);
     assert_eq!(qc.outstanding(), 0);
     assert!(qc.take_unclaimed().is_empty());
@@ -1041,9 +1058,9 @@ fn a_drain_whose_own_completions_wait_in_its_inbox_polls_them_instead_of_blaming
     cq.complete(1, WcStatus::RemAccessErr, 2);
     cq.complete(2, WcStatus::WrFlushErr, 2);
     let mut done_a = Vec::new();
-    while !cq.ring.lock().unwrap().is_empty() {
-        qa.poll(&mut done_a).unwrap();
-    }
+    poll_while(&mut qa, &mut done_a, |_| {
+        !cq.ring.lock().unwrap().is_empty()
+    });
     assert!(done_a.is_empty());
     assert_eq!(shared.waiting(), 2);
     let mut done = Vec::new();
@@ -1069,9 +1086,7 @@ fn a_drain_in_the_error_state_waits_for_the_flushes_of_unsignaled_work_requests(
     cq.complete(2, WcStatus::Success, 1);
     cq.complete(1, WcStatus::RemAccessErr, 2);
     let mut done = Vec::new();
-    while !cq.ring.lock().unwrap().is_empty() {
-        qb.poll(&mut done).unwrap();
-    }
+    poll_while(&mut qb, &mut done, |_| !cq.ring.lock().unwrap().is_empty());
     assert!(matches!(qb.state(), QueueState::Error { .. }));
     assert_eq!(shared.waiting(), 1);
     // The credit B's failed work request gave back goes to A.
