@@ -190,6 +190,9 @@ impl WcOpcode {
 
     /// `true` where a completion's `byte_len` is defined: receives, RDMA READs and atomics.
     /// Other send completions leave it unset (mlx5's `handle_good_req` does not write it).
+    /// rxe writes the work request's length into every successful send completion
+    /// (`make_send_cqe` in `rxe_comp.c`), `Flush` and `AtomicWrite` included, which only rxe
+    /// produces; selsig reports only what every provider defines, so those read 0 too.
     pub const fn has_byte_len(self) -> bool {
         self.is_recv()
             || matches!(
