@@ -24,13 +24,13 @@ fn scenarios() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios")
 }
 
-/// A new directory for a test's files: `name` and this process's id, under the temp dir.
 /// Writes `text` to `path` and runs it as a scenario, quietly.
 fn run_scenario(path: &std::path::Path, text: &str) -> Output {
     std::fs::write(path, text).unwrap();
     selsig(&["run", path.to_str().unwrap(), "-q"])
 }
 
+/// A new directory for a test's files: `name` and this process's id, under the temp dir.
 fn scratch(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -638,6 +638,47 @@ fn failed_expectations_fail_the_run() {
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A step that fails ends the run with its error; the trace up to it goes to stdout, not
+/// with `-q`, and not to a `--trace` file (written only by a complete run).
+#[test]
+fn a_failed_step_prints_the_trace_up_to_it_unless_quiet_or_to_a_file() {
+    let dir = scratch("selsig-cli-failed-step");
+    let seed = scenarios().join("seed.toml");
+    let whole = selsig(&["run", seed.to_str().unwrap()]);
+    assert!(whole.status.success(), "{}", stderr(&whole));
+    // The seed's trace without its digests, which come after the last step.
+    let expected: String = stdout(&whole)
+        .lines()
+        .filter(|l| !l.contains("\"event\":\"digest\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(expected.contains("\"wr_id\":8"), "{expected}");
+    let path = dir.join("too-many.toml");
+    let text = std::fs::read_to_string(&seed)
+        .unwrap()
+        .replace("poll = \"idle\"", "poll = { cqes = 3 }");
+    std::fs::write(&path, text).unwrap();
+    let path = path.to_str().unwrap();
+    let error = "step 2 (poll): only 2 of 3 completions arrived";
+    let o = selsig(&["run", path]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains(error), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("expectations"), "{}", stderr(&o));
+    assert_eq!(stdout(&o), expected);
+    let o = selsig(&["run", "-q", path]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains(error), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(&trace, "old\n").unwrap();
+    let o = selsig(&["run", path, "--trace", trace.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains(error), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
+    assert_eq!(std::fs::read_to_string(&trace).unwrap(), "old\n");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A request that fails at the peer without a fault (here a WRITE to a region without
