@@ -365,3 +365,36 @@ fn adaptive<'r>(
         .filter(move |p| p.size == size && p.interval.is_none())
         .filter_map(move |p| Some((x_of(p)?, y(p))))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::log_bounds;
+
+    #[test]
+    fn log_bounds_run_from_a_power_of_ten_below_to_one_above_with_a_margin() {
+        let nan = f64::NAN;
+        let inf = f64::INFINITY;
+        // The values, then the powers of ten the range runs between (each a hair outside,
+        // x1.001, so that its label is drawn). A value is given half a decade (x1.5) of
+        // room first, so that it is not drawn on the edge; what a log axis cannot show is
+        // left out.
+        let cases: [(&[f64], f64, f64); 6] = [
+            (&[0.35, 2.0, 378.0], 0.1, 1000.0),
+            (&[1.0], 0.1, 10.0),
+            (&[0.7, 6.6], 0.1, 10.0),
+            (&[0.6, 6.7], 0.1, 100.0),
+            (&[1.6, 2.0], 1.0, 10.0),
+            (&[0.0, -5.0, nan, inf, 20.0], 10.0, 100.0),
+        ];
+        let close = |a: f64, b: f64| (a - b).abs() <= b * 1e-9;
+        for (values, lo, hi) in cases {
+            let r = log_bounds(values.iter().copied());
+            let ok = close(r.start, lo / 1.001) && close(r.end, hi * 1.001);
+            assert!(ok, "{values:?}: {r:?}, not {lo}..{hi}");
+            assert!(r.contains(&lo) && r.contains(&hi), "{values:?}: {r:?}");
+        }
+        // With nothing to show, a default range.
+        assert_eq!(log_bounds([0.0, nan].into_iter()), 0.001..1.0);
+        assert_eq!(log_bounds(std::iter::empty()), 0.001..1.0);
+    }
+}
