@@ -197,6 +197,45 @@ mod tests {
         assert_eq!(k, keys[0]);
     }
 
+    /// A region of no bytes with `key`.
+    fn empty(key: u32) -> Arc<MrInner> {
+        Arc::new(MrInner::new(Box::new([]), 0, Access::empty(), 1, key))
+    }
+
+    #[test]
+    fn a_stale_key_removes_nothing() {
+        let mut t = MrTable::default();
+        let k1 = t.allocate_key().unwrap();
+        t.insert(empty(k1));
+        t.remove(k1);
+        let k2 = t.allocate_key().unwrap();
+        t.insert(empty(k2));
+        assert_eq!(k1 >> TAG_BITS, k2 >> TAG_BITS, "the entry is reused");
+        t.remove(k1);
+        assert!(t.get(k2).is_some(), "the stale key removed the new region");
+        // Nor is the entry freed for another region.
+        let k3 = t.allocate_key().unwrap();
+        assert_ne!(k3 >> TAG_BITS, k2 >> TAG_BITS);
+    }
+
+    #[test]
+    fn the_table_holds_max_regions_then_reuses_a_freed_entry() {
+        let mut t = MrTable::default();
+        for n in 0..MAX_REGIONS {
+            assert!(!t.is_full(), "full after {n} keys");
+            assert!(t.allocate_key().is_some(), "no key after {n}");
+        }
+        assert!(t.is_full());
+        assert_eq!(t.allocate_key(), None);
+        let key = (7 << TAG_BITS) | t.tags[7];
+        t.insert(empty(key));
+        t.remove(key);
+        assert!(!t.is_full());
+        assert_eq!(t.allocate_key().map(|k| k >> TAG_BITS), Some(7));
+        assert!(t.is_full());
+        assert_eq!(t.allocate_key(), None);
+    }
+
     #[test]
     fn offsets_are_bounded_by_the_region() {
         let mr = MrInner::new(
