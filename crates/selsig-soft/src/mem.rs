@@ -217,8 +217,8 @@ mod tests {
         /// `copy` equals `copy_within`/slice copies on plain bytes, for every alignment.
         #[test]
         fn copy_matches_a_byte_model(
-            src in prop::collection::vec(any::<u8>(), 0..80),
-            dst in prop::collection::vec(any::<u8>(), 1..80),
+            src in prop::collection::vec(any::<u8>(), 0..200),
+            dst in prop::collection::vec(any::<u8>(), 1..200),
             a in any::<prop::sample::Index>(),
             b in any::<prop::sample::Index>(),
             l in any::<prop::sample::Index>(),
@@ -275,5 +275,28 @@ mod tests {
         for (i, b) in bytes.iter().enumerate() {
             assert_eq!(*b, (1999 % 251) as u8 + (i % 2) as u8, "byte {i}");
         }
+    }
+
+    #[test]
+    fn a_byte_written_keeps_its_value_while_the_word_s_other_bytes_change() {
+        // Eight writers, one byte of one word each: only its owner writes a byte, so a
+        // byte that is not what its owner wrote last lost an update (an unlocked
+        // read-modify-write of the word by another writer put back the old value).
+        let m = zeroed(8).expect("memory");
+        std::thread::scope(|s| {
+            for lane in 0..8usize {
+                let m = &m;
+                s.spawn(move || {
+                    let mut last = 0u8;
+                    for round in 0..100_000u32 {
+                        let mut now = [0u8];
+                        read(m, lane, &mut now);
+                        assert_eq!(now[0], last, "byte {lane} lost round {round}'s write");
+                        last = (round % 255) as u8 + 1;
+                        write(m, lane, &[last]);
+                    }
+                });
+            }
+        });
     }
 }
