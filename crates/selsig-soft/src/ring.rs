@@ -599,6 +599,20 @@ mod tests {
     }
 
     #[test]
+    fn rqe_round_trips_through_a_slot() {
+        let ring = RecvRing::new(4);
+        let rqe = Rqe {
+            wr_id: u64::MAX - 1,
+            addr: 0x7fff_dead_beef,
+            len: 0x8001_2345,
+            lkey: 0xfedc_ba98,
+        };
+        ring.write(6, &rqe);
+        assert_eq!(ring.read(6), rqe);
+        assert_eq!(ring.read(2), rqe, "slot 2 is slot 6 of a ring of 4");
+    }
+
+    #[test]
     fn cqe_round_trips_through_a_slot() {
         let ring = CompletionRing::new(3);
         assert_eq!(ring.capacity(), 3);
@@ -609,7 +623,7 @@ mod tests {
             send_queue: false,
             has_imm: true,
             wqe_counter: 0xffff,
-            byte_len: 4096,
+            byte_len: 0x8001_2345,
             qp_num: 0x00ab_cdef,
             imm: 7,
             vendor_err: 0x99,

@@ -95,6 +95,11 @@ mod tests {
     fn a_record_answers_for_its_own_work_request_only() {
         let t = ExecTimes::new(4);
         assert_eq!(t.get(0), None, "nothing executed yet");
+        // No record answers for the last index (its tag, index + 1, would be the empty
+        // record's 0), nor is anything stamped by an empty range.
+        assert_eq!(t.get(u64::MAX), None);
+        t.stamp(0, 0);
+        assert_eq!(t.get(0), None, "an empty range stamped 0");
         let before = Instant::now();
         t.stamp(0, 3);
         let after = Instant::now();

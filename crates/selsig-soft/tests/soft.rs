@@ -1038,6 +1038,34 @@ fn a_send_of_one_byte_or_of_the_receive_s_whole_length_lands() {
     assert_eq!(statuses(&poll_n(&p.cq_b, 1)), [(3, WcStatus::LocProtErr)]);
 }
 
+/// A receive's address and length are taken whole: a message of 64 KiB and more lands at
+/// an unaligned address, and not a byte around it changes.
+#[test]
+fn a_send_of_more_than_64_kib_lands_at_a_receive_s_unaligned_address() {
+    let p = pair();
+    let len = 70_000;
+    let local = p.mr(len, Access::LOCAL_WRITE);
+    local.write(0, &pattern(3, len)).unwrap();
+    let inbox = p.mr(len + 16, Access::LOCAL_WRITE);
+    inbox.write(0, &vec![0xee; len + 16]).unwrap();
+    p.b.post_recv(&[RecvWr {
+        wr_id: 9,
+        sge: Some(inbox.sge(3, len as u32)),
+    }])
+    .unwrap();
+    assert_eq!(send(&p, &local, len as u32), WcStatus::Success);
+    let wc = poll_n(&p.cq_b, 1)[0];
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (9, WcStatus::Success, 70_000)
+    );
+    let mut got = vec![0u8; len + 16];
+    inbox.read(0, &mut got).unwrap();
+    assert_eq!(got[..3], [0xee; 3]);
+    assert!(got[3..3 + len] == pattern(3, len)[..], "the message");
+    assert_eq!(got[3 + len..], [0xee; 13]);
+}
+
 #[test]
 fn a_write_of_one_byte_lands_and_its_key_is_checked() {
     let p = pair();
@@ -1991,20 +2019,27 @@ fn destroying_a_qp_removes_its_unpolled_completions_on_mlx5() {
             .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .unwrap();
         assert!(a.record_execution_times(true) && c.record_execution_times(true));
-        for (qp, wr_id) in [(&a, 1), (&c, 101), (&a, 2), (&c, 102), (&a, 3)] {
+        // One at a time, each run before the next is posted (each is timed just before its
+        // completion is written, and the NIC writes that before it takes the next): the
+        // shared CQ holds the two QPs' completions interleaved, none polled, so that
+        // removing a's moves c's up past them.
+        let start = Instant::now();
+        for (qp, wr_id, index) in [
+            (&a, 1, 0),
+            (&c, 101, 0),
+            (&a, 2, 1),
+            (&c, 102, 1),
+            (&a, 3, 2),
+        ] {
             qp.post_send(&[write(wr_id, &local, 0, 8, remote.remote(0), true)])
                 .unwrap();
-        }
-        // All five ran (each is timed just before its completion is written, and the drop
-        // waits for the NIC's pass to end): their completions are in the shared CQ, none
-        // polled.
-        let start = Instant::now();
-        while a.executed_at(2).is_none() || c.executed_at(1).is_none() {
-            assert!(
-                start.elapsed() < WAIT,
-                "{personality:?}: the WRITEs did not run"
-            );
-            std::thread::yield_now();
+            while qp.executed_at(index).is_none() {
+                assert!(
+                    start.elapsed() < WAIT,
+                    "{personality:?}: WRITE {wr_id} did not run"
+                );
+                std::thread::yield_now();
+            }
         }
         drop(a);
         std::thread::sleep(Duration::from_millis(30));
@@ -2016,6 +2051,10 @@ fn destroying_a_qp_removes_its_unpolled_completions_on_mlx5() {
                 break;
             }
             got.extend(buf[..n].iter().map(|w| (w.wr_id, w.status)));
+        }
+        if personality == Personality::Rxe {
+            let order: Vec<_> = got.iter().map(|(id, _)| *id).collect();
+            assert_eq!(order, [1, 101, 2, 102, 3], "the order they ran in");
         }
         let of_c: Vec<_> = got.iter().filter(|(id, _)| *id > 100).copied().collect();
         let of_a: Vec<_> = got.iter().filter(|(id, _)| *id < 100).copied().collect();
