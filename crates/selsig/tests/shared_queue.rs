@@ -2,7 +2,7 @@
 //! device whose CQ the tests fill as a NIC would: every queue sees its completions in CQ
 //! order whichever queue polled them, credits come back, and CQ budgets beyond the CQ are
 //! refused. Also, on the same fake, what a queue hands back when the provider fails a
-//! post part-way or after taking the whole batch.
+//! post part-way or after taking the whole batch, and what a queue of its own CQ reports.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -97,6 +97,8 @@ struct FakeQp {
     cleans: bool,
     /// The next post fails with (index, failure).
     fail_next: Mutex<Option<(usize, PostFailure)>>,
+    /// Created with `sq_sig_all`: every work request makes a completion.
+    sig_all: bool,
 }
 
 impl QueuePair for FakeQp {
@@ -111,7 +113,7 @@ impl QueuePair for FakeQp {
         }
     }
     fn sq_sig_all(&self) -> bool {
-        false
+        self.sig_all
     }
     fn state(&self) -> QpState {
         QpState::Rts
@@ -186,6 +188,7 @@ fn qp(num: u32, depth: u32) -> FakeQp {
         recvs: 0,
         cleans: false,
         fail_next: Mutex::new(None),
+        sig_all: false,
     }
 }
 
@@ -907,23 +910,43 @@ fn a_cq_of_a_queues_own_takes_no_other_queue() {
         cq: Some(CqBudget::Exclusive(8)),
         ..QueueConfig::default()
     };
-    let _a = Queue::with_config(qp(1, 8), Arc::clone(&cq), eight.clone()).unwrap();
-    let over = Queue::with_config(qp(2, 8), Arc::clone(&cq), eight)
-        .err()
-        .expect("refused");
-    assert_eq!(
-        over.error,
-        ConfigError::CqBudgetsTooLarge {
-            total: 16,
-            capacity: 15
-        }
-    );
+    let a = Queue::with_config(qp(1, 8), Arc::clone(&cq), eight.clone()).unwrap();
+    let too_large = |budget: CqBudget, num: u32| {
+        let config = QueueConfig {
+            cq: Some(budget),
+            ..QueueConfig::default()
+        };
+        let refused = Queue::with_config(qp(num, 8), Arc::clone(&cq), config)
+            .err()
+            .expect("refused");
+        assert_eq!(
+            refused.error,
+            ConfigError::CqBudgetsTooLarge {
+                total: 16,
+                capacity: 15
+            }
+        );
+    };
+    too_large(CqBudget::Exclusive(8), 2);
     let pool = QueueConfig {
         cq: Some(CqBudget::Shared(CqCredits::new(7))),
         ..QueueConfig::default()
     };
-    let _b = Queue::with_config(qp(2, 8), Arc::clone(&cq), pool.clone()).unwrap();
-    let _c = Queue::with_config(qp(3, 8), Arc::clone(&cq), pool).unwrap();
+    let b = Queue::with_config(qp(2, 8), Arc::clone(&cq), pool.clone()).unwrap();
+    let c = Queue::with_config(qp(3, 8), Arc::clone(&cq), pool).unwrap();
+    // 8 + 7 taken: another pool, however small, is one too many, and so is a budget of
+    // one while either queue of the pool is left.
+    too_large(CqBudget::Shared(CqCredits::new(1)), 4);
+    drop(b);
+    too_large(CqBudget::Exclusive(1), 4);
+    // While the pool has a queue, the CQ is not free for a queue that takes it whole.
+    drop(a);
+    let whole = Queue::new(qp(5, 8), Arc::clone(&cq), Policy::Every(4))
+        .err()
+        .expect("refused");
+    assert_eq!(whole.error, ConfigError::CqInUse);
+    drop(c);
+    Queue::new(qp(5, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
 }
 
 /// A marker the provider refuses outright (index 0) is forgotten: it holds no slot, and
@@ -1103,4 +1126,157 @@ fn a_drain_in_the_error_state_waits_for_the_flushes_of_unsignaled_work_requests(
             (2, Outcome::Flushed)
         ]
     );
+}
+
+/// Polls `q` once, expecting the error of an impossible completion.
+fn poll_error(q: &mut Queue) -> selsig::CompletionError {
+    match q.poll(&mut Vec::new()) {
+        Err(selsig::PollError::Completion(e)) => e,
+        other => panic!("expected an impossible completion, got {other:?}"),
+    }
+}
+
+/// An impossible completion polled is reported with the `wr_id` the queue posted (bit 63
+/// set, as the provider returned it), the first of a poll's if it has several.
+#[test]
+fn impossible_completions_polled_name_the_wr_id_posted() {
+    use selsig::CompletionError as E;
+    let remote = RemoteAddr::default();
+    let queue = |policy, n| {
+        let cq = FakeCq::new(16);
+        let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), policy).unwrap();
+        for i in 0..n {
+            q.post(Work::write_empty(remote, i)).unwrap();
+        }
+        (cq, q)
+    };
+    let (cq, mut q) = queue(Policy::Every(1), 1);
+    cq.complete(99, WcStatus::Success, 1);
+    cq.complete(98, WcStatus::Success, 1);
+    let wr_id = send_wr_id(Seq(99));
+    assert!(matches!(poll_error(&mut q), E::Unknown { wr_id: w, .. } if w == wr_id));
+    let (cq, mut q) = queue(Policy::Every(1), 2);
+    cq.complete(2, WcStatus::Success, 1);
+    let wr_id = send_wr_id(Seq(2));
+    assert_eq!(
+        poll_error(&mut q),
+        E::OutOfOrder {
+            wr_id,
+            expected: Seq(1)
+        }
+    );
+    let (cq, mut q) = queue(Policy::Every(2), 2);
+    cq.complete(1, WcStatus::Success, 1);
+    let wr_id = send_wr_id(Seq(1));
+    assert_eq!(poll_error(&mut q), E::Unsignaled { wr_id });
+    let (cq, mut q) = queue(Policy::Every(1), 2);
+    cq.complete(1, WcStatus::RemAccessErr, 1);
+    cq.complete(2, WcStatus::Success, 1);
+    let wr_id = send_wr_id(Seq(2));
+    assert_eq!(
+        poll_error(&mut q),
+        E::SuccessAfterError {
+            wr_id,
+            first: Seq(1)
+        }
+    );
+}
+
+/// Each work request handed back says whether it was posted signaled; on a QP created
+/// with `sq_sig_all` every one is, whatever the policy, and each completion retires its
+/// own.
+#[test]
+fn completions_say_which_work_requests_were_signaled() {
+    let remote = RemoteAddr::default();
+    let cq = FakeCq::new(16);
+    let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Every(2)).unwrap();
+    for i in 1..=2 {
+        q.post(Work::write_empty(remote, i)).unwrap();
+    }
+    cq.complete(2, WcStatus::Success, 1);
+    let mut done = Vec::new();
+    q.poll(&mut done).unwrap();
+    let signaled: Vec<_> = done.iter().map(|c| (c.user, c.signaled)).collect();
+    assert_eq!(signaled, [(1, false), (2, true)]);
+    drop(q);
+    let all = FakeQp {
+        sig_all: true,
+        ..qp(2, 8)
+    };
+    let mut q = Queue::new(all, Arc::clone(&cq), Policy::Never).unwrap();
+    for i in 1..=3 {
+        assert!(
+            q.post(Work::write_empty(remote, i)).unwrap().signaled(),
+            "{i}"
+        );
+    }
+    cq.complete(1, WcStatus::Success, 2);
+    let mut done = Vec::new();
+    q.poll(&mut done).unwrap();
+    assert_eq!(outcomes(&done), [(1, Outcome::Completed)]);
+    assert!(done[0].signaled);
+    assert_eq!(q.outstanding(), 2);
+}
+
+/// A queue's own CQ: all of it for the sends, less the receives that complete to it,
+/// which must leave room for one send at least.
+#[test]
+fn a_queue_s_own_cq_holds_its_sends_beside_the_receives() {
+    let q = Queue::new(qp(1, 8), FakeCq::new(4), Policy::Never).unwrap();
+    assert_eq!(q.available(), 4, "a CQ of 4 below a send queue of 8");
+    let with_recvs = |recvs, capacity| {
+        let qp = FakeQp { recvs, ..qp(2, 8) };
+        Queue::new(qp, FakeCq::new(capacity), Policy::Never)
+    };
+    assert_eq!(with_recvs(8, 12).unwrap().available(), 4);
+    assert_eq!(with_recvs(8, 9).unwrap().available(), 1);
+    let refused = with_recvs(8, 8).err().expect("no room left for a send");
+    assert_eq!(
+        refused.error,
+        ConfigError::NoCqRoomForSends {
+            capacity: 8,
+            receives: 8
+        }
+    );
+}
+
+/// A queue refused on a shared CQ leaves no trace of its QP there: the QP, given back,
+/// makes a queue on it.
+#[test]
+fn a_queue_refused_on_a_shared_cq_can_be_made_again() {
+    let shared = SharedCq::new(FakeCq::new(16));
+    let adaptive = QueueConfig {
+        measure_lag: false,
+        ..QueueConfig::with_policy(Policy::Adaptive {
+            max_unsignaled: 4,
+            max_lag: Duration::from_micros(10),
+        })
+    };
+    let refused = Queue::on_shared_cq(qp(1, 8), &shared, adaptive)
+        .err()
+        .expect("adaptive needs the clock");
+    assert_eq!(refused.error, ConfigError::AdaptiveNeedsClock);
+    Queue::on_shared_cq(refused.into_qp(), &shared, QueueConfig::default()).unwrap();
+}
+
+/// After an error, once every work request is retired, no drain marker is needed.
+#[test]
+fn no_drain_marker_is_needed_once_an_error_retired_everything() {
+    let cq = FakeCq::new(16);
+    let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Never).unwrap();
+    q.post(Work::write_empty(RemoteAddr::default(), 1).signal(selsig::Signal::Force))
+        .unwrap();
+    cq.complete(1, WcStatus::RemAccessErr, 1);
+    let mut done = Vec::new();
+    q.poll(&mut done).unwrap();
+    assert_eq!(
+        outcomes(&done),
+        [(1, Outcome::Failed(WcStatus::RemAccessErr))]
+    );
+    assert_eq!(q.outstanding(), 0);
+    assert_eq!(
+        q.post_drain_marker().unwrap(),
+        selsig::DrainMarker::NotNeeded
+    );
+    assert_eq!(q.outstanding(), 0);
 }
