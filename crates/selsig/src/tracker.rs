@@ -1700,6 +1700,51 @@ mod tests {
     }
 
     #[test]
+    fn a_rolled_back_forced_signal_is_not_counted() {
+        let (mut t, now) = tracker(4, 4, Policy::Never);
+        let posted = post_n(&mut t, now, 4);
+        assert_eq!(posted[3].signal, Some(SignalReason::Deadlock));
+        assert_eq!((t.stats().forced, t.stats().signaled), (1, 1));
+        let back: Vec<u64> = t.rollback(Seq(4)).unwrap().collect();
+        assert_eq!(back, [4]);
+        assert_eq!((t.stats().forced, t.stats().signaled), (0, 0));
+    }
+
+    #[test]
+    fn an_error_ends_the_adaptive_deadline() {
+        let (mut t, now) = tracker(
+            64,
+            64,
+            Policy::Adaptive {
+                max_unsignaled: 100,
+                max_lag: Duration::from_secs(1),
+            },
+        );
+        assert!(t.post(1, Signal::Force, now).unwrap().signaled());
+        assert!(!t.post(2, Signal::Auto, now).unwrap().signaled());
+        assert!(t.next_deadline().is_some());
+        t.handle_completion(&wc(1, WcStatus::RemAccessErr), now)
+            .unwrap();
+        assert_eq!(t.next_deadline(), None, "nothing to confirm in time now");
+    }
+
+    #[test]
+    fn a_tracker_told_to_keep_its_credits_keeps_them_when_dropped() {
+        let now = Instant::now();
+        let pool = CqCredits::new(4);
+        let config = TrackerConfig::new(16, 0)
+            .cq(CqBudget::Shared(pool.clone()))
+            .policy(Policy::Never);
+        let mut t: SendTracker<u64> = SendTracker::new(config, now).unwrap();
+        t.post(1, Signal::Auto, now).unwrap();
+        t.post(2, Signal::Auto, now).unwrap();
+        assert_eq!(pool.available(), 2);
+        t.keep_credits_on_drop();
+        drop(t);
+        assert_eq!(pool.available(), 2, "their completions may still come");
+    }
+
+    #[test]
     fn impossible_completions_are_refused_and_change_nothing() {
         let (mut t, now) = tracker(16, 16, Policy::Every(2));
         post_n(&mut t, now, 6); // 2, 4, 6 signaled
