@@ -756,4 +756,192 @@ mod tests {
             assert!(ConnectOptions { mtu, ..o }.check().is_ok());
         }
     }
+
+    #[test]
+    fn access_names_its_flags_or_none() {
+        assert_eq!(Access::empty().to_string(), "none");
+        assert_eq!(Access::LOCAL_WRITE.to_string(), "local_write");
+        let two = Access::LOCAL_WRITE | Access::REMOTE_READ;
+        assert_eq!(two.to_string(), "local_write|remote_read");
+        assert_eq!(
+            Access::all().to_string(),
+            "local_write|remote_write|remote_read|remote_atomic"
+        );
+    }
+
+    #[test]
+    fn qp_states_are_the_ibv_qp_state_values() {
+        let states = [
+            (QpState::Reset, "reset"),
+            (QpState::Init, "init"),
+            (QpState::Rtr, "rtr"),
+            (QpState::Rts, "rts"),
+            (QpState::Sqd, "sqd"),
+            (QpState::Sqe, "sqe"),
+            (QpState::Err, "err"),
+        ];
+        for (value, (state, name)) in states.into_iter().enumerate() {
+            assert_eq!(QpState::try_from(value as u32).unwrap(), state);
+            assert_eq!(
+                (state.as_str(), state.to_string()),
+                (name, name.to_string())
+            );
+        }
+        let e = QpState::try_from(7).unwrap_err();
+        assert_eq!((e.what, e.value), ("ibv_qp_state", 7));
+    }
+
+    #[test]
+    fn opcodes_say_what_they_carry() {
+        use Opcode as O;
+        // (opcode, name, targets a remote address, carries immediate data)
+        let table = [
+            (O::RdmaWrite, "rdma_write", true, false),
+            (O::RdmaWriteWithImm, "rdma_write_with_imm", true, true),
+            (O::RdmaRead, "rdma_read", true, false),
+            (O::Send, "send", false, false),
+            (O::SendWithImm, "send_with_imm", false, true),
+        ];
+        for (op, name, rdma, imm) in table {
+            assert_eq!(
+                (op.to_string(), op.is_rdma(), op.has_imm()),
+                (name.to_string(), rdma, imm)
+            );
+        }
+    }
+
+    #[test]
+    fn local_data_and_remote_addresses_measure_and_move() {
+        let sge = Sge {
+            addr: 0x1000,
+            length: 5,
+            lkey: 1,
+        };
+        assert_eq!(
+            (Local::Sge(sge).len(), Local::Sge(sge).is_empty()),
+            (5, false)
+        );
+        assert_eq!((Local::Empty.len(), Local::Empty.is_empty()), (0, true));
+        let inline = Local::Inline(b"abc");
+        assert_eq!((inline.len(), inline.is_empty()), (3, false));
+        let r = RemoteAddr {
+            addr: 0x1000,
+            rkey: 7,
+        };
+        assert_eq!(
+            r.offset(0x10),
+            RemoteAddr {
+                addr: 0x1010,
+                rkey: 7
+            }
+        );
+        let top = RemoteAddr {
+            addr: u64::MAX,
+            rkey: 7,
+        };
+        assert_eq!(top.offset(2), RemoteAddr { addr: 1, rkey: 7 }, "wraps");
+    }
+
+    /// A provider that implements only what it must.
+    #[derive(Debug)]
+    struct Bare;
+
+    impl MemoryRegion for Bare {
+        fn addr(&self) -> u64 {
+            0x2000
+        }
+        fn len(&self) -> usize {
+            0
+        }
+        fn lkey(&self) -> u32 {
+            3
+        }
+        fn rkey(&self) -> u32 {
+            4
+        }
+        fn access(&self) -> Access {
+            Access::empty()
+        }
+        fn write(&self, _: usize, _: &[u8]) -> Result<(), ProviderError> {
+            Ok(())
+        }
+        fn read(&self, _: usize, _: &mut [u8]) -> Result<(), ProviderError> {
+            Ok(())
+        }
+    }
+
+    impl QueuePair for Bare {
+        fn qp_num(&self) -> u32 {
+            1
+        }
+        fn caps(&self) -> QpCaps {
+            QpCaps::default()
+        }
+        fn sq_sig_all(&self) -> bool {
+            false
+        }
+        fn state(&self) -> QpState {
+            QpState::Rts
+        }
+        fn endpoint(&self, _: &ConnectOptions) -> Result<Endpoint, ProviderError> {
+            unreachable!()
+        }
+        fn connect(&self, _: &Endpoint, _: &ConnectOptions) -> Result<(), ProviderError> {
+            Ok(())
+        }
+        fn to_error(&self) -> Result<(), ProviderError> {
+            Ok(())
+        }
+        fn post_send(&self, _: &[SendWr<'_>]) -> Result<(), PostWrError> {
+            Ok(())
+        }
+        fn post_recv(&self, _: &[RecvWr]) -> Result<(), PostWrError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_defaults_are_the_safe_answers() {
+        assert!(Bare.is_empty(), "a region of no bytes");
+        assert_eq!((Bare.sge(8, 16).addr, Bare.sge(8, 16).lkey), (0x2008, 3));
+        assert_eq!(
+            Bare.remote(8),
+            RemoteAddr {
+                addr: 0x2008,
+                rkey: 4
+            }
+        );
+        assert!(Bare.recv_cq_is_send_cq(), "receives may share the CQ");
+        assert!(!Bare.destroy_cleans_cq(), "completions may outlive the QP");
+        assert!(!Bare.record_execution_times(true), "a real NIC cannot");
+        assert_eq!(Bare.executed_at(0), None);
+        assert_eq!(QpCaps::default().max_send_wr, 64);
+        assert_eq!(ConnectOptions::default().mtu, 4096);
+    }
+
+    #[test]
+    fn post_errors_and_events_are_named() {
+        let e = PostWrError {
+            index: 2,
+            failure: PostFailure::Full,
+            source: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "work request 2 of the batch was not posted: the queue is full"
+        );
+        assert!(e.is_full());
+        let names = [
+            (AsyncEvent::CqErr { cq: 1 }, "cq_err"),
+            (AsyncEvent::QpFatal { qp_num: 1 }, "qp_fatal"),
+            (AsyncEvent::QpAccessErr { qp_num: 1 }, "qp_access_err"),
+            (AsyncEvent::QpReqErr { qp_num: 1 }, "qp_req_err"),
+            (AsyncEvent::PortActive { port: 1 }, "port_active"),
+            (AsyncEvent::PortErr { port: 1 }, "port_err"),
+            (AsyncEvent::Other { event_type: 99 }, "other"),
+        ];
+        for (event, name) in names {
+            assert_eq!(event.as_str(), name);
+        }
+    }
 }
