@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use selsig::{
     Access, CompletionQueue, ConfigError, ConnectOptions, CqBudget, CqCredits, CqError, Device,
-    DrainError, Endpoint, MemoryRegion, Outcome, Policy, PostFailure, PostWrError, ProviderError,
-    QpCaps, QpInit, QpState, QueueConfig, QueuePair, QueueState, RecvWr, RemoteAddr, SendWr, Seq,
-    SharedCq, SignaledQueue, WcStatus, Work, WorkCompletion, send_wr_id,
+    DrainError, Endpoint, MemoryRegion, Opcode, Outcome, Policy, PostFailure, PostWrError,
+    ProviderError, QpCaps, QpInit, QpState, QueueConfig, QueuePair, QueueState, RecvWr, RemoteAddr,
+    SendWr, Seq, SharedCq, SignaledQueue, WcStatus, Work, WorkCompletion, send_wr_id,
 };
 
 #[derive(Debug)]
@@ -86,6 +86,9 @@ impl CompletionQueue for FakeCq {
     }
 }
 
+/// (wr_id, opcode, bytes, imm_data, signaled) of a work request posted.
+type Posted = (u64, Opcode, usize, u32, bool);
+
 /// A QP that accepts every post (the tests write its completions), unless a test set a
 /// failure for the next post.
 struct FakeQp {
@@ -99,6 +102,8 @@ struct FakeQp {
     fail_next: Mutex<Option<(usize, PostFailure)>>,
     /// Created with `sq_sig_all`: every work request makes a completion.
     sig_all: bool,
+    /// What was posted.
+    posted: Mutex<Vec<Posted>>,
 }
 
 impl QueuePair for FakeQp {
@@ -127,14 +132,20 @@ impl QueuePair for FakeQp {
     fn to_error(&self) -> Result<(), ProviderError> {
         Ok(())
     }
-    fn post_send(&self, _: &[SendWr<'_>]) -> Result<(), PostWrError> {
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError> {
         match self.fail_next.lock().unwrap().take() {
             Some((index, failure)) => Err(PostWrError {
                 index,
                 failure,
                 source: None,
             }),
-            None => Ok(()),
+            None => {
+                let log = wrs
+                    .iter()
+                    .map(|w| (w.wr_id, w.opcode, w.local.len(), w.imm_data, w.signaled));
+                self.posted.lock().unwrap().extend(log);
+                Ok(())
+            }
         }
     }
     fn post_recv(&self, _: &[RecvWr]) -> Result<(), PostWrError> {
@@ -189,6 +200,7 @@ fn qp(num: u32, depth: u32) -> FakeQp {
         cleans: false,
         fail_next: Mutex::new(None),
         sig_all: false,
+        posted: Mutex::new(Vec::new()),
     }
 }
 
@@ -322,12 +334,21 @@ fn a_drain_that_needs_a_credit_waiting_for_another_queue_says_so() {
     }
     assert!(qb.post(Work::write_empty(remote, 9)).unwrap().signaled());
     assert_eq!(shared.credits().available(), 0);
+    // A receive of A's own QP holds no credit of the pool: not blamed. (A polls both
+    // before the drain, one at a time.)
+    let recv = WorkCompletion::new(5, WcStatus::Success, 1);
+    cq.push(recv);
     cq.complete(1, WcStatus::Success, 2);
     let mut done = Vec::new();
+    qa.poll(&mut done).unwrap();
+    qa.poll(&mut done).unwrap();
+    assert!(cq.ring.lock().unwrap().is_empty() && done.is_empty());
+    assert_eq!(shared.waiting(), 1);
     match qa.drain(Duration::from_secs(5), &mut done) {
         Err(DrainError::Unrouted { completions: 1 }) => {}
         other => panic!("expected Unrouted, got {other:?}"),
     }
+    assert_eq!(qa.take_unclaimed(), [recv]);
     let mut done_b = Vec::new();
     qb.poll(&mut done_b).unwrap();
     assert_eq!(outcomes(&done_b), [(9, Outcome::Completed)]);
@@ -752,6 +773,11 @@ fn a_drain_in_the_error_state_at_the_last_sequence_number_waits_for_the_flushes(
     let mut done = Vec::new();
     q.poll(&mut done).unwrap();
     assert!(matches!(q.state(), QueueState::Error { .. }));
+    // No marker can follow the last sequence number, and none is needed: it is signaled.
+    assert_eq!(
+        q.post_drain_marker().unwrap(),
+        selsig::DrainMarker::NotNeeded
+    );
     cq.complete(LAST - 1, WcStatus::WrFlushErr, 1);
     cq.complete(LAST, WcStatus::WrFlushErr, 1);
     q.drain(Duration::from_secs(5), &mut done).unwrap();
@@ -1224,19 +1250,21 @@ fn completions_say_which_work_requests_were_signaled() {
 fn a_queue_s_own_cq_holds_its_sends_beside_the_receives() {
     let q = Queue::new(qp(1, 8), FakeCq::new(4), Policy::Never).unwrap();
     assert_eq!(q.available(), 4, "a CQ of 4 below a send queue of 8");
+    // The room for sends of a queue whose QP has 8 receives, or why there is none.
     let with_recvs = |recvs, capacity| {
         let qp = FakeQp { recvs, ..qp(2, 8) };
         Queue::new(qp, FakeCq::new(capacity), Policy::Never)
+            .map(|q| q.available())
+            .map_err(|e| e.error)
     };
-    assert_eq!(with_recvs(8, 12).unwrap().available(), 4);
-    assert_eq!(with_recvs(8, 9).unwrap().available(), 1);
-    let refused = with_recvs(8, 8).err().expect("no room left for a send");
+    assert_eq!(with_recvs(8, 12), Ok(4));
+    assert_eq!(with_recvs(8, 9), Ok(1));
     assert_eq!(
-        refused.error,
-        ConfigError::NoCqRoomForSends {
+        with_recvs(8, 8),
+        Err(ConfigError::NoCqRoomForSends {
             capacity: 8,
             receives: 8
-        }
+        })
     );
 }
 
@@ -1279,4 +1307,53 @@ fn no_drain_marker_is_needed_once_an_error_retired_everything() {
         selsig::DrainMarker::NotNeeded
     );
     assert_eq!(q.outstanding(), 0);
+}
+
+/// A queue measures the lag from a post to the completion being polled, on the clock
+/// (at least the time the test waited between them).
+#[test]
+fn the_lag_measured_is_at_least_the_wait_between_post_and_poll() {
+    let cq = FakeCq::new(16);
+    let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Always).unwrap();
+    q.post(Work::write_empty(RemoteAddr::default(), 1)).unwrap();
+    std::thread::sleep(Duration::from_millis(2));
+    cq.complete(1, WcStatus::Success, 1);
+    q.poll(&mut Vec::new()).unwrap();
+    let lag = &q.stats().lag_ns;
+    assert_eq!(lag.len(), 1);
+    assert!(lag.max() >= 2_000_000, "{} ns", lag.max());
+}
+
+/// What a queue posts is what it was asked to post: each work request's operation,
+/// bytes and immediate data, with `wr_id` its sequence number with bit 63 set, signaled
+/// as the policy says; a drain marker is a signaled zero-length WRITE.
+#[test]
+fn a_queue_posts_what_it_was_asked() {
+    let cq = FakeCq::new(16);
+    let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Every(2)).unwrap();
+    let remote = RemoteAddr::default();
+    let buffer = || selsig::Buffer::new(FakeMr).split_at(100).unwrap().0;
+    q.post(Work::write_with_imm(buffer(), remote, 0xdead_beef, 1))
+        .unwrap();
+    q.post(Work::send_with_imm(buffer(), 0xfeed, 2)).unwrap();
+    q.post(Work::write_inline(b"abc", remote, 3)).unwrap();
+    assert_eq!(q.confirm_all().unwrap(), Some(Seq(4)));
+    // A batch, likewise.
+    let batch = [
+        Work::write_with_imm(buffer(), remote, 7, 5),
+        Work::write_inline(b"de", remote, 6),
+    ];
+    assert_eq!(q.post_batch(&mut batch.into_iter()).unwrap(), 2);
+    let id = |seq| send_wr_id(Seq(seq));
+    assert_eq!(
+        *q.qp().posted.lock().unwrap(),
+        [
+            (id(1), Opcode::RdmaWriteWithImm, 100, 0xdead_beef, false),
+            (id(2), Opcode::SendWithImm, 100, 0xfeed, true),
+            (id(3), Opcode::RdmaWrite, 3, 0, false),
+            (id(4), Opcode::RdmaWrite, 0, 0, true),
+            (id(5), Opcode::RdmaWriteWithImm, 100, 7, false),
+            (id(6), Opcode::RdmaWrite, 2, 0, true),
+        ]
+    );
 }
