@@ -15,15 +15,16 @@ use selsig::{
     SendWr, Seq, SharedCq, SignaledQueue, WcStatus, Work, WorkCompletion, send_wr_id,
 };
 
+/// A region of this many bytes (none of them held: reads and writes do nothing).
 #[derive(Debug)]
-struct FakeMr;
+struct FakeMr(usize);
 
 impl MemoryRegion for FakeMr {
     fn addr(&self) -> u64 {
         0x1000
     }
     fn len(&self) -> usize {
-        4096
+        self.0
     }
     fn lkey(&self) -> u32 {
         1
@@ -172,8 +173,8 @@ impl Device for FakeDevice {
     fn alloc_pd(&self) -> Result<(), ProviderError> {
         Ok(())
     }
-    fn reg_mr(&self, _: &(), _: usize, _: Access) -> Result<FakeMr, ProviderError> {
-        Ok(FakeMr)
+    fn reg_mr(&self, _: &(), len: usize, _: Access) -> Result<FakeMr, ProviderError> {
+        Ok(FakeMr(len))
     }
     fn create_cq(&self, _: u32) -> Result<FakeCq, ProviderError> {
         unreachable!()
@@ -1332,7 +1333,7 @@ fn a_queue_posts_what_it_was_asked() {
     let cq = FakeCq::new(16);
     let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Every(2)).unwrap();
     let remote = RemoteAddr::default();
-    let buffer = || selsig::Buffer::new(FakeMr).split_at(100).unwrap().0;
+    let buffer = || selsig::Buffer::new(FakeMr(100));
     q.post(Work::write_with_imm(buffer(), remote, 0xdead_beef, 1))
         .unwrap();
     q.post(Work::send_with_imm(buffer(), 0xfeed, 2)).unwrap();
@@ -1356,4 +1357,51 @@ fn a_queue_posts_what_it_was_asked() {
             (id(6), Opcode::RdmaWrite, 2, 0, true),
         ]
     );
+}
+
+/// A buffer longer than one work request carries (2^32 bytes or more) is refused and
+/// handed back: alone; in a batch after the work requests before it were posted; and
+/// after them when the provider refused those too.
+#[test]
+fn a_buffer_too_long_for_a_work_request_is_handed_back() {
+    let cq = FakeCq::new(16);
+    let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Always).unwrap();
+    let remote = RemoteAddr::default();
+    let big = || selsig::Buffer::new(FakeMr((1 << 32) + 1));
+    match q.post(Work::write(big(), remote, 1)) {
+        Err(selsig::QueuePostError::Invalid { work, source }) => {
+            assert_eq!(work.user, 1);
+            assert_eq!(work.buffer.map(|b| b.len()), Some((1 << 32) + 1));
+            let what =
+                matches!(source, ProviderError::Invalid { what, .. } if what == "buffer length");
+            assert!(what, "{source}");
+        }
+        other => panic!("expected the buffer refused, got {other:?}"),
+    }
+    assert_eq!(q.outstanding(), 0);
+    let small_then_big = || {
+        [
+            Work::write(selsig::Buffer::new(FakeMr(8)), remote, 2),
+            Work::write(big(), remote, 3),
+        ]
+    };
+    match q.post_batch(&mut small_then_big().into_iter()) {
+        Err(selsig::QueuePostError::Invalid { work, .. }) => assert_eq!(work.user, 3),
+        other => panic!("expected the buffer refused, got {other:?}"),
+    }
+    assert_eq!(
+        q.qp().posted.lock().unwrap().len(),
+        1,
+        "the first was posted"
+    );
+    assert_eq!(q.outstanding(), 1);
+    *q.qp().fail_next.lock().unwrap() = Some((0, PostFailure::Full));
+    match q.post_batch(&mut small_then_big().into_iter()) {
+        Err(selsig::QueuePostError::Provider { returned, .. }) => {
+            let users: Vec<u32> = returned.iter().map(|p| p.user).collect();
+            assert_eq!(users, [2, 3]);
+        }
+        other => panic!("expected both handed back, got {other:?}"),
+    }
+    assert_eq!(q.outstanding(), 1);
 }
