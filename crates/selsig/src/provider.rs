@@ -870,33 +870,34 @@ mod tests {
         }
     }
 
+    /// Only the defaults are under test: what a provider must write is never called.
     impl QueuePair for Bare {
         fn qp_num(&self) -> u32 {
-            1
+            unreachable!()
         }
         fn caps(&self) -> QpCaps {
-            QpCaps::default()
+            unreachable!()
         }
         fn sq_sig_all(&self) -> bool {
-            false
+            unreachable!()
         }
         fn state(&self) -> QpState {
-            QpState::Rts
+            unreachable!()
         }
         fn endpoint(&self, _: &ConnectOptions) -> Result<Endpoint, ProviderError> {
             unreachable!()
         }
         fn connect(&self, _: &Endpoint, _: &ConnectOptions) -> Result<(), ProviderError> {
-            Ok(())
+            unreachable!()
         }
         fn to_error(&self) -> Result<(), ProviderError> {
-            Ok(())
+            unreachable!()
         }
         fn post_send(&self, _: &[SendWr<'_>]) -> Result<(), PostWrError> {
-            Ok(())
+            unreachable!()
         }
         fn post_recv(&self, _: &[RecvWr]) -> Result<(), PostWrError> {
-            Ok(())
+            unreachable!()
         }
     }
 

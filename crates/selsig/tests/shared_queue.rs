@@ -899,6 +899,13 @@ fn a_queue_refused_at_creation_gives_its_qp_back() {
 #[test]
 fn a_cq_of_a_queues_own_takes_no_other_queue() {
     let cq = FakeCq::new(15);
+    // A queue that takes the CQ whole is refused: another queue uses it.
+    let in_use = |num| {
+        let whole = Queue::new(qp(num, 8), Arc::clone(&cq), Policy::Every(4))
+            .err()
+            .expect("refused");
+        assert_eq!(whole.error, ConfigError::CqInUse);
+    };
     let first = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
     let second = Queue::new(qp(2, 8), Arc::clone(&cq), Policy::Every(4))
         .err()
@@ -917,18 +924,12 @@ fn a_cq_of_a_queues_own_takes_no_other_queue() {
     // Queues with budgets of their own share it; none may then take it whole.
     let a = Queue::with_config(qp(1, 8), Arc::clone(&cq), budget.clone()).unwrap();
     let b = Queue::with_config(qp(2, 8), Arc::clone(&cq), budget).unwrap();
-    let whole = Queue::new(qp(3, 8), Arc::clone(&cq), Policy::Every(4))
-        .err()
-        .expect("refused");
-    assert_eq!(whole.error, ConfigError::CqInUse);
+    in_use(3);
     drop((a, b));
     // A shared CQ's queues, likewise.
     let shared = SharedCq::new(Arc::clone(&cq));
     let on_shared = Queue::on_shared_cq(qp(1, 8), &shared, QueueConfig::default()).unwrap();
-    let whole = Queue::new(qp(3, 8), Arc::clone(&cq), Policy::Every(4))
-        .err()
-        .expect("refused");
-    assert_eq!(whole.error, ConfigError::CqInUse);
+    in_use(3);
     drop(on_shared);
     Queue::new(qp(3, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
     // Budgets on one CQ add up to no more than it holds: a pool counts once, whatever
@@ -968,10 +969,7 @@ fn a_cq_of_a_queues_own_takes_no_other_queue() {
     too_large(CqBudget::Exclusive(1), 4);
     // While the pool has a queue, the CQ is not free for a queue that takes it whole.
     drop(a);
-    let whole = Queue::new(qp(5, 8), Arc::clone(&cq), Policy::Every(4))
-        .err()
-        .expect("refused");
-    assert_eq!(whole.error, ConfigError::CqInUse);
+    in_use(5);
     drop(c);
     Queue::new(qp(5, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
 }
