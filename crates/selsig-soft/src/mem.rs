@@ -211,6 +211,18 @@ mod tests {
         assert_eq!(m[1].load(Relaxed), 9);
     }
 
+    #[test]
+    fn an_aligned_copy_moves_whole_64_byte_blocks_and_the_rest() {
+        // Word-aligned at both ends: two blocks of eight words, two more words and 6 bytes.
+        let src: Vec<u8> = (0..200).map(|i| i as u8 ^ 0x5a).collect();
+        let s = memory(&src);
+        let d = memory(&[0; 200]);
+        copy(&s, 8, &d, 16, 150);
+        let mut expected = vec![0; 200];
+        expected[16..166].copy_from_slice(&src[8..158]);
+        assert_eq!(contents(&d, 200), expected);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 16 } else { 2048 }))]
 
