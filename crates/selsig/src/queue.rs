@@ -935,7 +935,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
         // `CqFull` part-way) or come back. With no room, the first work request is still
         // offered: the tracker says why it is refused, or takes it if credits came back.
         let room = self.tracker.available().max(1);
-        for _ in 0..room {
+        // Work requests the tracker takes without a check (see `reserved_room`); the rest
+        // go through `post`, which may refuse them.
+        let reserved = self.tracker.reserved_room();
+        let now_ns = self.tracker.nanos_of(now);
+        for i in 0..room {
             let Some(Work {
                 opcode,
                 signal,
@@ -965,7 +969,14 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     break;
                 }
             };
-            match self.tracker.post(Payload { buffer, user }, signal, now) {
+            let posted = if i < reserved {
+                Ok(self
+                    .tracker
+                    .push_reserved(Payload { buffer, user }, signal, now_ns))
+            } else {
+                self.tracker.post(Payload { buffer, user }, signal, now)
+            };
+            match posted {
                 Ok(posted) => {
                     if let Some(bytes) = inline_bytes {
                         inline.push((self.staged.len(), bytes));

@@ -1155,6 +1155,52 @@ impl<T> SendTracker<T> {
         }
     }
 
+    /// How many work requests [`push_reserved`](Self::push_reserved) may register now, all
+    /// of them taken without a refusal: the free slots, CQ credits and sequence numbers,
+    /// when nothing can refuse one part-way. 0 in the error state, while draining, and on
+    /// a shared CQ pool (other queues take credits meanwhile, and the last credit forces
+    /// a signal): post one at a time with [`post`](Self::post) there.
+    #[inline]
+    pub(crate) fn reserved_room(&self) -> u32 {
+        if self.error.is_some() || self.draining {
+            return 0;
+        }
+        match &self.cq {
+            CqBudget::Exclusive(n) => {
+                let outstanding = self.outstanding();
+                let seqs = u32::try_from(self.seq_end - self.next_seq).unwrap_or(u32::MAX);
+                self.sq_capacity
+                    .min(*n)
+                    .saturating_sub(outstanding)
+                    .min(seqs)
+            }
+            CqBudget::Shared(_) => 0,
+        }
+    }
+
+    /// `now` in the tracker's nanoseconds, for [`push_reserved`](Self::push_reserved): read
+    /// once for a batch.
+    #[inline]
+    pub(crate) fn nanos_of(&mut self, now: Instant) -> u64 {
+        self.nanos(now)
+    }
+
+    /// [`post`](Self::post) without its checks, for one of the
+    /// [`reserved_room`](Self::reserved_room) work requests the caller was told it may
+    /// register (with no other call to the tracker since but `push_reserved`, and fewer of
+    /// them than the room).
+    #[inline(always)]
+    pub(crate) fn push_reserved(&mut self, payload: T, signal: Signal, now_ns: u64) -> Posted {
+        debug_assert!(self.error.is_none() && !self.draining);
+        debug_assert!(matches!(self.reserve(), Ok(false)), "no room reserved");
+        let reason = self.decide(signal, false, now_ns);
+        self.record_post(Some(payload), reason, now_ns);
+        Posted {
+            seq: Seq(self.next_seq - 1),
+            signal: reason,
+        }
+    }
+
     #[inline(always)]
     fn push(&mut self, payload: T, signal: Signal, now: Instant) -> Result<Posted, PostError<T>> {
         let last_credit = match self.reserve() {

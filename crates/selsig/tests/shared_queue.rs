@@ -1403,3 +1403,77 @@ fn a_buffer_too_long_for_a_work_request_is_handed_back() {
     }
     assert_eq!(q.outstanding(), 1);
 }
+
+/// A batch the tracker cannot take is refused from its first work request, which comes
+/// back, and nothing reaches the provider: on a full send queue, at a CQ budget smaller
+/// than the send queue, in the error state and while draining (a batch takes the work
+/// requests it has room for without checking each: the room must be right).
+#[test]
+fn a_batch_without_room_is_refused_whole() {
+    let remote = RemoteAddr::default();
+    let batch = |first: u32| {
+        (first..first + 2)
+            .map(move |user| Work::write(selsig::Buffer::new(FakeMr(8)), remote, user))
+    };
+    let refused = |q: &mut Queue, first: u32| -> selsig::PostError<selsig::Payload<FakeMr, u32>> {
+        let posted = q.qp().posted.lock().unwrap().len();
+        let outstanding = q.outstanding();
+        let mut works = batch(first);
+        let e = match q.post_batch(&mut works) {
+            Err(selsig::QueuePostError::Refused(e)) => e,
+            other => panic!("expected the batch refused, got {other:?}"),
+        };
+        assert_eq!(works.count(), 1, "only the first was taken from the batch");
+        assert_eq!(
+            q.qp().posted.lock().unwrap().len(),
+            posted,
+            "nothing posted"
+        );
+        assert_eq!(q.outstanding(), outstanding);
+        e
+    };
+    let user = |e: selsig::PostError<selsig::Payload<FakeMr, u32>>| e.into_payload().user;
+
+    // A send queue of 4, a CQ of 16: the send queue fills first.
+    let mut q = Queue::new(qp(1, 4), FakeCq::new(16), Policy::Every(2)).unwrap();
+    assert_eq!(q.post_batch(&mut batch(1).chain(batch(3))).unwrap(), 4);
+    let e = refused(&mut q, 5);
+    assert!(
+        matches!(e, selsig::PostError::Full { capacity: 4, .. }),
+        "{e:?}"
+    );
+    assert_eq!(user(e), 5);
+
+    // A send queue of 8, a CQ of 3: the CQ budget is full first.
+    let mut q = Queue::new(qp(1, 8), FakeCq::new(3), Policy::Every(2)).unwrap();
+    assert_eq!(q.post_batch(&mut batch(1).chain(batch(3))).unwrap(), 3);
+    let e = refused(&mut q, 5);
+    assert!(
+        matches!(e, selsig::PostError::CqFull { capacity: 3, .. }),
+        "{e:?}"
+    );
+    assert_eq!(user(e), 5);
+
+    // The error state, with room left.
+    let cq = FakeCq::new(16);
+    let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Every(2)).unwrap();
+    assert_eq!(q.post_batch(&mut batch(1)).unwrap(), 2);
+    cq.complete(1, WcStatus::RemAccessErr, 1);
+    let mut done = Vec::new();
+    q.poll(&mut done).unwrap();
+    assert!(matches!(q.state(), QueueState::Error { .. }));
+    let e = refused(&mut q, 3);
+    assert!(
+        matches!(e, selsig::PostError::QueueError { first: Seq(1), .. }),
+        "{e:?}"
+    );
+    assert_eq!(user(e), 3);
+
+    // Draining, with room left.
+    let mut q = Queue::new(qp(1, 8), FakeCq::new(16), Policy::Every(2)).unwrap();
+    assert_eq!(q.post_batch(&mut batch(1)).unwrap(), 2);
+    q.start_drain();
+    let e = refused(&mut q, 3);
+    assert!(matches!(e, selsig::PostError::Draining { .. }), "{e:?}");
+    assert_eq!(user(e), 3);
+}
