@@ -720,11 +720,10 @@ fn a_drain_waits_for_its_own_completion_before_blaming_another_queue() {
     );
 }
 
-/// Queues routed by hand (a shared pool, no `SharedCq`): B polled A's completion, A polled
-/// B's. A's drain finds no credit; its own completion is not coming (B holds it): after a
-/// while without one, the drain says which completions wait, rather than timing out.
-#[test]
-fn a_drain_whose_own_completion_another_queue_holds_says_so() {
+/// Queues routed by hand (a shared pool, no `SharedCq`) on a CQ of 3: B polled A's
+/// completion, A polled B's, and no credit is left for A's drain marker. Returns A and B
+/// (B holds A's completion: keep it).
+fn a_queue_whose_completion_another_holds() -> (Queue, Queue) {
     let cq = FakeCq::new(3);
     let pool = CqCredits::new(3);
     let config = QueueConfig {
@@ -745,12 +744,68 @@ fn a_drain_whose_own_completion_another_queue_holds_says_so() {
     qb.poll(&mut done_b).unwrap();
     qa.poll(&mut done_a).unwrap();
     assert!(done_a.is_empty() && done_b.is_empty());
+    assert_eq!(pool.available(), 0);
+    (qa, qb)
+}
+
+/// A drains with no credit and its own completion not coming (B holds it): after a while
+/// without one, a quarter of the timeout, the drain says which completions wait, rather
+/// than timing out.
+#[test]
+fn a_drain_whose_own_completion_another_queue_holds_says_so() {
+    let (mut qa, _qb) = a_queue_whose_completion_another_holds();
     let started = std::time::Instant::now();
-    match qa.drain(Duration::from_secs(10), &mut done_a) {
+    match qa.drain(Duration::from_secs(10), &mut Vec::new()) {
         Err(DrainError::Unrouted { completions: 1 }) => {}
         other => panic!("expected Unrouted, got {other:?}"),
     }
-    assert!(started.elapsed() < Duration::from_secs(5));
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(2500), "{waited:?}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+}
+
+/// Likewise with a short timeout: the drain waits at least 100 ms for its own completion
+/// before it blames another queue, whatever a quarter of the timeout is.
+#[test]
+fn a_drain_waits_100_ms_for_its_own_completion_before_blaming_another_queue() {
+    let (mut qa, _qb) = a_queue_whose_completion_another_holds();
+    let started = std::time::Instant::now();
+    match qa.drain(Duration::from_millis(200), &mut Vec::new()) {
+        Err(DrainError::Unrouted { completions: 1 }) => {}
+        other => panic!("expected Unrouted, got {other:?}"),
+    }
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(100), "{waited:?}");
+}
+
+/// On a `SharedCq` a queue's own completion cannot be held by another queue (whoever
+/// polls it files it for its queue): a drain with no credit for its marker and its own
+/// signaled work request outstanding waits for it until the timeout, and does not blame
+/// the queue whose completion it polled.
+#[test]
+fn a_drain_on_a_shared_cq_waits_for_its_own_completion_until_the_timeout() {
+    let cq = FakeCq::new(3);
+    let (mut qa, mut qb, shared) = shared_pair(&cq, Policy::Never);
+    let remote = RemoteAddr::default();
+    let forced = Work::write_empty(remote, 1).signal(selsig::Signal::Force);
+    assert!(qa.post(forced).unwrap().signaled());
+    // An unsignaled tail: the drain needs a marker, and a credit for it.
+    assert!(!qa.post(Work::write_empty(remote, 2)).unwrap().signaled());
+    // The pool's last credit: signaled.
+    assert!(qb.post(Work::write_empty(remote, 9)).unwrap().signaled());
+    assert_eq!(shared.credits().available(), 0);
+    // A polls B's completion into B's inbox; its own never comes.
+    cq.complete(1, WcStatus::Success, 2);
+    let mut done = Vec::new();
+    qa.poll(&mut done).unwrap();
+    assert_eq!(shared.waiting(), 1);
+    let started = std::time::Instant::now();
+    match qa.drain(Duration::from_millis(300), &mut done) {
+        Err(DrainError::Timeout { outstanding: 2, .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
 }
 
 /// In the error state a drain posts a marker behind the outstanding work requests; with
