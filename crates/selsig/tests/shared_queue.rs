@@ -90,8 +90,9 @@ impl CompletionQueue for FakeCq {
 /// (wr_id, opcode, bytes, imm_data, signaled) of a work request posted.
 type Posted = (u64, Opcode, usize, u32, bool);
 
-/// A QP that accepts every post (the tests write its completions), unless a test set a
-/// failure for the next post.
+/// A QP that accepts every post and logs what it took (the tests write its completions),
+/// unless a test set a failure for the next post: that post logs nothing, whatever the
+/// failure's index says the provider took.
 struct FakeQp {
     num: u32,
     depth: u32,
