@@ -741,7 +741,12 @@ fn memcpy_gbit(size: usize, buffers: usize) -> f64 {
         std::hint::black_box(&mut dst);
         copied += (size * buffers) as u64;
     }
-    copied as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
+    gbit(copied as f64, start.elapsed().as_secs_f64())
+}
+
+/// Gigabits (10^9 bits) per second of `bytes` moved in `seconds`.
+fn gbit(bytes: f64, seconds: f64) -> f64 {
+    bytes * 8.0 / seconds / 1e9
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -1139,7 +1144,7 @@ fn run_point<D: Device>(
         wrs: posted,
         seconds,
         wr_per_sec: posted as f64 / seconds,
-        gbit_per_sec: bytes * 8.0 / seconds / 1e9,
+        gbit_per_sec: gbit(bytes, seconds),
         mib_per_sec: bytes / seconds / MIB,
         mpps: posted as f64 / seconds / 1e6,
         cqes: stats.cqes,
@@ -1362,10 +1367,18 @@ pub fn load_warning(report: &Report) -> Option<String> {
 /// Two decimals, or three significant digits below 0.01 (large WRITEs: 16 MiB ones run at
 /// about 0.0002 M WR/s).
 fn rate(x: f64) -> String {
+    let three = |x: f64| (2.0 - x.log10().floor()) as usize;
     if x >= 0.01 || x <= 0.0 || !x.is_finite() {
+        return format!("{x:.2}");
+    }
+    // Rounded to three significant digits, the figure may reach the next power of ten
+    // (0.0009996 is 0.00100): the digits are counted from the rounded figure.
+    let decimals = three(x);
+    let rounded: f64 = format!("{x:.decimals$}").parse().unwrap_or(x);
+    if rounded >= 0.01 {
         format!("{x:.2}")
     } else {
-        let decimals = (2.0 - x.log10().floor()) as usize;
+        let decimals = three(rounded);
         format!("{x:.decimals$}")
     }
 }
@@ -1835,6 +1848,90 @@ mod tests {
         assert_eq!(rate(0.00234), "0.00234");
         assert_eq!(rate(0.000_2), "0.000200");
         assert_eq!(rate(0.0), "0.00");
+        // Rounding up to the next power of ten keeps three significant digits.
+        assert_eq!(rate(0.009996), "0.01");
+        assert_eq!(rate(0.0009996), "0.00100");
+        assert_eq!(human_size(3 << 19), "1536KiB");
+        assert_eq!(human_size(3 << 20), "3MiB");
+        assert_eq!(gbit(125e6, 1.0), 1.0);
+        assert_eq!(gbit(1e9, 2.0), 4.0);
+    }
+
+    /// Each figure of a point lands in its column, the memcpy yardstick in its line, and
+    /// the send queue's capacity in the header when it differs from the depth asked for.
+    #[test]
+    fn the_table_shows_every_figure_of_a_point() {
+        let mut report = report_of(&[1.0]);
+        report.settings.sq_capacity = 256;
+        report.memcpy = vec![MemcpyRef {
+            size: 65536,
+            gbit_per_sec: 12.34,
+        }];
+        let trio = |p50_ns, p99_ns, max_ns| Percentiles {
+            count: 1000,
+            p50_ns,
+            p99_ns,
+            max_ns,
+            mean_ns: p50_ns as f64,
+        };
+        let p = &mut report.points[0];
+        p.size = 3 << 19;
+        p.wr_per_sec = 2.5e6;
+        p.gbit_per_sec = 30.72;
+        p.cqes_per_1000 = 15.625;
+        p.cpu_ns_per_wr = 1234.0;
+        p.lag = Some(trio(1000, 5000, 9000));
+        p.nic_to_app = Some(trio(2000, 6000, 8000));
+        let table = render(&report);
+        assert!(
+            table.contains("send queue depth 128 (capacity 256)"),
+            "{table}"
+        );
+        let row = table
+            .lines()
+            .find(|l| l.contains("every:1"))
+            .expect("a row");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "1536KiB", "every:1", "2.50", "30.72", "15.6", "1.2us", "1.0us", "/", "5.0us", "/",
+                "9.0us", "2.0us", "/", "6.0us", "/", "8.0us"
+            ],
+            "{table}"
+        );
+        assert!(
+            table.contains("(the soft NIC's yardstick): 64KiB 12.3 Gb/s"),
+            "{table}"
+        );
+    }
+
+    /// The first WRITE that did not complete is the one a point reports, not a later one
+    /// flushed behind it.
+    #[test]
+    fn the_tally_keeps_the_first_failure() {
+        let now = Instant::now();
+        let mut tally: Tally<()> = Tally::new(true, Vec::new());
+        let done = |seq, outcome| selsig::Completion {
+            seq: selsig::Seq(seq),
+            buffer: None,
+            user: now,
+            outcome,
+            signaled: false,
+        };
+        tally.take(done(4, Outcome::Completed), now);
+        tally.take(
+            done(5, Outcome::Failed(selsig::WcStatus::RemAccessErr)),
+            now,
+        );
+        tally.take(done(6, Outcome::Flushed), now);
+        tally.end_poll();
+        assert_eq!(
+            tally.failed,
+            Some((5, Outcome::Failed(selsig::WcStatus::RemAccessErr)))
+        );
+        assert_eq!(tally.retired, 3);
+        assert_eq!(tally.lag.len(), 3);
     }
 
     /// A point slow enough to show its Gb/s with three significant digits, as its rate.
