@@ -1362,6 +1362,20 @@ fn bench_json(args: &[&str]) -> Value {
     serde_json::from_slice(&o.stdout).expect("one JSON object")
 }
 
+/// `--no-nic-times`: the settings say so, and no point has the NIC's side of the lag.
+#[test]
+fn bench_without_nic_times_reports_none() {
+    let v = bench_json(&["--no-nic-times", "-n", "100", "-s", "64", "-e", "1,4"]);
+    assert_eq!(v["settings"]["nic_times"], false);
+    for p in v["points"].as_array().unwrap() {
+        assert_eq!(p["lag"]["count"], 100, "{p}");
+        assert!(
+            p["nic_to_app"].is_null() && p["post_to_nic"].is_null(),
+            "{p}"
+        );
+    }
+}
+
 /// A timed run stops wherever the clock says: an unsignaled tail is confirmed by one
 /// marker, whose completion is counted with the rest.
 #[test]
@@ -1457,6 +1471,10 @@ fn bench_counts_exactly_the_completions_each_interval_implies() {
     let v = bench_json(&["-n", "2000", "-s", "64,4K", "-e", "1,3,64,adaptive"]);
     assert_eq!(v["provider"], "soft");
     assert_eq!(v["settings"]["iters"], 2000);
+    assert_eq!(
+        v["settings"]["nic_times"], true,
+        "on the soft NIC by default"
+    );
     assert_eq!(v["settings"]["tx_depth"], 128);
     let points = v["points"].as_array().unwrap();
     assert_eq!(points.len(), 8, "2 sizes x 4 policies");
@@ -1503,6 +1521,15 @@ fn bench_counts_exactly_the_completions_each_interval_implies() {
                 "{policy} {q}: {gap} vs {lag}"
             );
         }
+        // Each WRITE's lag is its post-to-NIC time plus its NIC-to-application gap, all
+        // three from the same readings: so are the means (within the histograms'
+        // precision, three significant digits).
+        let mean = |h: &Value| h["mean_ns"].as_f64().unwrap();
+        let (lag_mean, parts) = (mean(lag), mean(&p["post_to_nic"]) + mean(gap));
+        assert!(
+            (parts - lag_mean).abs() <= 0.005 * lag_mean,
+            "{policy}: post to NIC + NIC to app = {parts} ns, lag {lag_mean} ns"
+        );
         let wr_per_sec = p["wr_per_sec"].as_f64().unwrap();
         let gbit = p["gbit_per_sec"].as_f64().unwrap();
         let size = p["size"].as_f64().unwrap();
@@ -1618,6 +1645,10 @@ fn bench_perftest_mode_prints_perftest_figures() {
     );
     assert_eq!(v["settings"]["post_list"], 1);
     assert_eq!(v["settings"]["perftest_mode"], true);
+    assert_eq!(
+        v["settings"]["nic_times"], false,
+        "perftest mode reads no clock"
+    );
     // perftest's memory, as ib_write_bw registers it: max(size, a page) on each side.
     assert_eq!(v["settings"]["region"], 4096);
     assert!(
@@ -1809,6 +1840,7 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
         ),
         (&["bench", "--cq-mod", "200", "-t", "64"], "--cq-mod 200"),
         (&["bench", "-n", "0"], "zero iterations"),
+        (&["bench", "-l", "0"], "--post-list must be at least 1"),
         (
             &["bench", "-s", "1G", "--region", "64M"],
             "larger than the registered region",
