@@ -749,18 +749,24 @@ fn a_queue_whose_completion_another_holds() -> (Queue, Queue) {
     (qa, qb)
 }
 
+/// How long a drain of [`a_queue_whose_completion_another_holds`]'s A with `timeout`
+/// takes to say which completions wait (it must say so, not time out).
+fn unrouted_after(timeout: Duration) -> Duration {
+    let (mut qa, _qb) = a_queue_whose_completion_another_holds();
+    let started = std::time::Instant::now();
+    match qa.drain(timeout, &mut Vec::new()) {
+        Err(DrainError::Unrouted { completions: 1 }) => {}
+        other => panic!("expected Unrouted, got {other:?}"),
+    }
+    started.elapsed()
+}
+
 /// A drains with no credit and its own completion not coming (B holds it): after a while
 /// without one, a quarter of the timeout, the drain says which completions wait, rather
 /// than timing out.
 #[test]
 fn a_drain_whose_own_completion_another_queue_holds_says_so() {
-    let (mut qa, _qb) = a_queue_whose_completion_another_holds();
-    let started = std::time::Instant::now();
-    match qa.drain(Duration::from_secs(10), &mut Vec::new()) {
-        Err(DrainError::Unrouted { completions: 1 }) => {}
-        other => panic!("expected Unrouted, got {other:?}"),
-    }
-    let waited = started.elapsed();
+    let waited = unrouted_after(Duration::from_secs(10));
     assert!(waited >= Duration::from_millis(2500), "{waited:?}");
     assert!(waited < Duration::from_secs(5), "{waited:?}");
 }
@@ -769,13 +775,7 @@ fn a_drain_whose_own_completion_another_queue_holds_says_so() {
 /// before it blames another queue, whatever a quarter of the timeout is.
 #[test]
 fn a_drain_waits_100_ms_for_its_own_completion_before_blaming_another_queue() {
-    let (mut qa, _qb) = a_queue_whose_completion_another_holds();
-    let started = std::time::Instant::now();
-    match qa.drain(Duration::from_millis(200), &mut Vec::new()) {
-        Err(DrainError::Unrouted { completions: 1 }) => {}
-        other => panic!("expected Unrouted, got {other:?}"),
-    }
-    let waited = started.elapsed();
+    let waited = unrouted_after(Duration::from_millis(200));
     assert!(waited >= Duration::from_millis(100), "{waited:?}");
 }
 
@@ -1490,20 +1490,22 @@ fn a_batch_without_room_is_refused_whole() {
     };
     let user = |e: selsig::PostError<selsig::Payload<FakeMr, u32>>| e.into_payload().user;
 
+    // A queue of `depth` on a CQ of `cq` that takes `fits` of four, then refuses the next
+    // batch.
+    let full = |depth, cq, fits| {
+        let mut q = Queue::new(qp(1, depth), FakeCq::new(cq), Policy::Every(2)).unwrap();
+        assert_eq!(q.post_batch(&mut batch(1).chain(batch(3))).unwrap(), fits);
+        refused(&mut q, 5)
+    };
     // A send queue of 4, a CQ of 16: the send queue fills first.
-    let mut q = Queue::new(qp(1, 4), FakeCq::new(16), Policy::Every(2)).unwrap();
-    assert_eq!(q.post_batch(&mut batch(1).chain(batch(3))).unwrap(), 4);
-    let e = refused(&mut q, 5);
+    let e = full(4, 16, 4);
     assert!(
         matches!(e, selsig::PostError::Full { capacity: 4, .. }),
         "{e:?}"
     );
     assert_eq!(user(e), 5);
-
     // A send queue of 8, a CQ of 3: the CQ budget is full first.
-    let mut q = Queue::new(qp(1, 8), FakeCq::new(3), Policy::Every(2)).unwrap();
-    assert_eq!(q.post_batch(&mut batch(1).chain(batch(3))).unwrap(), 3);
-    let e = refused(&mut q, 5);
+    let e = full(8, 3, 3);
     assert!(
         matches!(e, selsig::PostError::CqFull { capacity: 3, .. }),
         "{e:?}"
