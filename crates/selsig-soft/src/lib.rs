@@ -78,7 +78,6 @@ mod engine;
 mod mem;
 #[cfg(not(loom))]
 mod mr;
-#[cfg(not(loom))]
 mod times;
 
 #[cfg(not(loom))]

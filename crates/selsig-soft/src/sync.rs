@@ -1,10 +1,10 @@
-//! The atomics of the rings: `std`'s, or `loom`'s when built with `--cfg loom` to check
+//! The atomics of the rings and the execution-time records: `std`'s, or `loom`'s when built with `--cfg loom` to check
 //! the rings' protocols under every interleaving (tokio's `loom/mod.rs` idea).
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering, fence};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 
 /// Keeps a value on a cache line of its own, so that indices written by different threads
 /// do not share a line (false sharing).

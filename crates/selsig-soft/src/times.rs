@@ -10,8 +10,9 @@
 //! request executes, and carries the work request's index, so a reader never takes a
 //! newer work request's time for an older one's.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
+
+use crate::sync::{AtomicBool, AtomicU64, Ordering, fence};
 
 #[derive(Debug)]
 struct Record {
@@ -47,19 +48,26 @@ impl ExecTimes {
         }
     }
 
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn set(&self, on: bool) {
         self.on.store(on, Ordering::Relaxed);
     }
 
     /// Whether the NIC records (one relaxed load per fetch group).
     #[inline]
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn on(&self) -> bool {
         self.on.load(Ordering::Relaxed)
     }
 
     /// NIC: the work requests `from..to` finished now.
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn stamp(&self, from: u64, to: u64) {
-        let ns = self.epoch.elapsed().as_nanos() as u64;
+        self.stamp_at(from, to, self.epoch.elapsed().as_nanos() as u64);
+    }
+
+    /// NIC: the work requests `from..to` finished `ns` nanoseconds after the epoch.
+    fn stamp_at(&self, from: u64, to: u64, ns: u64) {
         for index in from..to {
             let r = &self.records[(index & self.mask) as usize];
             // Invalidate, write, publish: a reader that sees the tag before and after its
@@ -87,7 +95,7 @@ impl ExecTimes {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -115,5 +123,46 @@ mod tests {
         assert!(t.get(4).is_some() && t.get(5).is_some());
         assert!(t.get(2).unwrap() <= t.get(5).unwrap());
         assert_eq!(t.get(u64::MAX), None);
+    }
+}
+
+/// The seqlock under every interleaving `loom` finds: the NIC thread stamps a work request
+/// and then the next one that uses its slot, while the application reads both records.
+/// `RUSTFLAGS="--cfg loom" cargo test -p selsig-soft --release --lib loom`.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// A reader gets a work request's own time or nothing: never the time of the work
+    /// request that reused its slot, never a time of a record being rewritten.
+    #[test]
+    fn loom_a_reader_never_takes_another_work_requests_time() {
+        loom::model(|| {
+            // Two slots: work requests 0 and 2 share slot 0.
+            let t = Arc::new(ExecTimes::new(2));
+            let nic = {
+                let t = Arc::clone(&t);
+                thread::spawn(move || {
+                    t.stamp_at(0, 1, 10);
+                    t.stamp_at(2, 3, 20);
+                })
+            };
+            let at = |ns| Some(t.epoch + Duration::from_nanos(ns));
+            let first = t.get(0);
+            assert!(
+                first.is_none() || first == at(10),
+                "work request 0: {first:?}"
+            );
+            let second = t.get(2);
+            assert!(
+                second.is_none() || second == at(20),
+                "work request 2: {second:?}"
+            );
+            nic.join().expect("the NIC thread");
+            assert_eq!(t.get(0), None, "slot 0 holds work request 2 now");
+            assert_eq!(t.get(2), at(20));
+        });
     }
 }
