@@ -722,9 +722,10 @@ fn a_drain_waits_for_its_own_completion_before_blaming_another_queue() {
 }
 
 /// Queues routed by hand (a shared pool, no `SharedCq`) on a CQ of 3: B polled A's
-/// completion, A polled B's, and no credit is left for A's drain marker. Returns A and B
-/// (B holds A's completion: keep it).
-fn a_queue_whose_completion_another_holds() -> (Queue, Queue) {
+/// completion, A polled B's, and no credit is left for A's drain marker. A's send queue
+/// has `depth` slots, two of them taken. Returns A and B (B holds A's completion: keep
+/// it).
+fn a_queue_whose_completion_another_holds(depth: u32) -> (Queue, Queue) {
     let cq = FakeCq::new(3);
     let pool = CqCredits::new(3);
     let config = QueueConfig {
@@ -732,7 +733,7 @@ fn a_queue_whose_completion_another_holds() -> (Queue, Queue) {
         cq: Some(CqBudget::Shared(pool.clone())),
         ..QueueConfig::with_policy(Policy::Never)
     };
-    let mut qa = Queue::with_config(qp(1, 8), Arc::clone(&cq), config.clone()).unwrap();
+    let mut qa = Queue::with_config(qp(1, depth), Arc::clone(&cq), config.clone()).unwrap();
     let mut qb = Queue::with_config(qp(2, 8), Arc::clone(&cq), config).unwrap();
     let remote = RemoteAddr::default();
     let forced = Work::write_empty(remote, 1).signal(selsig::Signal::Force);
@@ -752,7 +753,7 @@ fn a_queue_whose_completion_another_holds() -> (Queue, Queue) {
 /// How long a drain of [`a_queue_whose_completion_another_holds`]'s A with `timeout`
 /// takes to say which completions wait (it must say so, not time out).
 fn unrouted_after(timeout: Duration) -> Duration {
-    let (mut qa, _qb) = a_queue_whose_completion_another_holds();
+    let (mut qa, _qb) = a_queue_whose_completion_another_holds(8);
     let started = std::time::Instant::now();
     match qa.drain(timeout, &mut Vec::new()) {
         Err(DrainError::Unrouted { completions: 1 }) => {}
@@ -777,6 +778,18 @@ fn a_drain_whose_own_completion_another_queue_holds_says_so() {
 fn a_drain_waits_100_ms_for_its_own_completion_before_blaming_another_queue() {
     let waited = unrouted_after(Duration::from_millis(200));
     assert!(waited >= Duration::from_millis(100), "{waited:?}");
+}
+
+/// The same with A's send queue full: its marker waits for a slot, which only A's own
+/// completion gives back, not for a credit that B's completion holds. The drain does not
+/// blame B's completion (routing it would not help); it times out.
+#[test]
+fn a_drain_with_its_send_queue_full_does_not_blame_another_queue() {
+    let (mut qa, _qb) = a_queue_whose_completion_another_holds(2);
+    match qa.drain(Duration::from_millis(300), &mut Vec::new()) {
+        Err(DrainError::Timeout { outstanding: 2, .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
 }
 
 /// On a `SharedCq` a queue's own completion cannot be held by another queue (whoever
