@@ -990,6 +990,244 @@ poll = "idle"
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// One QP `a` (with `qp` lines), a 256-byte `src` and `dst`, then `steps`.
+fn one_qp_scenario(qp: &str, steps: &str) -> String {
+    format!(
+        r#"description = "one QP"
+[[qp]]
+name = "a"
+{qp}
+[[region]]
+name = "src"
+size = 256
+access = ["local_write"]
+[[region]]
+name = "dst"
+size = 256
+access = ["local_write", "remote_write"]
+{steps}"#
+    )
+}
+
+/// Runs `text` (as `name`.toml in a scratch folder) and returns the output.
+fn run_text(name: &str, text: &str, quiet: bool) -> Output {
+    let dir = scratch(&format!("selsig-cli-{name}"));
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    let path = path.to_str().unwrap();
+    let o = match quiet {
+        true => selsig(&["run", path, "-q"]),
+        false => selsig(&["run", path]),
+    };
+    std::fs::remove_dir_all(&dir).ok();
+    o
+}
+
+/// What a run that ends with work outstanding says of each queue: no hint of a peer that
+/// answers nothing once the queue itself failed (its work requests are flushed), none of
+/// SENDs waiting for a receive when there are as many receives as SENDs, and WRITEs with
+/// immediate use receives as SENDs do.
+#[test]
+fn work_left_at_the_end_gets_only_the_hints_that_apply() {
+    let cases = [
+        (
+            // A bad key: the peer goes to the error state, and so does a once its
+            // completion is polled; two flushes are left.
+            one_qp_scenario(
+                "policy = \"always\"",
+                r#"[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3, fault = "bad_rkey" }
+[[step]]
+poll = { cqes = 1 }
+"#,
+            ),
+            "a: 2 work requests, 0 receives outstanding",
+        ),
+        (
+            one_qp_scenario(
+                "policy = \"always\"",
+                r#"[[step]]
+recv = { qp = "a.peer" }
+[[step]]
+post = { qp = "a", op = "send", count = 1 }
+"#,
+            ),
+            "a: 1 work requests, 1 receives outstanding",
+        ),
+        (
+            one_qp_scenario(
+                "policy = \"always\"",
+                r#"[[step]]
+recv = { qp = "a.peer" }
+[[step]]
+post = { qp = "a", op = "write_imm", remote = "dst", count = 2 }
+"#,
+            ),
+            "a: 2 work requests, 1 receives outstanding (1 SENDs and WRITEs with immediate \
+             beyond the 1 receives posted on \"a.peer\" wait for one: the peer answers RNR, \
+             which rnr_retry 7 retries for ever)",
+        ),
+    ];
+    for (text, says) in cases {
+        let o = run_text("hints", &text, true);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        let err = stderr(&o);
+        let expected = format!(
+            "the run ended with work outstanding (end it with `poll = \"idle\"` or `drain`): \
+             {says}\n"
+        );
+        assert!(err.ends_with(&expected), "{err}");
+    }
+}
+
+/// A receive that no SEND posted uses is not waited for: a poll step that wants its
+/// completion fails at once, naming it, instead of after the 20 s wait.
+#[test]
+fn a_poll_for_a_receive_no_send_uses_fails_at_once() {
+    let text = one_qp_scenario(
+        "policy = \"always\"",
+        r#"[[step]]
+recv = { qp = "a.peer" }
+[[step]]
+post = { qp = "a", op = "send", count = 1 }
+[[step]]
+poll = "idle"
+[[step]]
+recv = { qp = "a.peer" }
+[[step]]
+poll = { cqes = 1 }
+"#,
+    );
+    let started = std::time::Instant::now();
+    let o = run_text("unused-recv", &text, true);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "step 5 (poll): only 0 of 1 completions arrived and no more can: at most 0 more \
+             (a: 0 work requests, 1 receives outstanding (1 of them used by no SEND or WRITE \
+             with immediate posted, and not flushed))"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(15));
+}
+
+/// `signal = "last"` signals the last work request of the post, and only it.
+#[test]
+fn signal_last_signals_the_last_of_the_post() {
+    let text = one_qp_scenario(
+        "policy = \"manual\"",
+        r#"[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3, signal = "last" }
+[[step]]
+poll = "idle"
+[expect]
+cqes = [{ qp = "a", wr_id = 3, status = "success", opcode = "rdma_write" }]
+outcomes = { a = ["1-3 completed"] }
+"#,
+    );
+    let o = run_text("signal-last", &text, false);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for (seq, signaled) in [(1, "false"), (2, "false"), (3, "true")] {
+        let post = format!(
+            "{{\"event\":\"post\",\"qp\":\"a\",\"seq\":{seq},\"op\":\"rdma_write\",\"len\":64,\
+             \"signaled\":{signaled}"
+        );
+        assert!(out.contains(&post), "{post}: {out}");
+    }
+}
+
+/// The work requests a queue refuses are counted from the one refused first: a queue of 2
+/// whose first WRITE fails takes the second, then refuses the last two.
+#[test]
+fn a_refusal_counts_the_work_requests_left_in_the_post() {
+    let text = one_qp_scenario(
+        "depth = 2\npolicy = \"always\"",
+        r#"[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 4, fault = "bad_rkey" }
+[[step]]
+poll = "idle"
+[expect]
+outcomes = { a = ["1 failed:rem_access_err", "2 flushed"] }
+"#,
+    );
+    let o = run_text("refused-count", &text, false);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(
+            "{\"event\":\"refused\",\"qp\":\"a\",\"count\":2,\"why\":\"the queue is in the \
+             error state: work request 1 completed with rem_access_err\"}"
+        ),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// A drained queue accepts no more work requests: a later post is refused, whole.
+#[test]
+fn a_post_after_a_drain_is_refused() {
+    let text = one_qp_scenario(
+        "",
+        r#"[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3 }
+[[step]]
+drain = "a"
+[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 1 }
+[[step]]
+poll = "idle"
+[expect]
+outcomes = { a = ["1-3 completed"] }
+"#,
+    );
+    let o = run_text("drained", &text, false);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains(
+            "{\"event\":\"step\",\"n\":3,\"kind\":\"post\"}\n{\"event\":\"refused\",\"qp\":\"a\",\
+             \"count\":1,\"why\":\"the queue is draining and accepts no more work requests\"}\n"
+        ),
+        "{out}"
+    );
+}
+
+/// In a poll step a QP's completions come before its peer's, whatever the CQ's order
+/// (one CQ for both: the soft NIC writes the receive's completion first).
+#[test]
+fn a_qps_completions_come_before_its_peers_in_a_step() {
+    let text = r#"description = "a SEND on one CQ"
+[[cq]]
+name = "one"
+size = 64
+[[qp]]
+name = "a"
+policy = "always"
+send_cq = "one"
+peer_cq = "one"
+[[step]]
+recv = { qp = "a.peer" }
+[[step]]
+post = { qp = "a", op = "send", count = 1 }
+[[step]]
+poll = "idle"
+"#;
+    let o = run_text("peer-order", text, false);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains(
+            "{\"event\":\"step\",\"n\":3,\"kind\":\"poll\"}\n\
+             {\"event\":\"cqe\",\"qp\":\"a\",\"wr_id\":1,\"status\":\"success\",\"opcode\":\"send\"}\n\
+             {\"event\":\"retire\",\"qp\":\"a\",\"seq\":1,\"outcome\":\"completed\"}\n\
+             {\"event\":\"cqe\",\"qp\":\"a.peer\",\"wr_id\":1,\"status\":\"success\",\"opcode\":\"recv\",\"byte_len\":0}\n"
+        ),
+        "{out}"
+    );
+}
+
 /// On rxe a WRITE to a peer in the error state is retransmitted for ever at `retry_cnt`
 /// 7 (the default): the step that waits for it fails after 20 s saying so. Below 7 the
 /// retries run out and the run ends.
@@ -2594,6 +2832,40 @@ size = 2048
 access = ["local_write", "remote_write"]
 {steps}"#
     )
+}
+
+/// As above with b signaling every 4th WRITE: the completions a's confirm polls for b
+/// (those of WRITEs 4, 8 and 12) go to b in the order polled, and show in the next step that
+/// polls, not in the confirm step.
+#[test]
+fn completions_a_confirm_polled_for_another_queue_go_to_it_in_order() {
+    let text = shared_cq_scenario(
+        8,
+        "policy = \"never\"",
+        "policy = \"every:4\"",
+        r#"[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3 }
+[[step]]
+post = { qp = "b", op = "write", local = "src", remote = "dst", size = 64, count = 12 }
+[[step]]
+confirm = "a"
+[[step]]
+poll = "idle"
+[expect]
+outcomes = { a = ["1-3 completed"], b = ["1-12 completed"] }
+"#,
+    );
+    let o = run_text("confirm-order", &text, false);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let at = |what: &str| out.find(what).unwrap_or_else(|| panic!("no {what}: {out}"));
+    let poll_step = at("{\"event\":\"step\",\"n\":4,\"kind\":\"poll\"}");
+    let cqes: Vec<usize> = [4, 8, 12]
+        .iter()
+        .map(|n| at(&format!("{{\"event\":\"cqe\",\"qp\":\"b\",\"wr_id\":{n},")))
+        .collect();
+    assert!(poll_step < cqes[0], "{out}");
+    assert!(cqes.is_sorted(), "{out}");
 }
 
 /// A queue that waits for room on a shared CQ keeps the completions of other queues it
