@@ -47,8 +47,6 @@ struct Side<D: Device> {
     /// The peer may be in the error state (moved there, or a request of this queue with a
     /// bad remote key or address), which flushes its receives.
     peer_flushable: bool,
-    /// Markers posted on this queue.
-    markers: Vec<u64>,
 }
 
 impl<D: Device> Side<D> {
@@ -285,7 +283,6 @@ impl<'a, D: Device> Runner<'a, D> {
                 peer_recv_done: 0,
                 consumers: 0,
                 peer_flushable: false,
-                markers: Vec::new(),
             });
         }
         let mut regions = Vec::new();
@@ -539,10 +536,7 @@ impl<'a, D: Device> Runner<'a, D> {
         let name = self.sc.qps[q].name.clone();
         let event = loop {
             match self.sides[q].queue.confirm_all() {
-                Ok(Some(seq)) => {
-                    self.sides[q].markers.push(seq.0);
-                    break marker_event(name, seq.0);
-                }
+                Ok(Some(seq)) => break marker_event(name, seq.0),
                 Ok(None) => break Event::ConfirmNotNeeded { qp: name },
                 // A full queue or CQ: make room, as a post does.
                 Err(QueuePostError::Refused(e)) if e.is_full() => self.poll_one_for_room(q)?,
@@ -708,7 +702,6 @@ impl<'a, D: Device> Runner<'a, D> {
         loop {
             match self.sides[q].queue.post_drain_marker() {
                 Ok(DrainMarker::Posted(seq)) => {
-                    self.sides[q].markers.push(seq.0);
                     self.trace.push(marker_event(name.clone(), seq.0));
                     break;
                 }
