@@ -992,8 +992,15 @@ fn canonical(events: &mut [Event], sc: &Scenario) {
     events.sort_by_key(|e| rank(e));
 }
 
-/// A completion of the trace: QP, wr_id, status, opcode, byte_len.
-type SeenCqe<'t> = (&'t str, u64, &'t str, Option<&'t str>, Option<u32>);
+/// A completion of the trace: QP, wr_id, status, opcode, byte_len, immediate data.
+type SeenCqe<'t> = (
+    &'t str,
+    u64,
+    &'t str,
+    Option<&'t str>,
+    Option<u32>,
+    Option<u32>,
+);
 
 /// Checks the expectations against the trace.
 fn check(e: &Expect, trace: &[Event]) -> (Vec<String>, Vec<String>) {
@@ -1009,8 +1016,8 @@ fn check(e: &Expect, trace: &[Event]) -> (Vec<String>, Vec<String>) {
                     status,
                     opcode,
                     byte_len,
-                    ..
-                } => Some((qp.as_str(), *wr_id, *status, *opcode, *byte_len)),
+                    imm,
+                } => Some((qp.as_str(), *wr_id, *status, *opcode, *byte_len, *imm)),
                 _ => None,
             })
             .collect();
@@ -1031,11 +1038,13 @@ fn check(e: &Expect, trace: &[Event]) -> (Vec<String>, Vec<String>) {
                 && x.wr_id == a.1
                 && x.status == a.2
                 && x.opcode.as_deref().is_none_or(|o| Some(o) == a.3)
-                && x.byte_len.is_none_or(|b| Some(b) == a.4);
+                && x.byte_len.is_none_or(|b| Some(b) == a.4)
+                && x.imm.is_none_or(|m| Some(m) == a.5);
             if !ok {
                 let len = |b: Option<u32>| b.map(|b| format!(" byte_len {b}")).unwrap_or_default();
+                let imm = |m: Option<u32>| m.map(|m| format!(" imm {m}")).unwrap_or_default();
                 failures.push(format!(
-                    "completion {}: expected {} wr_id {} {}{}{}, got {} wr_id {} {}{}{}",
+                    "completion {}: expected {} wr_id {} {}{}{}{}, got {} wr_id {} {}{}{}{}",
                     i + 1,
                     x.qp,
                     x.wr_id,
@@ -1045,11 +1054,13 @@ fn check(e: &Expect, trace: &[Event]) -> (Vec<String>, Vec<String>) {
                         .map(|o| format!(" {o}"))
                         .unwrap_or_default(),
                     len(x.byte_len),
+                    imm(x.imm),
                     a.0,
                     a.1,
                     a.2,
                     a.3.map(|o| format!(" {o}")).unwrap_or_default(),
                     len(a.4),
+                    imm(a.5),
                 ));
                 break;
             }

@@ -308,6 +308,8 @@ pub struct ExpectCqe {
     pub status: String,
     pub opcode: Option<String>,
     pub byte_len: Option<u32>,
+    /// Immediate data: only in successful completions of receives.
+    pub imm: Option<u32>,
 }
 
 // ----- the checked scenario ---------------------------------------------------------------
@@ -1355,6 +1357,20 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     ),
                 ));
             }
+            // (An opcode comes only with a success: checked above.)
+            let receive = ["recv", "recv_rdma_with_imm"];
+            let carries_imm = c.opcode.as_deref().is_some_and(|o| receive.contains(&o));
+            if c.imm.is_some() && !carries_imm {
+                return Err(self.err(
+                    span.clone(),
+                    format!(
+                        "{what}.cqes: imm of {}: immediate data comes only in successful \
+                         completions of receives (give status = \"success\" and opcode = \
+                         \"recv\" or \"recv_rdma_with_imm\")",
+                        this()
+                    ),
+                ));
+            }
         }
         for (q, list) in e.outcomes.iter().flatten() {
             if !qps.iter().any(|x| &x.name == q) {
@@ -2024,6 +2040,16 @@ poll = "idle"
             "cqes = [\n  { qp = \"a\", wr_id = 1, status = \"success\" },\n  \
              { qp = \"a\", wr_id = 2, status = \"nope\" },\n]",
             "x.toml:21:3: expect.cqes: unknown status \"nope\"",
+        );
+        at(
+            "cqes = [\n  { qp = \"a\", wr_id = 1, status = \"success\", opcode = \"rdma_write\", \
+             imm = 1 },\n]",
+            "x.toml:20:3: expect.cqes: imm of a wr_id 1 success rdma_write completion: immediate \
+             data comes only in successful completions of receives",
+        );
+        at(
+            "cqes = [\n  { qp = \"a\", wr_id = 1, status = \"rem_access_err\", imm = 1 },\n]",
+            "x.toml:20:3: expect.cqes: imm of a wr_id 1 rem_access_err completion: immediate",
         );
         at(
             "events = []\n[expect.outcomes]\na = [\"1 completed\"]\nb = [\"1 completed\"]",

@@ -588,6 +588,23 @@ fn failed_expectations_fail_the_run() {
         "{}",
         stderr(&o)
     );
+    // Immediate data is compared where given.
+    let mixed = std::fs::read_to_string(scenarios().join("mixed-ops.toml")).unwrap();
+    std::fs::write(
+        &path,
+        mixed.replace("byte_len = 64, imm = 42", "byte_len = 64, imm = 43"),
+    )
+    .unwrap();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "completion 6: expected a.peer wr_id 2 success recv_rdma_with_imm byte_len 64 imm \
+             43, got a.peer wr_id 2 success recv_rdma_with_imm byte_len 64 imm 42"
+        ),
+        "{}",
+        stderr(&o)
+    );
     // Outcomes expected for work requests never posted fail the run, however many the
     // range names (it is not expanded to the end).
     for (range, first_missing) in [("1-18446744073709551615", 9), ("9-12", 9)] {
