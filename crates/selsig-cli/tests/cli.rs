@@ -1040,6 +1040,13 @@ fn run_text(name: &str, text: &str, quiet: bool) -> Output {
     o
 }
 
+/// The trace of `text`, which must run and meet its expectations.
+fn trace_of(name: &str, text: &str) -> String {
+    let o = run_text(name, text, false);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    stdout(&o)
+}
+
 /// What a run that ends with work outstanding says of each queue: no hint of a peer that
 /// answers nothing once the queue itself failed (its work requests are flushed), none of
 /// SENDs waiting for a receive when there are as many receives as SENDs, and WRITEs with
@@ -1144,9 +1151,7 @@ cqes = [{ qp = "a", wr_id = 3, status = "success", opcode = "rdma_write" }]
 outcomes = { a = ["1-3 completed"] }
 "#,
     );
-    let o = run_text("signal-last", &text, false);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let out = stdout(&o);
+    let out = trace_of("signal-last", &text);
     for (seq, signaled) in [(1, "false"), (2, "false"), (3, "true")] {
         let post = format!(
             "{{\"event\":\"post\",\"qp\":\"a\",\"seq\":{seq},\"op\":\"rdma_write\",\"len\":64,\
@@ -1170,15 +1175,13 @@ poll = "idle"
 outcomes = { a = ["1 failed:rem_access_err", "2 flushed"] }
 "#,
     );
-    let o = run_text("refused-count", &text, false);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = trace_of("refused-count", &text);
     assert!(
-        stdout(&o).contains(
+        out.contains(
             "{\"event\":\"refused\",\"qp\":\"a\",\"count\":2,\"why\":\"the queue is in the \
              error state: work request 1 completed with rem_access_err\"}"
         ),
-        "{}",
-        stdout(&o)
+        "{out}"
     );
 }
 
@@ -1199,9 +1202,7 @@ poll = "idle"
 outcomes = { a = ["1-3 completed"] }
 "#,
     );
-    let o = run_text("drained", &text, false);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let out = stdout(&o);
+    let out = trace_of("drained", &text);
     assert!(
         out.contains(
             "{\"event\":\"step\",\"n\":3,\"kind\":\"post\"}\n{\"event\":\"refused\",\"qp\":\"a\",\
@@ -1231,9 +1232,7 @@ post = { qp = "a", op = "send", count = 1 }
 [[step]]
 poll = "idle"
 "#;
-    let o = run_text("peer-order", text, false);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let out = stdout(&o);
+    let out = trace_of("peer-order", text);
     assert!(
         out.contains(
             "{\"event\":\"step\",\"n\":3,\"kind\":\"poll\"}\n\
@@ -2851,15 +2850,13 @@ access = ["local_write", "remote_write"]
     )
 }
 
-/// As above with b signaling every 4th WRITE: the completions a's confirm polls for b
-/// (those of WRITEs 4, 8 and 12) go to b in the order polled, and show in the next step that
-/// polls, not in the confirm step.
-#[test]
-fn completions_a_confirm_polled_for_another_queue_go_to_it_in_order() {
-    let text = shared_cq_scenario(
+/// A shared CQ of 8: a posts 3 WRITEs (policy never), b 12 (with `b`'s policy line), a
+/// confirms its tail, then every queue is polled; every WRITE completes.
+fn a_confirm_behind_b(b: &str) -> String {
+    shared_cq_scenario(
         8,
         "policy = \"never\"",
-        "policy = \"every:4\"",
+        b,
         r#"[[step]]
 post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3 }
 [[step]]
@@ -2871,10 +2868,16 @@ poll = "idle"
 [expect]
 outcomes = { a = ["1-3 completed"], b = ["1-12 completed"] }
 "#,
-    );
-    let o = run_text("confirm-order", &text, false);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let out = stdout(&o);
+    )
+}
+
+/// As in `a_confirm_on_a_full_shared_cq_polls_for_room`, with b signaling every 4th
+/// WRITE: the completions a's confirm polls for b (those of WRITEs 4, 8 and 12) go to b
+/// in the order polled, and show in the next step that polls, not in the confirm step.
+#[test]
+fn completions_a_confirm_polled_for_another_queue_go_to_it_in_order() {
+    let text = a_confirm_behind_b("policy = \"every:4\"");
+    let out = trace_of("confirm-order", &text);
     let at = |what: &str| out.find(what).unwrap_or_else(|| panic!("no {what}: {out}"));
     let poll_step = at("{\"event\":\"step\",\"n\":4,\"kind\":\"poll\"}");
     let cqes: Vec<usize> = [4, 8, 12]
@@ -2936,22 +2939,7 @@ fn a_confirm_on_a_full_shared_cq_polls_for_room() {
     let dir = scratch("selsig-cli-confirm");
     // b's twelve WRITEs take the last of the shared CQ's credits (its 12th is signaled for
     // it): a's confirm marker waits for b's completion.
-    let text = shared_cq_scenario(
-        8,
-        "policy = \"never\"",
-        "policy = \"never\"",
-        r#"[[step]]
-post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3 }
-[[step]]
-post = { qp = "b", op = "write", local = "src", remote = "dst", size = 64, count = 12 }
-[[step]]
-confirm = "a"
-[[step]]
-poll = "idle"
-[expect]
-outcomes = { a = ["1-3 completed"], b = ["1-12 completed"] }
-"#,
-    );
+    let text = a_confirm_behind_b("policy = \"never\"");
     let path = dir.join("confirm.toml");
     std::fs::write(&path, text).unwrap();
     let started = std::time::Instant::now();
