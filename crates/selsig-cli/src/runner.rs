@@ -992,15 +992,31 @@ fn canonical(events: &mut [Event], sc: &Scenario) {
     events.sort_by_key(|e| rank(e));
 }
 
-/// A completion of the trace: QP, wr_id, status, opcode, byte_len, immediate data.
-type SeenCqe<'t> = (
-    &'t str,
-    u64,
-    &'t str,
-    Option<&'t str>,
-    Option<u32>,
-    Option<u32>,
-);
+/// A completion as the trace shows it (and as an expectation gives it).
+struct SeenCqe<'t> {
+    qp: &'t str,
+    wr_id: u64,
+    status: &'t str,
+    opcode: Option<&'t str>,
+    byte_len: Option<u32>,
+    imm: Option<u32>,
+}
+
+impl std::fmt::Display for SeenCqe<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} wr_id {} {}", self.qp, self.wr_id, self.status)?;
+        if let Some(o) = self.opcode {
+            write!(f, " {o}")?;
+        }
+        if let Some(b) = self.byte_len {
+            write!(f, " byte_len {b}")?;
+        }
+        if let Some(m) = self.imm {
+            write!(f, " imm {m}")?;
+        }
+        Ok(())
+    }
+}
 
 /// Checks the expectations against the trace.
 fn check(e: &Expect, trace: &[Event]) -> (Vec<String>, Vec<String>) {
@@ -1017,7 +1033,14 @@ fn check(e: &Expect, trace: &[Event]) -> (Vec<String>, Vec<String>) {
                     opcode,
                     byte_len,
                     imm,
-                } => Some((qp.as_str(), *wr_id, *status, *opcode, *byte_len, *imm)),
+                } => Some(SeenCqe {
+                    qp,
+                    wr_id: *wr_id,
+                    status,
+                    opcode: *opcode,
+                    byte_len: *byte_len,
+                    imm: *imm,
+                }),
                 _ => None,
             })
             .collect();
@@ -1029,39 +1052,27 @@ fn check(e: &Expect, trace: &[Event]) -> (Vec<String>, Vec<String>) {
                 actual.len(),
                 actual
                     .iter()
-                    .map(|a| format!("{}#{} {}", a.0, a.1, a.2))
+                    .map(|a| format!("{}#{} {}", a.qp, a.wr_id, a.status))
                     .collect::<Vec<_>>()
             ));
         }
         for (i, (x, a)) in expected.iter().zip(&actual).enumerate() {
-            let ok = x.qp == a.0
-                && x.wr_id == a.1
-                && x.status == a.2
-                && x.opcode.as_deref().is_none_or(|o| Some(o) == a.3)
-                && x.byte_len.is_none_or(|b| Some(b) == a.4)
-                && x.imm.is_none_or(|m| Some(m) == a.5);
+            let ok = x.qp == a.qp
+                && x.wr_id == a.wr_id
+                && x.status == a.status
+                && x.opcode.as_deref().is_none_or(|o| Some(o) == a.opcode)
+                && x.byte_len.is_none_or(|b| Some(b) == a.byte_len)
+                && x.imm.is_none_or(|m| Some(m) == a.imm);
             if !ok {
-                let len = |b: Option<u32>| b.map(|b| format!(" byte_len {b}")).unwrap_or_default();
-                let imm = |m: Option<u32>| m.map(|m| format!(" imm {m}")).unwrap_or_default();
-                failures.push(format!(
-                    "completion {}: expected {} wr_id {} {}{}{}{}, got {} wr_id {} {}{}{}{}",
-                    i + 1,
-                    x.qp,
-                    x.wr_id,
-                    x.status,
-                    x.opcode
-                        .as_deref()
-                        .map(|o| format!(" {o}"))
-                        .unwrap_or_default(),
-                    len(x.byte_len),
-                    imm(x.imm),
-                    a.0,
-                    a.1,
-                    a.2,
-                    a.3.map(|o| format!(" {o}")).unwrap_or_default(),
-                    len(a.4),
-                    imm(a.5),
-                ));
+                let x = SeenCqe {
+                    qp: &x.qp,
+                    wr_id: x.wr_id,
+                    status: &x.status,
+                    opcode: x.opcode.as_deref(),
+                    byte_len: x.byte_len,
+                    imm: x.imm,
+                };
+                failures.push(format!("completion {}: expected {x}, got {a}", i + 1));
                 break;
             }
         }

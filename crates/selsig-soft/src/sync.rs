@@ -1,5 +1,6 @@
-//! The atomics of the rings and the execution-time records: `std`'s, or `loom`'s when built with `--cfg loom` to check
-//! the rings' protocols under every interleaving (tokio's `loom/mod.rs` idea).
+//! The atomics of the rings and the execution-time records: `std`'s, or `loom`'s when
+//! built with `--cfg loom` to check their protocols under every interleaving (tokio's
+//! `loom/mod.rs` idea).
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
