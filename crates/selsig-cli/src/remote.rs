@@ -653,42 +653,53 @@ impl OnDevice for &ServeArgs {
             info.device,
             info.provider.as_str(),
         );
-        loop {
-            let (stream, from) = match listener.accept() {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // A client that gave up, or no file descriptor left for a moment: the
-                    // next clients are still served.
-                    say!("selsig serve: cannot accept a connection: {e}");
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
-                }
-            };
-            let ok = match serve_one(dev, info, stream) {
-                Ok((0, _)) => {
-                    say!("selsig serve: client {from}: done (nothing to check)");
-                    true
-                }
-                Ok((wrs, bad)) => {
-                    say!(
-                        "selsig serve: client {from}: {wrs} slots checked (each holds the last \
-                         WRITE to it), {}",
-                        if bad.is_empty() {
-                            "memory as the outcomes say".to_string()
-                        } else {
-                            format!("mismatches: {bad:?}")
-                        }
-                    );
-                    bad.is_empty()
-                }
-                Err(e) => {
-                    say!("selsig serve: client {from}: error: {e:#}");
-                    false
-                }
-            };
-            if self.once {
-                return Ok(ok);
+        serve_on(&listener, dev, info, self.once)
+    }
+}
+
+/// Serves the clients that connect to `listener`, one at a time, for ever or, `once`, one
+/// session: then whether its check passed.
+fn serve_on<D: Device>(
+    listener: &TcpListener,
+    dev: &D,
+    info: &DeviceInfo,
+    once: bool,
+) -> Result<bool> {
+    loop {
+        let (stream, from) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // A client that gave up, or no file descriptor left for a moment: the
+                // next clients are still served.
+                say!("selsig serve: cannot accept a connection: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
             }
+        };
+        let ok = match serve_one(dev, info, stream) {
+            Ok((0, _)) => {
+                say!("selsig serve: client {from}: done (nothing to check)");
+                true
+            }
+            Ok((wrs, bad)) => {
+                say!(
+                    "selsig serve: client {from}: {wrs} slots checked (each holds the last \
+                     WRITE to it), {}",
+                    if bad.is_empty() {
+                        "memory as the outcomes say".to_string()
+                    } else {
+                        format!("mismatches: {bad:?}")
+                    }
+                );
+                bad.is_empty()
+            }
+            Err(e) => {
+                say!("selsig serve: client {from}: error: {e:#}");
+                false
+            }
+        };
+        if once {
+            return Ok(ok);
         }
     }
 }
@@ -1289,7 +1300,7 @@ mod tests {
             serve_one(&dev, &soft_info(), server).expect_err("bad")
         );
         assert!(
-            err.starts_with("the peer sent a malformed client's hello"),
+            err.starts_with(r#"the peer sent a malformed client's hello: "{\"wrs\":-1}": "#),
             "{err}"
         );
         let reply: Reply =
@@ -1331,6 +1342,16 @@ mod tests {
         let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
         let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(4).unwrap();
+        // A day, which a client announces with the second it rounds up by, is served.
+        let (_qp, hello) = hello_from(&dev, &pd, &cq, 1, 64, MAX_RUN.as_secs() + 1);
+        let (server, mut client) = tcp_pair();
+        client
+            .write_all((hello + "{\"completed\":[]}\n").as_bytes())
+            .unwrap();
+        assert_eq!(
+            serve_one(&dev, &soft_info(), server).unwrap(),
+            (1, Vec::new())
+        );
         for run_s in [MAX_RUN.as_secs() + 2, u64::MAX / 2, u64::MAX] {
             let (_qp, hello) = hello_from(&dev, &pd, &cq, 1, 64, run_s);
             let (server, mut client) = tcp_pair();
@@ -1488,6 +1509,21 @@ mod tests {
         let mut r = std::io::Cursor::new(b"{\"completed\":[3,1]}\n".to_vec());
         let check: Check = receive(&mut r, "client's outcomes", MAX_LINE).expect("a short message");
         assert_eq!(check.completed, [3, 1]);
+        // The limit counts the newline: a message of exactly the limit is taken.
+        let line = b"{\"completed\":[3,1]}\n";
+        let max = line.len() as u64;
+        let check: Check = receive(&mut &line[..], "client's outcomes", max).expect("at the limit");
+        assert_eq!(check.completed, [3, 1]);
+        let err = receive::<Check>(&mut &line[..], "client's outcomes", max - 1)
+            .expect_err("one byte over")
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "the peer sent a client's outcomes longer than {} bytes",
+                max - 1
+            )
+        );
     }
 
     #[test]
@@ -1510,6 +1546,28 @@ mod tests {
             "{hint}"
         );
         assert_eq!(gid_hint(&at(mapped), &at(mapped), "server"), "");
+        // Link-local is fe80::/10: febf:: is, fec0:: is not.
+        let prefixed = |bytes: [u8; 2]| {
+            let mut gid = [0u8; 16];
+            gid[..2].copy_from_slice(&bytes);
+            gid[15] = 1;
+            gid
+        };
+        assert_eq!(
+            gid_hint(&at(prefixed([0xfe, 0xbf])), &at(link_local), "server"),
+            ""
+        );
+        let hint = gid_hint(&at(prefixed([0xfe, 0xc0])), &at(link_local), "client");
+        assert!(
+            hint.contains("side's GID is global, the client's link-local"),
+            "{hint}"
+        );
+        // IPv4-mapped is ::ffff:a.b.c.d, not any GID of ten zero bytes first (::1).
+        let hint = gid_hint(&at(prefixed([0, 0])), &at(mapped), "server");
+        assert!(
+            hint.contains("side's GID is global, the server's IPv4-mapped"),
+            "{hint}"
+        );
     }
 
     #[test]
@@ -1526,6 +1584,15 @@ mod tests {
             let err = wire(bad).endpoint().expect_err(bad).to_string();
             assert!(err.contains("malformed GID"), "{err}");
         }
+        // A long one is shown cut to 200 characters.
+        let err = wire(&"g".repeat(300)).endpoint().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "the peer sent a malformed GID {:?}: not 32 hex digits",
+                "g".repeat(200)
+            )
+        );
     }
 
     #[test]
@@ -1568,5 +1635,180 @@ mod tests {
         region.write(2 * size + CHECK_CHUNK + 7, &[0]).unwrap();
         region.write(3 * size + size - 1, &[9]).unwrap();
         assert_eq!(mismatches(&region, 4, size, size, &[1, 3]).unwrap(), [3, 4]);
+        // One byte off in the first piece of WRITE 1, whose last piece is right.
+        region.write(7, &[0]).unwrap();
+        assert_eq!(
+            mismatches(&region, 4, size, size, &[1, 3]).unwrap(),
+            [1, 3, 4]
+        );
+    }
+
+    #[test]
+    fn a_client_takes_a_check_of_its_last_slot_and_refuses_one_of_write_0() {
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        for (named, expected) in [
+            (4, Ok(vec![4])),
+            (
+                0,
+                Err("the server's check names WRITE 0, which was not posted (1 to 4)"),
+            ),
+        ] {
+            let (at, server) = fake_server(move |mut reader, mut writer| {
+                let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+                send(&mut writer, &welcome("rxe0")).unwrap();
+                let _: Check = receive(&mut reader, "client's outcomes", MAX_LINE).unwrap();
+                let mismatches = vec![named];
+                send(&mut writer, &Checked { mismatches }).unwrap();
+            });
+            let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+            let got = peer.check(vec![1]).map_err(|e| e.to_string());
+            assert_eq!(got, expected.map_err(str::to_string), "WRITE {named}");
+            server.join().unwrap();
+        }
+    }
+
+    /// Each message has its own wait, from when it is awaited: a server waits for the
+    /// outcomes as long as the run takes, however short its wait for the hello was.
+    #[test]
+    fn each_message_is_awaited_from_when_it_is_expected() {
+        let (server, mut client) = tcp_pair();
+        let wait = Duration::from_millis(300);
+        let mut reader = BufReader::new(Timed::new(server, wait));
+        client.write_all(b"{\"completed\":[1]}\n").unwrap();
+        let first: Check =
+            receive_within(&mut reader, "client's outcomes", wait, MAX_LINE).unwrap();
+        std::thread::sleep(2 * wait);
+        client.write_all(b"{\"completed\":[2]}\n").unwrap();
+        let second: Check =
+            receive_within(&mut reader, "client's outcomes", wait, MAX_LINE).unwrap();
+        assert_eq!((first.completed, second.completed), (vec![1], vec![2]));
+    }
+
+    #[test]
+    fn a_server_refuses_no_slots_and_more_memory_than_it_registers_for_a_client() {
+        // Regions of at most 1 MiB: a request the server takes fails at the registration.
+        let config = selsig_soft::SoftConfig {
+            max_mr_size: 1 << 20,
+            ..selsig_soft::SoftConfig::default()
+        };
+        let dev = selsig_soft::SoftDevice::open(config).unwrap();
+        let hello = |wrs: u32, size: u64| Hello {
+            version: PROTOCOL,
+            qp: wire(&"0".repeat(32)),
+            wrs,
+            size,
+            run_s: 0,
+        };
+        let max_wrs = crate::demo::MAX_WRS;
+        for (wrs, size) in [(0, 64), (max_wrs + 1, 1), (max_wrs, 4097), (2, 1 << 63)] {
+            let err = prepare(&dev, &soft_info(), &hello(wrs, size))
+                .err()
+                .expect("refused")
+                .to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "the client asked for {wrs} slots of {size} bytes: at most 1048576 slots \
+                     and 4294967296 bytes in all"
+                )
+            );
+        }
+        // Exactly the most: past the check, to the device.
+        for (wrs, size) in [(4, 1 << 30), (max_wrs, 4096)] {
+            let err = prepare(&dev, &soft_info(), &hello(wrs, size))
+                .err()
+                .expect("more than the device takes");
+            assert!(
+                format!("{err:#}").starts_with("cannot register the target region: "),
+                "{err:#}"
+            );
+        }
+    }
+
+    /// A session the client ends without a check (it wrote bytes the server cannot know):
+    /// the server checks no slot, and the client hears back.
+    #[test]
+    fn a_session_ended_unchecked_checks_nothing() {
+        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(4).unwrap();
+        let (qp, _) = hello_from(&dev, &pd, &cq, 8, 64, 0);
+        let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        std::thread::scope(|s| {
+            let server = s.spawn(|| serve_one(&dev, &soft_info(), listener.accept().unwrap().0));
+            let peer = RemotePeer::connect(&at, &mine, 8, 64, None).unwrap();
+            peer.finish_unchecked().unwrap();
+            assert_eq!(server.join().unwrap().unwrap(), (0, Vec::new()));
+        });
+    }
+
+    /// A server that reset the connection (it closed with bytes unread) is closed too.
+    #[test]
+    fn a_client_sees_a_connection_the_server_reset() {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (at, server) = fake_server(move |mut reader, mut writer| {
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            send(&mut writer, &welcome("rxe0")).unwrap();
+            stopped.recv().unwrap();
+        });
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        let mut peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        // A byte the server never reads: its close resets the connection.
+        peer.writer.write_all(b"x").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        stop.send(()).unwrap();
+        server.join().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        // The reset is reported once, by the first look: that one must see it.
+        assert!(peer.closed());
+    }
+
+    /// `selsig serve` and `selsig demo --connect` on one soft NIC in this process: the
+    /// demo's WRITEs land in the server's region, the server checks them against the
+    /// outcomes and passes the session; a client whose outcomes lie fails it, as does one
+    /// that says nothing; one that ends unchecked passes.
+    #[test]
+    fn serve_passes_a_demo_and_fails_a_client_whose_outcomes_are_not_its_memory() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Options {
+            #[command(flatten)]
+            demo: crate::demo::DemoArgs,
+        }
+        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
+        let info = soft_info();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        std::thread::scope(|s| {
+            // WRITE 6 fails, 7 and 8 are flushed: the server finds 1 to 5 and zeros.
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            let args = Options::parse_from(["demo", "--connect", &at, "--fail-at", "6"]);
+            let report = (&args.demo).run(&dev, &info).unwrap();
+            assert_eq!((report.summary.completed, report.summary.failed), (5, 1));
+            assert!(report.remote_verified);
+            assert_eq!(report.mismatches, [0u32; 0]);
+            assert_eq!(report.target, Some(format!("soft0 at {at}")));
+            assert!(server.join().unwrap().unwrap(), "the server's check");
+            // WRITE 1 said to have completed, never posted.
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            let pd = dev.alloc_pd().unwrap();
+            let cq = dev.create_cq(4).unwrap();
+            let (qp, _) = hello_from(&dev, &pd, &cq, 2, 64, 0);
+            let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
+            let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
+            assert_eq!(peer.check(vec![1]).unwrap(), [1]);
+            assert!(!server.join().unwrap().unwrap(), "the server's check");
+            // A session ended unchecked passes (nothing to check).
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
+            peer.finish_unchecked().unwrap();
+            assert!(server.join().unwrap().unwrap(), "a session ended unchecked");
+            // A client that breaks off: the session fails.
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            drop(TcpStream::connect(&at).unwrap());
+            assert!(!server.join().unwrap().unwrap(), "a session with no hello");
+        });
     }
 }
