@@ -607,16 +607,21 @@ fn failed_expectations_fail_the_run() {
     );
     // Outcomes expected for work requests never posted fail the run, however many the
     // range names (it is not expanded to the end).
-    for (range, first_missing) in [("1-18446744073709551615", 9), ("9-12", 9)] {
+    for (items, first_missing) in [
+        ("\"1-18446744073709551615 completed\"", 9),
+        ("\"9-12 completed\"", 9),
+        // A range that starts beyond the first work request not posted.
+        ("\"1-8 completed\", \"20-30 completed\"", 20),
+    ] {
         let path = dir.join("beyond.toml");
-        let text = seed.replace("\"1-8 completed\"", &format!("\"{range} completed\""));
+        let text = seed.replace("\"1-8 completed\"", items);
         std::fs::write(&path, text).unwrap();
         let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
-        assert_eq!(o.status.code(), Some(1), "{range}: {}", stderr(&o));
+        assert_eq!(o.status.code(), Some(1), "{items}: {}", stderr(&o));
         let err = stderr(&o);
         assert!(
             err.contains(&format!("{first_missing}: expected completed got nothing")),
-            "{range}: {err}"
+            "{items}: {err}"
         );
     }
     // Waiting for more completions than the outstanding work can give fails at once
@@ -1090,6 +1095,43 @@ post = { qp = "a", op = "write_imm", remote = "dst", count = 2 }
             "a: 2 work requests, 1 receives outstanding (1 SENDs and WRITEs with immediate \
              beyond the 1 receives posted on \"a.peer\" wait for one: the peer answers RNR, \
              which rnr_retry 7 retries for ever)",
+        ),
+        (
+            // Every fourth signaled: the two WRITEs left of the failed queue are flushed,
+            // not an unsignaled tail that no completion confirms.
+            one_qp_scenario(
+                "policy = \"every:4\"",
+                r#"[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3, fault = "bad_rkey" }
+[[step]]
+poll = { cqes = 1 }
+"#,
+            ),
+            "a: 2 work requests, 0 receives outstanding",
+        ),
+        (
+            // Below retry_cnt 7 the retries run out: nothing is retransmitted for ever.
+            one_qp_scenario(
+                "policy = \"always\"\nretry_cnt = 6",
+                r#"[[step]]
+to_error = "a.peer"
+[[step]]
+post = { qp = "a", op = "write", remote = "dst", size = 0 }
+"#,
+            ),
+            "a: 1 work requests, 0 receives outstanding",
+        ),
+        (
+            // Nothing posted: nothing to retransmit, whatever the peer's state.
+            one_qp_scenario(
+                "policy = \"always\"",
+                r#"[[step]]
+recv = { qp = "a.peer" }
+[[step]]
+to_error = "a.peer"
+"#,
+            ),
+            "a: 0 work requests, 1 receives outstanding",
         ),
     ];
     for (text, says) in cases {
@@ -2778,6 +2820,102 @@ poll = "idle"
         "{}",
         stderr(&o)
     );
+    // The receive slots of every peer that reports to a CQ count: two queues of 3
+    // receives (6, as the CQ) that mlx5 makes 4 each.
+    let two_peers = r#"description = "two peers' receives in one CQ"
+[[cq]]
+name = "r"
+size = 6
+[[qp]]
+name = "a"
+peer_cq = "r"
+peer_depth = 3
+[[qp]]
+name = "b"
+peer_cq = "r"
+peer_depth = 3
+[[step]]
+recv = { qp = "a.peer" }
+[[step]]
+post = { qp = "a", op = "send" }
+[[step]]
+poll = "idle"
+"#;
+    std::fs::write(&path, two_peers).unwrap();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "cq \"r\" holds 7 completions, fewer than the 8 receive slots of the peers that \
+             report to it"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    // rxe's CQs and receive queues hold what was asked: a receive-only CQ exactly as large
+    // as its peer's receive queue is enough.
+    let exact = r#"description = "a receive-only CQ as large as the receive queue"
+[[cq]]
+name = "r"
+size = 7
+[[qp]]
+name = "a"
+peer_cq = "r"
+peer_depth = 7
+policy = "always"
+[[step]]
+recv = { qp = "a.peer", count = 7 }
+[[step]]
+post = { qp = "a", op = "send", count = 7 }
+[[step]]
+poll = "idle"
+"#;
+    std::fs::write(&path, exact).unwrap();
+    let o = selsig(&["run", path.to_str().unwrap(), "-q", "--personality", "rxe"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Asynchronous events are compared as a set: two from different steps, raised in the
+/// reverse of their names' order, meet a list in either order.
+#[test]
+fn async_events_of_several_steps_are_compared_in_any_order() {
+    let text = r#"description = "two access errors, b's first"
+[[qp]]
+name = "b"
+policy = "always"
+[[qp]]
+name = "a"
+policy = "always"
+[[region]]
+name = "src"
+size = 64
+access = ["local_write"]
+[[region]]
+name = "dst"
+size = 64
+access = ["local_write", "remote_write"]
+[[step]]
+post = { qp = "b", op = "write", local = "src", remote = "dst", size = 64, fault = "bad_rkey" }
+[[step]]
+poll = "idle"
+[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, fault = "bad_rkey" }
+[[step]]
+poll = "idle"
+[expect]
+events = ["qp_access_err:a.peer", "qp_access_err:b.peer"]
+"#;
+    let dir = scratch("selsig-cli-async-order");
+    let path = dir.join("async-order.toml");
+    std::fs::write(&path, text).unwrap();
+    let o = selsig(&["run", path.to_str().unwrap(), "--personality", "mlx5"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The trace has them in the order raised.
+    let out = stdout(&o);
+    let b = out.find("\"qp\":\"b.peer\"").expect("b's event");
+    let a = out.find("\"qp\":\"a.peer\"").expect("a's event");
+    assert!(b < a, "{out}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -3404,7 +3542,7 @@ fn run_variant(
 #[test]
 fn each_mismatch_of_an_expectation_fails_the_run() {
     let dir = scratch("selsig-cli-mismatch");
-    let cases: [(&str, &str, Edit, &[&str], &str); 6] = [
+    let cases: [(&str, &str, Edit, &[&str], &str); 7] = [
         (
             // An extra completion, not in the list.
             "extra-cqe",
@@ -3424,7 +3562,19 @@ fn each_mismatch_of_an_expectation_fails_the_run() {
             "seed.toml",
             |t| t.replace("\"1-8 completed\"", "\"1-4 completed\", \"5-8 flushed\""),
             &[],
-            "outcomes of a differ: 5: expected flushed got completed",
+            "outcomes of a differ: 5: expected flushed got completed, 6: expected flushed \
+             got completed, 7: expected flushed got completed, 8: expected flushed got \
+             completed\n",
+        ),
+        (
+            // Eight differences: the first five are listed.
+            "eight-wrong-outcomes",
+            "seed.toml",
+            |t| t.replace("\"1-8 completed\"", "\"1-8 flushed\""),
+            &[],
+            "outcomes of a differ: 1: expected flushed got completed, 2: expected flushed \
+             got completed, 3: expected flushed got completed, 4: expected flushed got \
+             completed, 5: expected flushed got completed\n",
         ),
         (
             // An async event the run raised but the list does not name.
