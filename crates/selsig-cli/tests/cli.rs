@@ -1052,6 +1052,51 @@ fn trace_of(name: &str, text: &str) -> String {
     stdout(&o)
 }
 
+/// A confirm with nothing unsignaled outstanding posts no marker and says so; a drain
+/// whose send queue is full (an unsignaled WRITE behind the signaled one) polls for room,
+/// then posts its marker, which confirms the WRITE.
+#[test]
+fn a_confirm_not_needed_is_traced_and_a_drain_of_a_full_queue_makes_room_for_its_marker() {
+    let write = |count| {
+        format!(
+            "[[step]]\npost = {{ qp = \"a\", op = \"write\", local = \"src\", remote = \"dst\", \
+             size = 64, count = {count} }}\n"
+        )
+    };
+    let steps = format!(
+        "{}[[step]]\npoll = \"idle\"\n[[step]]\nconfirm = \"a\"\n{}[[step]]\ndrain = \"a\"\n",
+        write(3),
+        write(4)
+    );
+    let out = trace_of(
+        "confirm-drain",
+        &one_qp_scenario("depth = 4\npolicy = \"every:3\"", &steps),
+    );
+    assert!(
+        out.contains(
+            "{\"event\":\"step\",\"n\":3,\"kind\":\"confirm\"}\n\
+             {\"event\":\"confirm_not_needed\",\"qp\":\"a\"}\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "{\"event\":\"post\",\"qp\":\"a\",\"seq\":7,\"op\":\"rdma_write\",\"len\":64,\"signaled\":false}\n\
+             {\"event\":\"step\",\"n\":5,\"kind\":\"drain\"}\n\
+             {\"event\":\"cqe\",\"qp\":\"a\",\"wr_id\":6,\"status\":\"success\",\"opcode\":\"rdma_write\"}\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "{\"event\":\"post\",\"qp\":\"a\",\"seq\":8,\"op\":\"rdma_write\",\"len\":0,\"signaled\":true,\"reason\":\"marker\",\"marker\":true}\n\
+             {\"event\":\"cqe\",\"qp\":\"a\",\"wr_id\":8,\"status\":\"success\",\"opcode\":\"rdma_write\"}\n\
+             {\"event\":\"retire\",\"qp\":\"a\",\"seq\":7,\"outcome\":\"completed\"}\n"
+        ),
+        "{out}"
+    );
+}
+
 /// What a run that ends with work outstanding says of each queue: no hint of a peer that
 /// answers nothing once the queue itself failed (its work requests are flushed), none of
 /// SENDs waiting for a receive when there are as many receives as SENDs, and WRITEs with
