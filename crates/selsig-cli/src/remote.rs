@@ -1102,6 +1102,18 @@ mod tests {
         server.join().unwrap();
     }
 
+    /// A soft NIC, a protection domain and a CQ on it, for the QPs of clients.
+    fn soft_device() -> (
+        selsig_soft::SoftDevice,
+        selsig_soft::SoftPd,
+        selsig_soft::SoftCq,
+    ) {
+        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(4).unwrap();
+        (dev, pd, cq)
+    }
+
     fn soft_info() -> DeviceInfo {
         DeviceInfo {
             provider: crate::common::ProviderKind::Soft,
@@ -1142,6 +1154,23 @@ mod tests {
         (qp, serde_json::to_string(&hello).unwrap() + "\n")
     }
 
+    /// What `serve_one` returns for a session of `wrs` slots of 64 bytes and a run of
+    /// `run_s` seconds whose client says no WRITE completed.
+    fn none_completed<D: Device>(
+        dev: &D,
+        pd: &D::Pd,
+        cq: &D::Cq,
+        wrs: u32,
+        run_s: u64,
+    ) -> Result<(u32, Vec<u32>)> {
+        let (_qp, hello) = hello_from(dev, pd, cq, wrs, 64, run_s);
+        let (server, mut client) = tcp_pair();
+        client
+            .write_all((hello + "{\"completed\":[]}\n").as_bytes())
+            .unwrap();
+        serve_one(dev, &soft_info(), server)
+    }
+
     /// The client's side of a session whose outcomes the server refused: a welcome, then
     /// the refusal `err` in place of the check.
     fn hears_outcomes_refused(client: TcpStream, err: &str) {
@@ -1156,9 +1185,7 @@ mod tests {
 
     #[test]
     fn a_server_refuses_outcomes_of_writes_not_posted_or_named_twice() {
-        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(4).unwrap();
+        let (dev, pd, cq) = soft_device();
         for (completed, why) in [
             (
                 "[9,0,4294967295]",
@@ -1179,13 +1206,8 @@ mod tests {
             hears_outcomes_refused(client, &err);
         }
         // Outcomes of WRITEs posted, each once, are checked.
-        let (_qp, hello) = hello_from(&dev, &pd, &cq, 8, 64, 0);
-        let (server, mut client) = tcp_pair();
-        client
-            .write_all((hello + "{\"completed\":[]}\n").as_bytes())
-            .unwrap();
         assert_eq!(
-            serve_one(&dev, &soft_info(), server).unwrap(),
+            none_completed(&dev, &pd, &cq, 8, 0).unwrap(),
             (8, Vec::new())
         );
     }
@@ -1289,9 +1311,7 @@ mod tests {
     /// connection (which it would blame on a busy server).
     #[test]
     fn a_server_tells_the_client_what_it_could_not_read() {
-        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(4).unwrap();
+        let (dev, pd, cq) = soft_device();
         // A malformed hello.
         let (server, mut client) = tcp_pair();
         client.write_all(b"{\"wrs\":-1}\n").unwrap();
@@ -1339,17 +1359,11 @@ mod tests {
 
     #[test]
     fn a_server_refuses_a_run_longer_than_a_day_and_survives_any_length() {
-        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(4).unwrap();
+        let (dev, pd, cq) = soft_device();
         // A day, which a client announces with the second it rounds up by, is served.
-        let (_qp, hello) = hello_from(&dev, &pd, &cq, 1, 64, MAX_RUN.as_secs() + 1);
-        let (server, mut client) = tcp_pair();
-        client
-            .write_all((hello + "{\"completed\":[]}\n").as_bytes())
-            .unwrap();
+        let day = MAX_RUN.as_secs() + 1;
         assert_eq!(
-            serve_one(&dev, &soft_info(), server).unwrap(),
+            none_completed(&dev, &pd, &cq, 1, day).unwrap(),
             (1, Vec::new())
         );
         for run_s in [MAX_RUN.as_secs() + 2, u64::MAX / 2, u64::MAX] {
@@ -1386,9 +1400,7 @@ mod tests {
 
     #[test]
     fn a_server_gives_up_on_a_client_that_does_not_read_its_check() {
-        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(4).unwrap();
+        let (dev, pd, cq) = soft_device();
         // Every WRITE said to have completed, none landed: the reply names every one,
         // megabytes that fill the socket's buffers.
         let wrs = crate::demo::MAX_WRS;
@@ -1729,9 +1741,7 @@ mod tests {
     /// the server checks no slot, and the client hears back.
     #[test]
     fn a_session_ended_unchecked_checks_nothing() {
-        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(4).unwrap();
+        let (dev, pd, cq) = soft_device();
         let (qp, _) = hello_from(&dev, &pd, &cq, 8, 64, 0);
         let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();

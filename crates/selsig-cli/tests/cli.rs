@@ -1103,40 +1103,35 @@ fn a_confirm_not_needed_is_traced_and_a_drain_of_a_full_queue_makes_room_for_its
 /// immediate use receives as SENDs do.
 #[test]
 fn work_left_at_the_end_gets_only_the_hints_that_apply() {
+    let bad_key = r#"[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3, fault = "bad_rkey" }
+[[step]]
+poll = { cqes = 1 }
+"#;
     let cases = [
         (
             // A bad key: the peer goes to the error state, and so does a once its
             // completion is polled; two flushes are left.
-            one_qp_scenario(
-                "policy = \"always\"",
-                r#"[[step]]
-post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3, fault = "bad_rkey" }
-[[step]]
-poll = { cqes = 1 }
-"#,
-            ),
+            "policy = \"always\"",
+            bad_key,
             "a: 2 work requests, 0 receives outstanding",
         ),
         (
-            one_qp_scenario(
-                "policy = \"always\"",
-                r#"[[step]]
+            "policy = \"always\"",
+            r#"[[step]]
 recv = { qp = "a.peer" }
 [[step]]
 post = { qp = "a", op = "send", count = 1 }
 "#,
-            ),
             "a: 1 work requests, 1 receives outstanding",
         ),
         (
-            one_qp_scenario(
-                "policy = \"always\"",
-                r#"[[step]]
+            "policy = \"always\"",
+            r#"[[step]]
 recv = { qp = "a.peer" }
 [[step]]
 post = { qp = "a", op = "write_imm", remote = "dst", count = 2 }
 "#,
-            ),
             "a: 2 work requests, 1 receives outstanding (1 SENDs and WRITEs with immediate \
              beyond the 1 receives posted on \"a.peer\" wait for one: the peer answers RNR, \
              which rnr_retry 7 retries for ever)",
@@ -1144,43 +1139,33 @@ post = { qp = "a", op = "write_imm", remote = "dst", count = 2 }
         (
             // Every fourth signaled: the two WRITEs left of the failed queue are flushed,
             // not an unsignaled tail that no completion confirms.
-            one_qp_scenario(
-                "policy = \"every:4\"",
-                r#"[[step]]
-post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3, fault = "bad_rkey" }
-[[step]]
-poll = { cqes = 1 }
-"#,
-            ),
+            "policy = \"every:4\"",
+            bad_key,
             "a: 2 work requests, 0 receives outstanding",
         ),
         (
             // Below retry_cnt 7 the retries run out: nothing is retransmitted for ever.
-            one_qp_scenario(
-                "policy = \"always\"\nretry_cnt = 6",
-                r#"[[step]]
+            "policy = \"always\"\nretry_cnt = 6",
+            r#"[[step]]
 to_error = "a.peer"
 [[step]]
 post = { qp = "a", op = "write", remote = "dst", size = 0 }
 "#,
-            ),
             "a: 1 work requests, 0 receives outstanding",
         ),
         (
             // Nothing posted: nothing to retransmit, whatever the peer's state.
-            one_qp_scenario(
-                "policy = \"always\"",
-                r#"[[step]]
+            "policy = \"always\"",
+            r#"[[step]]
 recv = { qp = "a.peer" }
 [[step]]
 to_error = "a.peer"
 "#,
-            ),
             "a: 0 work requests, 1 receives outstanding",
         ),
     ];
-    for (text, says) in cases {
-        let o = run_text("hints", &text, true);
+    for (qp, steps, says) in cases {
+        let o = run_text("hints", &one_qp_scenario(qp, steps), true);
         assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
         let err = stderr(&o);
         let expected = format!(
@@ -2779,6 +2764,29 @@ fn bench_inline_writes_need_no_buffers() {
     assert_eq!(v["settings"]["inline"], true);
 }
 
+/// A scenario whose QP's peer reports its `depth` receives to a CQ of `size` entries of
+/// its own: each receive is used by a SEND.
+fn receive_only(size: u32, depth: u32) -> String {
+    format!(
+        r#"description = "a receive-only CQ of {size} for {depth} receives"
+[[cq]]
+name = "r"
+size = {size}
+[[qp]]
+name = "a"
+peer_cq = "r"
+peer_depth = {depth}
+policy = "always"
+[[step]]
+recv = {{ qp = "a.peer", count = {depth} }}
+[[step]]
+post = {{ qp = "a", op = "send", count = {depth} }}
+[[step]]
+poll = "idle"
+"#
+    )
+}
+
 #[test]
 fn a_cq_keeps_room_for_the_peer_receives_that_report_to_it() {
     let dir = scratch("selsig-cli-room");
@@ -2835,26 +2843,7 @@ outcomes = {{ a = ["1-3 completed"] }}
     // rounds them differently (mlx5: 6 entries make 7, 5 receive slots make 8): the queue
     // could hold eight receives, whose completions would overrun it. Refused when the run
     // creates them.
-    std::fs::write(
-        &path,
-        r#"description = "a receive-only CQ smaller than the receive queue"
-[[cq]]
-name = "r"
-size = 6
-[[qp]]
-name = "a"
-peer_cq = "r"
-peer_depth = 5
-policy = "always"
-[[step]]
-recv = { qp = "a.peer", count = 5 }
-[[step]]
-post = { qp = "a", op = "send", count = 5 }
-[[step]]
-poll = "idle"
-"#,
-    )
-    .unwrap();
+    std::fs::write(&path, receive_only(6, 5)).unwrap();
     let o = selsig(&["run", path.to_str().unwrap(), "-q"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
@@ -2899,23 +2888,7 @@ poll = "idle"
     );
     // rxe's CQs and receive queues hold what was asked: a receive-only CQ exactly as large
     // as its peer's receive queue is enough.
-    let exact = r#"description = "a receive-only CQ as large as the receive queue"
-[[cq]]
-name = "r"
-size = 7
-[[qp]]
-name = "a"
-peer_cq = "r"
-peer_depth = 7
-policy = "always"
-[[step]]
-recv = { qp = "a.peer", count = 7 }
-[[step]]
-post = { qp = "a", op = "send", count = 7 }
-[[step]]
-poll = "idle"
-"#;
-    std::fs::write(&path, exact).unwrap();
+    std::fs::write(&path, receive_only(7, 7)).unwrap();
     let o = selsig(&["run", path.to_str().unwrap(), "-q", "--personality", "rxe"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     std::fs::remove_dir_all(&dir).ok();
