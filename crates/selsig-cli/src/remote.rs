@@ -967,13 +967,19 @@ mod tests {
         );
     }
 
+    /// A listener on the loopback, and the address to connect to it.
+    fn local_listener() -> (TcpListener, String) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        (listener, at)
+    }
+
     /// A server in a thread: `serve` gets the first connection (a reader and a writer);
     /// returns the address to connect to.
     fn fake_server(
         serve: impl FnOnce(BufReader<TcpStream>, TcpStream) + Send + 'static,
     ) -> (String, std::thread::JoinHandle<()>) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap().to_string();
+        let (listener, at) = local_listener();
         let server = std::thread::spawn(move || {
             let (stream, _) = listener.accept().unwrap();
             let writer = stream.try_clone().unwrap();
@@ -1075,8 +1081,7 @@ mod tests {
              on both sides"
         );
         // The client, of a server that sent no version.
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap().to_string();
+        let (listener, at) = local_listener();
         let server = std::thread::spawn(move || {
             let (mut stream, _) = listener.accept().unwrap();
             let mut reader = BufReader::new(stream.try_clone().unwrap());
@@ -1436,8 +1441,7 @@ mod tests {
 
     #[test]
     fn a_client_gives_up_on_a_server_that_does_not_read_its_outcomes() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap().to_string();
+        let (listener, at) = local_listener();
         let (done, stop) = std::sync::mpsc::channel::<()>();
         let server = std::thread::spawn(move || {
             let (stream, _) = listener.accept().unwrap();
@@ -1744,8 +1748,7 @@ mod tests {
         let (dev, pd, cq) = soft_device();
         let (qp, _) = hello_from(&dev, &pd, &cq, 8, 64, 0);
         let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap().to_string();
+        let (listener, at) = local_listener();
         std::thread::scope(|s| {
             let server = s.spawn(|| serve_one(&dev, &soft_info(), listener.accept().unwrap().0));
             let peer = RemotePeer::connect(&at, &mine, 8, 64, None).unwrap();
@@ -1787,10 +1790,9 @@ mod tests {
             #[command(flatten)]
             demo: crate::demo::DemoArgs,
         }
-        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
+        let (dev, pd, cq) = soft_device();
         let info = soft_info();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap().to_string();
+        let (listener, at) = local_listener();
         std::thread::scope(|s| {
             // WRITE 6 fails, 7 and 8 are flushed: the server finds 1 to 5 and zeros.
             let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
@@ -1803,8 +1805,6 @@ mod tests {
             assert!(server.join().unwrap().unwrap(), "the server's check");
             // WRITE 1 said to have completed, never posted.
             let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
-            let pd = dev.alloc_pd().unwrap();
-            let cq = dev.create_cq(4).unwrap();
             let (qp, _) = hello_from(&dev, &pd, &cq, 2, 64, 0);
             let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
             let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
