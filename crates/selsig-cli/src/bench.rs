@@ -104,8 +104,9 @@ const MIB: f64 = 1_048_576.0;
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Signal intervals to sweep, comma-separated, and `adaptive` for the adaptive policy
-    /// (default: 1, 2, 4, ... up to the send queue depth, or the number of buffers if
-    /// --region holds fewer, and adaptive).
+    /// (default: the powers of two 1, 2, 4, ... up to the send queue depth, or the number
+    /// of buffers if --region holds fewer, that limit itself if it is not a power of two,
+    /// and adaptive).
     #[arg(
         allow_negative_numbers = true,
         long,
@@ -622,7 +623,7 @@ pub struct Settings {
     pub gid_index: Option<u8>,
 }
 
-/// Runs the sweep (call [`plan`] first); `progress` is drawn on stderr.
+/// Runs the sweep (call [`plan`] first), with a progress bar on stderr when it is a terminal.
 pub fn bench(args: &BenchArgs, plan: &Plan) -> Result<Report> {
     with_device(&args.provider, plan)
 }

@@ -84,7 +84,6 @@ pub trait OnDevice {
     fn run<D: Device>(self, dev: &D, info: &DeviceInfo) -> Result<Self::Output>;
 }
 
-/// Opens the device the options name and runs `task` on it.
 /// The context of an error the options caused (a GID index or port the device does not
 /// have): the command exits with code 2, as for other bad options.
 #[derive(Debug)]
@@ -98,6 +97,7 @@ impl std::fmt::Display for BadOption {
     }
 }
 
+/// Opens the device the options name and runs `task` on it.
 pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Output> {
     match args.provider {
         ProviderKind::Soft => {

@@ -93,8 +93,9 @@ pub struct QpDecl {
     pub depth: u32,
     #[serde(default)]
     pub sq_sig_all: bool,
-    /// `every:N`, `always`, `never`, `adaptive:N,LAG`, or `manual` (signal only what a post
-    /// asks for, and what selsig must force).
+    /// `every:N`, `always`, `never`, or `manual` (signal only what a post asks for, and what
+    /// selsig must force). An adaptive policy is refused: its signals depend on time, and a
+    /// scenario's trace must not.
     #[serde(default = "default_policy")]
     pub policy: String,
     /// The CQ of this QP's send queue (default: one of its own).

@@ -139,7 +139,7 @@ fn drain_after_to_error_with_a_receive_posted() {
     assert!(r.is_ok(), "drain: {r:?}");
 }
 
-/// A receive flush that finds the CQ full overruns it (SEMANTICS 8: `IBV_EVENT_CQ_ERR`),
+/// A receive flush that finds the CQ full overruns it (semantics 8: `IBV_EVENT_CQ_ERR`),
 /// like a send completion does (the soft NIC raised no event for it).
 #[test]
 fn a_receive_flush_overrun_raises_cq_err() {
@@ -198,8 +198,8 @@ fn one_overrun_raises_one_cq_err() {
 }
 
 /// A QP whose send queue waits on RNR (the peer has no receive, `rnr_retry = 7`) goes to
-/// the error state when its receive CQ overruns (SEMANTICS 8: fatal; the QP goes to error,
-/// `QP_FATAL`). Its outstanding send work request must then be flushed (SEMANTICS 6), on
+/// the error state when its receive CQ overruns (semantics 8: fatal; the QP goes to error,
+/// `QP_FATAL`). Its outstanding send work request must then be flushed (semantics 6), on
 /// its send CQ, which is healthy (the soft NIC never flushed it, and the drain hung).
 #[test]
 fn a_qp_waiting_on_rnr_is_flushed_when_it_goes_to_error() {
@@ -312,7 +312,7 @@ fn dropped_queue_credits(personality: Personality) {
 /// Every receive completes (if only flushed), so where a QP's receive completions share
 /// the CQ of its sends, a queue with a CQ of its own leaves their slots free: with the
 /// receive queue full and the send queue as full as the queue allows, moving the QP to the
-/// error state flushes everything into the CQ without overrunning it (SEMANTICS 8).
+/// error state flushes everything into the CQ without overrunning it (semantics 8).
 #[test]
 fn receives_on_the_send_cq_keep_their_room_in_it() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
@@ -536,7 +536,7 @@ fn post_and_poll(
 
 /// Two threads post to and poll their own queues on one CQ at once, each polling the
 /// other's completions now and then; B's WRITE 50 has a bad remote key. Each queue gets
-/// its completions in CQ order whoever polled them (SEMANTICS: the error before the
+/// its completions in CQ order whoever polled them (docs/semantics.md: the error before the
 /// flushes behind it), so every WRITE gets its exact outcome.
 #[test]
 fn queues_polling_one_shared_cq_from_two_threads_get_exact_outcomes() {

@@ -1,4 +1,4 @@
-//! The software NIC against the semantics of real NICs (SEMANTICS.md), through the raw
+//! The software NIC against the semantics of real NICs (docs/semantics.md), through the raw
 //! provider interface and through `SignaledQueue`.
 
 use std::sync::Arc;

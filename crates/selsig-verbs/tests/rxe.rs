@@ -1053,7 +1053,7 @@ fn rxe_fails_requests_as_the_soft_rxe_personality_does() {
         if rxe {
             assert_eq!(seen, expected, "{}", case.name);
         } else {
-            // What another device does, for the record (SEMANTICS.md); nothing to hold it to.
+            // What another device does, for the record (docs/semantics.md); nothing to hold it to.
             println!("{} (not checked): {}: {seen:?}", dev.name(), case.name);
         }
     }
@@ -1065,7 +1065,7 @@ fn rxe_drops_the_completions_an_overrun_cq_has_no_room_for() {
     let dev = device();
     let (got, state, events) = rxe_errors::overrun(&dev, dev.gid_index());
     if !dev.is_rxe() {
-        // mlx5 puts the CQ in the error state instead (SEMANTICS.md 8): not this test's.
+        // mlx5 puts the CQ in the error state instead (docs/semantics.md, 8): not this test's.
         println!("{} (not checked): {got:?} {state:?} {events:?}", dev.name());
         return;
     }

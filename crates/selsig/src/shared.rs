@@ -2,7 +2,7 @@
 //! of which polls it.
 //!
 //! The tracker of a queue needs its QP's completions in the order the CQ holds them
-//! (SEMANTICS: an error completion comes before the flushes behind it; a completion
+//! (docs/semantics.md: an error completion comes before the flushes behind it; a completion
 //! confirms every earlier work request). When several queues poll one CQ, each sees
 //! completions of the others; were those handed over later, a queue could meanwhile poll
 //! its own later completions first, and take a flush for an error it has not seen. A

@@ -1472,7 +1472,7 @@ mod tests {
 
     #[test]
     fn signaled_before_error_then_error_on_unsignaled() {
-        // SEMANTICS: WR4, WR8 signaled, bad rkey on WR6 -> 4 ok, 6 error, 7, 8 flush.
+        // docs/semantics.md: WR4, WR8 signaled, bad rkey on WR6 -> 4 ok, 6 error, 7, 8 flush.
         let (mut t, now) = tracker(16, 16, Policy::Every(4));
         post_n(&mut t, now, 8);
         t.handle_completion(&wc(4, WcStatus::Success), now).unwrap();

@@ -5,7 +5,7 @@
 //! the clock moving).
 //!
 //! A simulated in-order NIC executes each send queue and writes the completions real NICs
-//! write (SEMANTICS: a success only for signaled work requests; an error, then a flush, for
+//! write (docs/semantics.md: a success only for signaled work requests; an error, then a flush, for
 //! every work request once the QP is in the error state). After every step: the CQ never
 //! holds more than it can, no completion the NIC wrote is refused, every work request comes
 //! back in posting order with the outcome the NIC gave it, a full send queue has a
