@@ -1,13 +1,13 @@
 //! `SignaledQueue`: the tracker driving a provider's queue pair.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::Stats;
 use crate::buffer::Buffer;
-use crate::credits::CqBudget;
+use crate::credits::{CqBudget, CqCredits};
 use crate::policy::Policy;
 use crate::provider::{
     CompletionQueue, CqError, Device, Local, MemoryRegion, Opcode, PostWrError, ProviderError,
@@ -214,8 +214,11 @@ pub struct QueueConfig {
     /// The CQ budget; `None` for a CQ of the queue's own, taken whole (no other queue may
     /// use it: [`ConfigError::CqInUse`]): its real capacity, less the receive queue's
     /// capacity when the QP's receive completions go to it too
-    /// ([`QueuePair::recv_cq_is_send_cq`]). A shared pool must leave room for receives
-    /// itself.
+    /// ([`QueuePair::recv_cq_is_send_cq`]), and less what queues dropped from it may have
+    /// left in it. Beside a budget, the caller leaves room for the QP's receives in the CQ
+    /// (it alone knows which it posts); the budgets of the queues on a CQ, the receive
+    /// slots of a queue that takes it whole and those of the QPs of a [`SharedCq`]'s
+    /// queues add up to no more than it holds ([`ConfigError::CqBudgetsTooLarge`]).
     pub cq: Option<CqBudget>,
     /// The first sequence number (below 2^63: see [`SEND_WR_ID_BIT`]).
     pub first_seq: u64,
@@ -368,21 +371,67 @@ impl<Q> From<CreateError<Q>> for ConfigError {
     }
 }
 
-/// What the queues on one CQ take of it.
-enum Claim {
-    /// One queue took it whole (no budget given: its whole capacity).
-    Whole,
-    /// Queues with budgets: exclusive ones, and pools (by address, with their capacity
-    /// and how many queues take from each), which add up to no more than the CQ holds.
-    Budgets {
-        exclusive: u64,
-        pools: Vec<(usize, u32, u32)>,
-    },
+/// What the queues on one CQ take of it, and what queues dropped from it left there.
+struct CqEntry {
+    /// The CQ (a weak handle keeps its address from being reused while the entry lives;
+    /// an entry whose CQ is gone is removed).
+    cq: Weak<dyn CompletionQueue>,
+    /// A queue took it whole (created without a budget).
+    whole: bool,
+    /// The exclusive budgets of the queues on it.
+    exclusive: u64,
+    /// The pools queues on it take credits from, each counted once: its capacity while a
+    /// queue takes from it; once none does, the credits still taken (those of work
+    /// requests of dropped queues, whose completions may still be in the CQ, until the
+    /// caller gives them back).
+    pools: Vec<PoolClaim>,
+    /// The receive slots of the queues' QPs whose receive completions go to the CQ.
+    receives: u64,
+    /// Completions that queues dropped from it may have left in it: their QPs were
+    /// destroyed by a provider that leaves a QP's completions in its CQ (rxe), with work
+    /// outstanding (beside a pool's, whose credits count them) or receive slots reporting
+    /// there. Nothing says when they are gone: they stay counted while the CQ lives.
+    left: u64,
+    /// Of each QP number whose queue was dropped while its completions could still come:
+    /// the sequence number that queue would have used next. A new queue on a QP with that
+    /// number starts there, so that the old completions retire none of its work requests.
+    next_seq: HashMap<u32, u64>,
 }
 
-/// The CQs queues report to, by address (a queue holds its CQ, so while it has a claim the
+struct PoolClaim {
+    credits: CqCredits,
+    queues: u32,
+}
+
+impl CqEntry {
+    /// Taken by the queues on the CQ and the receives of their QPs.
+    fn live(&self) -> u64 {
+        let pools = self.pools.iter().filter(|p| p.queues > 0);
+        self.exclusive + self.receives + pools.map(|p| u64::from(p.credits.capacity())).sum::<u64>()
+    }
+
+    /// Taken by what dropped queues may have left in the CQ.
+    fn residue(&self) -> u64 {
+        let pools = self.pools.iter().filter(|p| p.queues == 0);
+        self.left
+            + pools
+                .map(|p| u64::from(p.credits.capacity() - p.credits.available()))
+                .sum::<u64>()
+    }
+
+    fn has_queues(&self) -> bool {
+        self.whole || self.exclusive > 0 || self.pools.iter().any(|p| p.queues > 0)
+    }
+
+    /// Nothing to remember: no queue on the CQ, nothing left in it.
+    fn is_empty(&self) -> bool {
+        !self.has_queues() && self.residue() == 0 && self.receives == 0 && self.next_seq.is_empty()
+    }
+}
+
+/// The CQs queues report to, by address (while an entry holds its weak handle, the
 /// address names that CQ).
-static CQ_CLAIMS: Mutex<BTreeMap<usize, Claim>> = Mutex::new(BTreeMap::new());
+static CQ_CLAIMS: Mutex<BTreeMap<usize, CqEntry>> = Mutex::new(BTreeMap::new());
 
 /// What one queue's claim holds, to give back.
 enum Share {
@@ -391,91 +440,204 @@ enum Share {
     Pool(usize),
 }
 
+/// What a dropped queue may leave in its CQ (its QP destroyed with its completions left
+/// there).
+struct Leaving {
+    qp_num: u32,
+    /// The sequence number the queue would have used next.
+    next_seq: u64,
+    /// Completions its sends may still make (outside a pool's credits).
+    sends: u64,
+}
+
 /// A queue's claim on its CQ, given up when dropped.
 struct CqClaim {
     cq: usize,
     share: Share,
+    /// The receive slots of its QP that report to the CQ.
+    receives: u64,
+    /// Set when the queue is dropped and its completions may stay in the CQ.
+    leaving: Option<Leaving>,
+}
+
+/// A claim taken: the budget it gives the queue, and the lowest sequence number the queue
+/// may use.
+struct Taken {
+    claim: CqClaim,
+    budget: CqBudget,
+    first_seq: u64,
 }
 
 impl CqClaim {
-    /// Claims the CQ at `cq` (holding `capacity` completions) with `budget`, or whole: a CQ
-    /// taken whole takes no other queue, one with queues on it cannot be taken whole, and
-    /// the budgets on a CQ add up to no more than it holds.
-    fn take(cq: usize, capacity: u32, budget: Option<&CqBudget>) -> Result<CqClaim, ConfigError> {
+    /// Claims `cq` for the queue of QP `qp_num` with `budget`, or whole, for sends beside
+    /// `receives` receive slots of the QP that report to it. A CQ taken whole takes no
+    /// other queue, one with queues on it cannot be taken whole, and the budgets and
+    /// receive slots on a CQ, with what dropped queues may have left in it, add up to no
+    /// more than it holds. A queue taking it whole gets what is left of it.
+    fn take(
+        cq: &Arc<impl CompletionQueue>,
+        qp_num: u32,
+        receives: u32,
+        budget: Option<&CqBudget>,
+    ) -> Result<Taken, ConfigError> {
         let mut claims = CQ_CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(budget) = budget else {
-            if claims.contains_key(&cq) {
-                return Err(ConfigError::CqInUse);
-            }
-            claims.insert(cq, Claim::Whole);
-            return Ok(CqClaim {
-                cq,
-                share: Share::Whole,
-            });
-        };
-        let claim = claims.entry(cq).or_insert(Claim::Budgets {
+        claims.retain(|_, entry| entry.cq.strong_count() > 0);
+        let addr = Arc::as_ptr(cq).cast::<()>() as usize;
+        let weak: Weak<dyn CompletionQueue> = Arc::downgrade(cq) as Weak<dyn CompletionQueue>;
+        let entry = claims.entry(addr).or_insert_with(|| CqEntry {
+            cq: weak,
+            whole: false,
             exclusive: 0,
             pools: Vec::new(),
+            receives: 0,
+            left: 0,
+            next_seq: HashMap::new(),
         });
-        let Claim::Budgets { exclusive, pools } = claim else {
+        // (An entry made here is left empty by a refusal below: the next take removes it
+        // once its CQ is gone, and a later claim on the same CQ finds it empty.)
+        let capacity = cq.capacity();
+        let first_seq = entry.next_seq.get(&qp_num).copied().unwrap_or(0);
+        let (live, residue) = (entry.live(), entry.residue());
+        let no_room = |wanted: u64| {
+            if residue == 0 {
+                ConfigError::CqBudgetsTooLarge {
+                    total: live + wanted,
+                    capacity,
+                }
+            } else {
+                ConfigError::CqHoldsDroppedWork {
+                    capacity,
+                    left: residue,
+                    taken: live,
+                    wanted,
+                }
+            }
+        };
+        let Some(budget) = budget else {
+            if entry.has_queues() {
+                return Err(ConfigError::CqInUse);
+            }
+            // Every receive completes (if only flushed): where they share the CQ, their
+            // slots are not the sends'.
+            let room = u64::from(capacity).saturating_sub(residue);
+            if room <= u64::from(receives) {
+                return Err(match residue {
+                    0 => ConfigError::NoCqRoomForSends { capacity, receives },
+                    _ => ConfigError::CqHoldsDroppedWork {
+                        capacity,
+                        left: residue,
+                        taken: 0,
+                        wanted: u64::from(receives) + 1,
+                    },
+                });
+            }
+            entry.whole = true;
+            entry.receives += u64::from(receives);
+            let sends = u32::try_from(room - u64::from(receives)).unwrap_or(u32::MAX);
+            return Ok(Taken {
+                claim: CqClaim::new(addr, Share::Whole, receives),
+                budget: CqBudget::Exclusive(sends),
+                first_seq,
+            });
+        };
+        if entry.whole {
             return Err(ConfigError::CqInUse);
-        };
-        // (A first budget is within the CQ's capacity, checked before: an entry made here
-        // is never left empty by a refusal below.)
-        let taken = *exclusive + pools.iter().map(|&(_, c, _)| u64::from(c)).sum::<u64>();
-        let too_large = |more: u32| {
-            let total = taken + u64::from(more);
-            (total > u64::from(capacity))
-                .then_some(ConfigError::CqBudgetsTooLarge { total, capacity })
-        };
+        }
         let share = match budget {
             CqBudget::Exclusive(n) => {
-                if let Some(e) = too_large(*n) {
-                    return Err(e);
+                let wanted = u64::from(*n) + u64::from(receives);
+                if live + wanted + residue > u64::from(capacity) {
+                    return Err(no_room(wanted));
                 }
-                *exclusive += u64::from(*n);
+                entry.exclusive += u64::from(*n);
                 Share::Exclusive(*n)
             }
             CqBudget::Shared(pool) => {
                 let id = pool.id();
-                match pools.iter_mut().find(|(p, ..)| *p == id) {
-                    Some((_, _, queues)) => *queues += 1,
-                    None => {
-                        if let Some(e) = too_large(pool.capacity()) {
-                            return Err(e);
-                        }
-                        pools.push((id, pool.capacity(), 1));
+                let found = entry.pools.iter().position(|p| p.credits.id() == id);
+                // A pool counts once, at its capacity while a queue takes from it (its
+                // credits of dropped queues' work requests among them).
+                let (joined, pool_residue) = match found {
+                    Some(i) if entry.pools[i].queues > 0 => (0, 0),
+                    Some(i) => {
+                        let p = &entry.pools[i].credits;
+                        (p.capacity(), u64::from(p.capacity() - p.available()))
                     }
+                    None => (pool.capacity(), 0),
+                };
+                let wanted = u64::from(joined) + u64::from(receives);
+                if live + wanted + residue - pool_residue > u64::from(capacity) {
+                    return Err(no_room(wanted));
+                }
+                match found {
+                    Some(i) => entry.pools[i].queues += 1,
+                    None => entry.pools.push(PoolClaim {
+                        credits: pool.clone(),
+                        queues: 1,
+                    }),
                 }
                 Share::Pool(id)
             }
         };
-        Ok(CqClaim { cq, share })
+        entry.receives += u64::from(receives);
+        Ok(Taken {
+            claim: CqClaim::new(addr, share, receives),
+            budget: budget.clone(),
+            first_seq,
+        })
+    }
+
+    fn new(cq: usize, share: Share, receives: u32) -> CqClaim {
+        CqClaim {
+            cq,
+            share,
+            receives: u64::from(receives),
+            leaving: None,
+        }
+    }
+
+    /// The queue is dropped and its QP destroyed without its completions being removed
+    /// from the CQ: its receive slots, and `sends` completions of its work requests, stay
+    /// taken, and a new queue on a QP numbered `qp_num` starts at `next_seq`.
+    /// (A pool's credits count its work requests: `sends` is ignored for a pool's share.)
+    fn leave(&mut self, qp_num: u32, next_seq: u64, sends: u64) {
+        let sends = match self.share {
+            Share::Pool(_) => 0,
+            Share::Whole | Share::Exclusive(_) => sends,
+        };
+        self.leaving = Some(Leaving {
+            qp_num,
+            next_seq,
+            sends,
+        });
     }
 }
 
 impl Drop for CqClaim {
     fn drop(&mut self) {
         let mut claims = CQ_CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
-        let empty = match (claims.get_mut(&self.cq), &self.share) {
-            (Some(Claim::Budgets { exclusive, pools }), share) => {
-                match share {
-                    Share::Exclusive(n) => *exclusive -= u64::from(*n),
-                    Share::Pool(id) => {
-                        if let Some(i) = pools.iter().position(|(p, ..)| p == id) {
-                            pools[i].2 -= 1;
-                            if pools[i].2 == 0 {
-                                pools.swap_remove(i);
-                            }
-                        }
-                    }
-                    Share::Whole => {}
-                }
-                *exclusive == 0 && pools.is_empty()
-            }
-            _ => true,
+        let Some(entry) = claims.get_mut(&self.cq) else {
+            return;
         };
-        if empty {
+        match self.share {
+            Share::Whole => entry.whole = false,
+            Share::Exclusive(n) => entry.exclusive -= u64::from(n),
+            Share::Pool(id) => {
+                if let Some(p) = entry.pools.iter_mut().find(|p| p.credits.id() == id) {
+                    p.queues -= 1;
+                }
+            }
+        }
+        entry.receives -= self.receives;
+        if let Some(leaving) = &self.leaving {
+            entry.left += self.receives + leaving.sends;
+            let next = entry.next_seq.entry(leaving.qp_num).or_insert(0);
+            *next = (*next).max(leaving.next_seq);
+        }
+        entry
+            .pools
+            .retain(|p| p.queues > 0 || p.credits.available() < p.credits.capacity());
+        if entry.is_empty() {
             claims.remove(&self.cq);
         }
     }
@@ -548,11 +710,17 @@ pub enum DrainError {
 ///
 /// Dropping the queue destroys its QP. [`drain`](Self::drain) it first, so that every work
 /// request is retired and every CQ credit of a shared pool comes back: a queue dropped
-/// with work outstanding gives those credits back only where the provider removes the
-/// destroyed QP's completions from the CQ ([`QueuePair::destroy_cleans_cq`], mlx5);
-/// elsewhere (rxe) its completions may still be in the CQ, so their credits stay taken
-/// (a caller that polls such a completion may give its credit back,
-/// [`CqCredits::release`](crate::CqCredits::release)).
+/// with work outstanding gives their room in the CQ back only where the provider removes
+/// the destroyed QP's completions from the CQ ([`QueuePair::destroy_cleans_cq`], mlx5).
+/// Elsewhere (rxe) its completions, and those of the receive slots that report to the CQ,
+/// may still be in the CQ, and nothing says when they are gone: a shared pool's credits
+/// stay taken (a caller that polls such a completion may give its credit back,
+/// [`CqCredits::release`](crate::CqCredits::release)), and otherwise their room stays
+/// taken while the CQ lives: a later queue that takes the CQ whole gets the rest, and a
+/// budget beyond it is refused ([`ConfigError::CqHoldsDroppedWork`]). A later queue on a
+/// QP that got the old QP's number starts its sequence numbers past the old queue's, so
+/// the old completions retire none of its work requests (they go to
+/// [`take_unclaimed`](Self::take_unclaimed)).
 pub struct SignaledQueue<D: Device, U> {
     qp: D::Qp,
     /// Given up before `cq` goes (while the CQ lives, its address is its own).
@@ -583,19 +751,24 @@ impl<D: Device, U> Drop for SignaledQueue<D, U> {
         // them.
         // Its receive slots beside the pool stay taken if its receives' completions may
         // stay in the CQ, as the credits below.
+        let left_in_cq = !self.qp.destroy_cleans_cq();
         if let Some(shared) = self.shared.take() {
             let now = self.now();
-            let left_in_cq = !self.qp.destroy_cleans_cq();
-            let next = self.tracker.next_seq().0;
-            for wc in shared.unregister(self.qp.qp_num(), left_in_cq, next) {
+            for wc in shared.unregister(self.qp.qp_num(), left_in_cq) {
                 let _ = self.handle(&wc, now);
             }
         }
-        // The QP is destroyed next (its field drops first), then the tracker gives the
-        // outstanding work requests' credits of a shared pool back: only if the provider
-        // removes the QP's completions from the CQ. Otherwise they may still be there.
-        if !self.qp.destroy_cleans_cq() {
+        // The QP is destroyed next (its field drops first), then the claim on the CQ is
+        // given up, and the tracker gives the outstanding work requests' credits of a
+        // shared pool back: only if the provider removes the QP's completions from the CQ.
+        // Otherwise they may still be there: the pool's credits stay taken, and the claim
+        // leaves room in the CQ for the completions of its other work requests and its
+        // receives (semantics 8: every one may complete, if only flushed).
+        if left_in_cq {
             self.tracker.keep_credits_on_drop();
+            let next = self.tracker.next_seq().0;
+            let outstanding = u64::from(self.tracker.outstanding());
+            self._claim.leave(self.qp.qp_num(), next, outstanding);
         }
     }
 }
@@ -643,9 +816,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// A queue over `qp`, whose send completions go to `cq`, with default settings and
     /// `policy`.
     ///
-    /// The queue takes `cq` whole (its budget is the CQ's capacity): `cq` must be the CQ
-    /// the QP's send queue reports to, and no other queue's; a CQ with another queue on it
-    /// is refused ([`ConfigError::CqInUse`]). Queues that share a CQ go on a [`SharedCq`]
+    /// The queue takes `cq` whole (its budget is the CQ's capacity, less its QP's receive
+    /// slots if they report to it, and less what queues dropped from it may have left in
+    /// it, see [`SignaledQueue`]): `cq` must be the CQ the QP's send queue reports to, and
+    /// no other queue's; a CQ with another queue on it is refused
+    /// ([`ConfigError::CqInUse`]). Queues that share a CQ go on a [`SharedCq`]
     /// ([`on_shared_cq`](Self::on_shared_cq)), or take a budget each
     /// ([`QueueConfig::cq`]). A queue refused hands its QP back in the error.
     pub fn new(qp: D::Qp, cq: Arc<D::Cq>, policy: Policy) -> Result<Self, CreateError<D::Qp>> {
@@ -655,16 +830,28 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// A queue with explicit settings. The send-queue capacity and `sq_sig_all` are read
     /// from the QP, the CQ capacity from the CQ. Without a budget (`config.cq`), the queue
     /// takes `cq` whole, as [`new`](Self::new) does; with one, it shares `cq` with other
-    /// queues with budgets, none of which takes it whole, and which add up to no more than
-    /// it holds ([`ConfigError::CqBudgetsTooLarge`]; a shared pool counts once). A queue
-    /// refused hands its QP back in the error.
+    /// queues with budgets, none of which takes it whole, and which, with the receive
+    /// slots of the QPs of a [`SharedCq`]'s queues on it, add up to no more than it holds
+    /// ([`ConfigError::CqBudgetsTooLarge`]; a shared pool counts once; room for this
+    /// QP's receives beside its budget is the caller's to leave). A queue refused hands
+    /// its QP back in the error.
     pub fn with_config(
         qp: D::Qp,
         cq: Arc<D::Cq>,
         config: QueueConfig,
     ) -> Result<Self, CreateError<D::Qp>> {
-        match Self::prepare(&qp, &cq, &config) {
-            Ok((claim, tracker, epoch)) => {
+        Self::create(qp, cq, config, false)
+    }
+
+    /// [`with_config`](Self::with_config), for a queue on a [`SharedCq`] if `on_shared`.
+    fn create(
+        qp: D::Qp,
+        cq: Arc<D::Cq>,
+        config: QueueConfig,
+        on_shared: bool,
+    ) -> Result<Self, CreateError<D::Qp>> {
+        match Self::prepare(&qp, &cq, &config, on_shared) {
+            Ok((claim, tracker, epoch, stale_below)) => {
                 let poll_limit = (cq.capacity() as usize).max(1);
                 let slots = qp.caps().max_send_wr as usize;
                 Ok(SignaledQueue {
@@ -679,7 +866,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     ],
                     unclaimed: Vec::new(),
                     shared: None,
-                    stale_below: 0,
+                    stale_below,
                     marker_target: config.marker_target,
                     clock: config.measure_lag,
                     epoch,
@@ -690,53 +877,52 @@ impl<D: Device, U> SignaledQueue<D, U> {
     }
 
     /// What a queue needs of `qp`, `cq` and `config`, checked: its claim on `cq`, its
-    /// tracker and the tracker's epoch.
+    /// tracker, the tracker's epoch, and below which sequence number a send completion of
+    /// its QP's number is a dropped queue's.
     #[allow(clippy::type_complexity)]
     fn prepare(
         qp: &D::Qp,
         cq: &Arc<D::Cq>,
         config: &QueueConfig,
-    ) -> Result<(CqClaim, SendTracker<Payload<D::Mr, U>>, Instant), ConfigError> {
-        let budget = match config.cq.clone() {
-            Some(budget) => {
-                // Every outstanding work request may make a completion: the budget cannot
-                // be more than the CQ holds (what receives need of it is the caller's to
-                // leave, as it alone knows which it posts).
-                if budget.capacity() > cq.capacity() {
-                    return Err(ConfigError::CqBudgetTooLarge {
-                        budget: budget.capacity(),
-                        room: cq.capacity(),
-                    });
-                }
-                budget
+        on_shared: bool,
+    ) -> Result<(CqClaim, SendTracker<Payload<D::Mr, U>>, Instant, u64), ConfigError> {
+        if let Some(budget) = &config.cq {
+            // Every outstanding work request may make a completion: the budget cannot be
+            // more than the CQ holds.
+            if budget.capacity() > cq.capacity() {
+                return Err(ConfigError::CqBudgetTooLarge {
+                    budget: budget.capacity(),
+                    room: cq.capacity(),
+                });
             }
-            // Every receive completes (if only flushed): where they share the CQ, their
-            // slots are not the sends'.
-            None if qp.recv_cq_is_send_cq() => {
-                let (capacity, receives) = (cq.capacity(), qp.caps().max_recv_wr);
-                if capacity <= receives {
-                    return Err(ConfigError::NoCqRoomForSends { capacity, receives });
-                }
-                CqBudget::Exclusive(capacity - receives)
-            }
-            None => CqBudget::Exclusive(cq.capacity()),
-        };
+        }
         if !config.measure_lag && matches!(config.policy, Policy::Adaptive { .. }) {
             return Err(ConfigError::AdaptiveNeedsClock);
         }
+        // Every receive completes (if only flushed): where they share the CQ, their slots
+        // are not the sends'. A queue that takes the CQ whole, or joins a shared CQ, leaves
+        // room for them; beside a budget of its own, the caller does, as it alone knows
+        // which receives it posts.
+        let receives = match qp.recv_cq_is_send_cq() && (config.cq.is_none() || on_shared) {
+            true => qp.caps().max_recv_wr,
+            false => 0,
+        };
+        let Taken {
+            claim,
+            budget,
+            first_seq,
+        } = CqClaim::take(cq, qp.qp_num(), receives, config.cq.as_ref())?;
         let tracker_config = TrackerConfig::new(qp.caps().max_send_wr, 0)
             .cq(budget)
             .policy(config.policy)
             .sq_sig_all(qp.sq_sig_all())
-            .first_seq(config.first_seq)
+            .first_seq(config.first_seq.max(first_seq))
             .seq_end(SEND_WR_ID_BIT)
             .qp_num(qp.qp_num())
             .measure_lag(config.measure_lag);
         let epoch = Instant::now();
         let tracker = SendTracker::new(tracker_config, epoch)?;
-        let cq_addr = Arc::as_ptr(cq).cast::<()>() as usize;
-        let claim = CqClaim::take(cq_addr, cq.capacity(), config.cq.as_ref())?;
-        Ok((claim, tracker, epoch))
+        Ok((claim, tracker, epoch, first_seq))
     }
 
     /// A queue over `qp` whose send completions go to the CQ `shared`, which other queues
@@ -775,19 +961,16 @@ impl<D: Device, U> SignaledQueue<D, U> {
             true => qp.caps().max_recv_wr,
             false => 0,
         };
-        let start = match shared.register(qp_num, receives) {
-            Ok(start) => start,
-            Err(error) => return Err(CreateError { error, qp }),
-        };
-        config.first_seq = config.first_seq.max(start);
-        match Self::with_config(qp, Arc::clone(shared.cq()), config) {
+        if let Err(error) = shared.register(qp_num, receives) {
+            return Err(CreateError { error, qp });
+        }
+        match Self::create(qp, Arc::clone(shared.cq()), config, true) {
             Ok(mut queue) => {
                 queue.shared = Some(shared.clone());
-                queue.stale_below = start;
                 Ok(queue)
             }
             Err(e) => {
-                shared.unregister(qp_num, false, 0);
+                shared.unregister(qp_num, false);
                 Err(e)
             }
         }
@@ -1345,5 +1528,51 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 Err(e) => Err(e),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Cq(u32);
+
+    impl CompletionQueue for Cq {
+        fn capacity(&self) -> u32 {
+            self.0
+        }
+        fn poll(&self, _: &mut [WorkCompletion]) -> Result<usize, CqError> {
+            Ok(0)
+        }
+    }
+
+    /// What dropped queues left in a CQ is remembered while the CQ lives, and forgotten
+    /// once it is gone (at the next claim, on any CQ): its entry, and the weak handle that
+    /// kept the CQ's memory (and so its address) from being reused, go.
+    #[test]
+    fn what_dropped_queues_left_in_a_cq_goes_with_the_cq() {
+        let cq = Arc::new(Cq(8));
+        let addr = Arc::as_ptr(&cq).cast::<()>() as usize;
+        let mut taken = CqClaim::take(&cq, 1, 0, None).unwrap();
+        assert!(matches!(taken.budget, CqBudget::Exclusive(8)));
+        taken.claim.leave(1, 5, 3);
+        drop(taken.claim);
+        let left = |addr| {
+            CQ_CLAIMS
+                .lock()
+                .unwrap()
+                .get(&addr)
+                .map(|e| (e.left, e.cq.strong_count()))
+        };
+        assert_eq!(left(addr), Some((3, 1)));
+        let again = CqClaim::take(&cq, 1, 0, None).unwrap();
+        assert!(matches!(again.budget, CqBudget::Exclusive(5)));
+        assert_eq!(again.first_seq, 5);
+        drop(again);
+        drop(cq);
+        let other = Arc::new(Cq(8));
+        drop(CqClaim::take(&other, 1, 0, None).unwrap());
+        // Gone, or (its memory reused at once) another CQ's.
+        assert!(left(addr).is_none_or(|(_, strong)| strong > 0));
     }
 }

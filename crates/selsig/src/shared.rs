@@ -47,10 +47,6 @@ struct Inner<D: Device> {
     inboxes: Mutex<HashMap<u32, VecDeque<WorkCompletion>>>,
     /// The receive slots of registered QPs whose receive completions go to this CQ.
     receives: Mutex<Receives>,
-    /// Of each QP number whose queue was dropped while its completions may still come:
-    /// the sequence number that queue would have used next. A new queue on a QP with that
-    /// number starts there, so the old completions match none of its work requests.
-    left: Mutex<HashMap<u32, u64>>,
 }
 
 /// Receive slots reserved beside the pool.
@@ -102,7 +98,6 @@ impl<D: Device> SharedCq<D> {
                 credits,
                 inboxes: Mutex::new(HashMap::new()),
                 receives: Mutex::new(Receives::default()),
-                left: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -133,10 +128,8 @@ impl<D: Device> SharedCq<D> {
 
     /// Gives the QP `qp_num` an inbox, and `receives` slots of the CQ beside the pool's
     /// credits (its receive queue's capacity when its receive completions go to this CQ:
-    /// every receive completes, if only flushed). Returns the lowest sequence number its
-    /// queue may use: past those of a dropped queue of a QP with the same number whose
-    /// completions may still be in the CQ.
-    pub(crate) fn register(&self, qp_num: u32, receives: u32) -> Result<u64, ConfigError> {
+    /// every receive completes, if only flushed).
+    pub(crate) fn register(&self, qp_num: u32, receives: u32) -> Result<(), ConfigError> {
         let mut inboxes = self.inboxes();
         if inboxes.contains_key(&qp_num) {
             return Err(ConfigError::SharedCqHasQp { qp_num });
@@ -160,21 +153,16 @@ impl<D: Device> SharedCq<D> {
         if receives > 0 {
             reserved.by_qp.insert(qp_num, receives);
         }
-        Ok(self.left().get(&qp_num).copied().unwrap_or(0))
+        Ok(())
     }
 
     /// Removes the inbox of `qp_num`, returning what it held, and frees its receive
     /// slots unless `left_in_cq` (its QP is destroyed without its completions being
     /// removed from the CQ, as on rxe: its receives' completions may still come; the
-    /// slots stay taken for the CQ's lifetime). With `left_in_cq`, its sends' completions
-    /// may still come too: a later queue on a QP with the same number starts at
-    /// `next_seq`, the sequence number this queue would have used next.
-    pub(crate) fn unregister(
-        &self,
-        qp_num: u32,
-        left_in_cq: bool,
-        next_seq: u64,
-    ) -> VecDeque<WorkCompletion> {
+    /// slots stay taken for the CQ's lifetime). (A later queue on a QP with the same
+    /// number starts past this one's sequence numbers: the queue's claim on the CQ sees to
+    /// it.)
+    pub(crate) fn unregister(&self, qp_num: u32, left_in_cq: bool) -> VecDeque<WorkCompletion> {
         let mut inboxes = self.inboxes();
         let mut reserved = self.receives();
         if let Some(slots) = reserved.by_qp.remove(&qp_num) {
@@ -182,21 +170,7 @@ impl<D: Device> SharedCq<D> {
                 reserved.kept = reserved.kept.saturating_add(slots);
             }
         }
-        if left_in_cq {
-            let mut left = self.left();
-            let start = left.entry(qp_num).or_insert(0);
-            *start = (*start).max(next_seq);
-        }
         inboxes.remove(&qp_num).unwrap_or_default()
-    }
-
-    /// Where later queues on the numbers of dropped queues start (taken after the other
-    /// locks). A poisoned lock is taken as it is: every change is one `HashMap` operation.
-    fn left(&self) -> MutexGuard<'_, HashMap<u32, u64>> {
-        self.inner
-            .left
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The receive slots of registered QPs (taken after the inboxes' lock). A poisoned

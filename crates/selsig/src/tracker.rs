@@ -314,16 +314,37 @@ pub enum ConfigError {
         "the completion queue has another queue on it: a queue without a CQ budget takes its CQ whole; queues that share a CQ go on a SharedCq, or take a budget each (QueueConfig::cq)"
     )]
     CqInUse,
-    /// The CQ budgets of the queues on one completion queue (each pool counted once) add
-    /// up to more than it holds: errors could complete more work requests than it holds.
+    /// The CQ budgets of the queues on one completion queue (each pool counted once) and
+    /// the receive slots of their QPs that report to it add up to more than it holds:
+    /// errors could complete more work requests than it holds.
     #[error(
-        "the CQ budgets of the queues on the completion queue would add up to {total} completions, more than it holds ({capacity})"
+        "the CQ budgets of the queues on the completion queue and the receive slots that report to it would add up to {total} completions, more than it holds ({capacity})"
     )]
     CqBudgetsTooLarge {
-        /// The budgets, this queue's included.
+        /// The budgets and receive slots, this queue's included.
         total: u64,
         /// The completion queue's capacity.
         capacity: u32,
+    },
+    /// Queues dropped from the completion queue, their QPs destroyed with work outstanding
+    /// (or receive slots reporting to it) by a provider that leaves a QP's completions in
+    /// its CQ (rxe), may have left completions in it, which nothing says are gone: they
+    /// stay counted while the CQ lives (drain a queue before dropping it). Beside them,
+    /// and what the queues on it take, the CQ has no room for this queue.
+    #[error(
+        "the completion queue ({capacity} entries) may still hold {left} completions of queues dropped with work outstanding (their QPs destroyed without removing them); beside those and the {taken} taken by the queues and receives on it, it has no room for {wanted} more"
+    )]
+    CqHoldsDroppedWork {
+        /// The completion queue's capacity.
+        capacity: u32,
+        /// Completions dropped queues may have left in it (with a pool's credits still
+        /// taken for their work requests).
+        left: u64,
+        /// The budgets and receive slots of the queues on it.
+        taken: u64,
+        /// What this queue needs: its budget and receive slots (taking the CQ whole, its
+        /// receive slots and one send).
+        wanted: u64,
     },
 }
 

@@ -1548,3 +1548,193 @@ fn a_batch_without_room_is_refused_whole() {
     assert!(matches!(e, selsig::PostError::Draining { .. }), "{e:?}");
     assert_eq!(user(e), 3);
 }
+
+/// A queue with a CQ budget of `n` completions.
+fn budget(n: u32) -> QueueConfig {
+    QueueConfig {
+        cq: Some(CqBudget::Exclusive(n)),
+        ..QueueConfig::default()
+    }
+}
+
+/// A queue dropped with work outstanding, on a provider whose destroy leaves a QP's
+/// completions in its CQ (rxe), may have left a completion in the CQ for each of its work
+/// requests (an error or a flush completes every one). Nothing says when they are gone, so
+/// their room stays taken while the CQ lives: a later queue that takes the CQ whole gets
+/// what is left, and budgets beyond it are refused. On a provider that removes them (mlx5)
+/// nothing is left.
+#[test]
+fn a_queue_dropped_with_work_outstanding_leaves_room_for_its_completions() {
+    let remote = RemoteAddr::default();
+    let cq = FakeCq::new(8);
+    let mut a = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Never).unwrap();
+    for i in 0..7 {
+        a.post(Work::write_empty(remote, i)).unwrap();
+    }
+    drop(a);
+    let b = Queue::new(qp(2, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
+    assert_eq!(b.available(), 1);
+    drop(b);
+    let refused = Queue::with_config(qp(2, 8), Arc::clone(&cq), budget(2))
+        .err()
+        .expect("refused");
+    assert_eq!(
+        refused.error,
+        ConfigError::CqHoldsDroppedWork {
+            capacity: 8,
+            left: 7,
+            taken: 0,
+            wanted: 2
+        }
+    );
+    // A budget of the one left, dropped with its work request outstanding: nothing is left.
+    let mut c = Queue::with_config(qp(3, 8), Arc::clone(&cq), budget(1)).unwrap();
+    c.post(Work::write_empty(remote, 8)).unwrap();
+    drop(c);
+    let refused = Queue::new(qp(4, 8), Arc::clone(&cq), Policy::Every(4))
+        .err()
+        .expect("refused");
+    assert_eq!(
+        refused.error,
+        ConfigError::CqHoldsDroppedWork {
+            capacity: 8,
+            left: 8,
+            taken: 0,
+            wanted: 1
+        }
+    );
+    // Every receive completes, if only flushed: a dropped queue's receive slots that
+    // report to the CQ stay taken too, its work requests retired or not.
+    let cq = FakeCq::new(8);
+    drop(
+        Queue::new(
+            FakeQp {
+                recvs: 3,
+                ..qp(1, 8)
+            },
+            Arc::clone(&cq),
+            Policy::Every(4),
+        )
+        .unwrap(),
+    );
+    let b = Queue::new(qp(2, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
+    assert_eq!(b.available(), 5);
+    // mlx5: the destroy removes them.
+    let cq = FakeCq::new(8);
+    let cleaning = |num| FakeQp {
+        cleans: true,
+        ..qp(num, 8)
+    };
+    let mut a = Queue::new(cleaning(1), Arc::clone(&cq), Policy::Never).unwrap();
+    for i in 0..7 {
+        a.post(Work::write_empty(remote, i)).unwrap();
+    }
+    drop(a);
+    assert_eq!(
+        Queue::new(cleaning(2), Arc::clone(&cq), Policy::Every(4))
+            .unwrap()
+            .available(),
+        8
+    );
+}
+
+/// A queue on a shared CQ dropped with work outstanding keeps its credits of the pool
+/// taken (rxe); while they are, the CQ taken whole by a queue of its own has room only
+/// for the rest, and once the caller gives them back (having polled the completions they
+/// stood for), it has all of it again.
+#[test]
+fn a_pool_s_credits_kept_by_a_dropped_queue_keep_their_room_in_the_cq() {
+    let remote = RemoteAddr::default();
+    let cq = FakeCq::new(8);
+    let shared = SharedCq::new(Arc::clone(&cq));
+    let config = QueueConfig::with_policy(Policy::Never);
+    let mut a = Queue::on_shared_cq(qp(1, 8), &shared, config).unwrap();
+    for i in 0..7 {
+        a.post(Work::write_empty(remote, i)).unwrap();
+    }
+    drop(a);
+    assert_eq!(shared.credits().available(), 1);
+    // The pool counts once, its kept credits among its capacity, for a queue that joins it.
+    let config = QueueConfig::with_policy(Policy::Every(4));
+    let joined = Queue::on_shared_cq(qp(2, 8), &shared, config).unwrap();
+    assert_eq!(joined.available(), 1);
+    drop(joined);
+    let b = Queue::new(qp(2, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
+    assert_eq!(b.available(), 1);
+    drop(b);
+    assert!(shared.credits().release(7));
+    let c = Queue::new(qp(3, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
+    assert_eq!(c.available(), 8);
+}
+
+/// A QP whose queue was dropped on a provider that leaves its completions in the CQ
+/// (rxe) may give its number to a new QP on the same CQ. On a CQ of its own, as on a
+/// shared one, the new queue starts its sequence numbers past the old queue's: the old
+/// completion retires none of its work requests (it is handed over as unclaimed), and its
+/// own does.
+#[test]
+fn a_completion_of_a_dropped_queue_retires_nothing_of_a_new_queue_on_its_qp_number() {
+    let remote = RemoteAddr::default();
+    let cq = FakeCq::new(16);
+    let mut a = Queue::new(qp(5, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
+    for i in 0..4 {
+        a.post(Work::write_empty(remote, i)).unwrap();
+    }
+    cq.complete(4, WcStatus::Success, 5);
+    drop(a);
+    let mut b = Queue::new(qp(5, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
+    let seqs: Vec<u64> = (100..104)
+        .map(|i| b.post(Work::write_empty(remote, i)).unwrap().seq.0)
+        .collect();
+    assert_eq!(seqs, [5, 6, 7, 8]);
+    let mut done = Vec::new();
+    b.poll(&mut done).unwrap();
+    assert!(done.is_empty(), "{:?}", outcomes(&done));
+    assert_eq!(b.outstanding(), 4);
+    let unclaimed = b.take_unclaimed();
+    assert_eq!(
+        unclaimed.iter().map(|wc| wc.wr_id).collect::<Vec<_>>(),
+        [send_wr_id(Seq(4))]
+    );
+    cq.complete(8, WcStatus::Success, 5);
+    b.poll(&mut done).unwrap();
+    assert_eq!(
+        outcomes(&done),
+        (100..104)
+            .map(|i| (i, Outcome::Completed))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// The receive slots a shared CQ keeps for its queues' QPs count against the CQ beside
+/// the budgets of other queues on it (every receive completes, if only flushed), whichever
+/// queue comes first. (Beside a budget of its own, room for a QP's receives is the
+/// caller's to leave: it alone knows which it posts.)
+#[test]
+fn receive_slots_that_report_to_a_cq_count_beside_the_budgets_on_it() {
+    let cq = FakeCq::new(16);
+    let with_recvs = |num, recvs| FakeQp {
+        recvs,
+        cleans: true,
+        ..qp(num, 8)
+    };
+    Queue::with_config(with_recvs(1, 9), Arc::clone(&cq), budget(16)).unwrap();
+    // A shared CQ's pool of 8 and 8 receive slots of its queue's QP, then a budget of 8.
+    let shared = SharedCq::with_credits(Arc::clone(&cq), CqCredits::new(8));
+    let on_shared = Queue::on_shared_cq(with_recvs(2, 8), &shared, QueueConfig::default()).unwrap();
+    let too_large = ConfigError::CqBudgetsTooLarge {
+        total: 24,
+        capacity: 16,
+    };
+    let refused = Queue::with_config(qp(3, 8), Arc::clone(&cq), budget(8))
+        .err()
+        .expect("refused");
+    assert_eq!(refused.error, too_large);
+    drop(on_shared);
+    // The other way round.
+    let _budgeted = Queue::with_config(qp(3, 8), Arc::clone(&cq), budget(8)).unwrap();
+    let refused = Queue::on_shared_cq(with_recvs(2, 8), &shared, QueueConfig::default())
+        .err()
+        .expect("refused");
+    assert_eq!(refused.error, too_large);
+}
