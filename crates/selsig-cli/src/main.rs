@@ -58,7 +58,7 @@ struct RunArgs {
     /// The scenario file (TOML).
     #[arg(value_name = "SCENARIO")]
     file: PathBuf,
-    /// Write the trace to this file instead of stdout.
+    /// Write the trace to this file instead of stdout (`-`: stdout, even with --quiet).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
     /// Print only the summary line (and the failures).
@@ -308,18 +308,26 @@ impl OutputFile {
     /// file standard output was redirected to). A terminal or `/dev/null` does not count:
     /// two texts written there in turn are what the user sees (or drops).
     fn is_stdout(&self) -> bool {
-        use std::os::fd::AsFd as _;
+        self.std_stream() == Some(StdStream::Out)
+    }
+
+    /// The standard stream (output first) that writes to this file or pipe, if one does.
+    fn std_stream(&self) -> Option<StdStream> {
+        use std::os::fd::{AsFd as _, BorrowedFd};
         use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
-        let stdout = std::io::stdout()
-            .as_fd()
-            .try_clone_to_owned()
-            .map(std::fs::File::from)
-            .and_then(|f| f.metadata());
-        match (self.file.metadata(), stdout) {
-            (Ok(a), Ok(b)) => {
+        let a = self.file.metadata().ok()?;
+        let is = |fd: BorrowedFd<'_>| {
+            let b = fd.try_clone_to_owned().map(std::fs::File::from);
+            b.and_then(|f| f.metadata()).is_ok_and(|b| {
                 !b.file_type().is_char_device() && (a.dev(), a.ino()) == (b.dev(), b.ino())
-            }
-            _ => false,
+            })
+        };
+        if is(std::io::stdout().as_fd()) {
+            Some(StdStream::Out)
+        } else if is(std::io::stderr().as_fd()) {
+            Some(StdStream::Err)
+        } else {
+            None
         }
     }
 
@@ -354,6 +362,24 @@ impl OutputFile {
             in_place(false)?;
             return Ok(None);
         }
+        // The file standard output or error was sent to (`--trace /dev/stdout >> log`):
+        // written where that stream writes (appended, with `>>`), never replaced, which
+        // would lose what the file held and leave the stream writing to a file with no
+        // name.
+        if let Some(stream) = self.std_stream() {
+            let written = match stream {
+                StdStream::Out => {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(text.as_bytes()).and_then(|()| out.flush())
+                }
+                StdStream::Err => {
+                    let mut err = std::io::stderr().lock();
+                    err.write_all(text.as_bytes()).and_then(|()| err.flush())
+                }
+            };
+            written.map_err(|e| self.cannot_write(e))?;
+            return Ok(None);
+        }
         let target = std::fs::canonicalize(&self.path).map_err(|e| self.cannot_write(e))?;
         let dir = target.parent().unwrap_or(Path::new("."));
         let Ok(mut tmp) = tempfile::Builder::new()
@@ -372,6 +398,13 @@ impl OutputFile {
             .map_err(|e| self.cannot_write(e))?;
         Ok(Some((tmp, target, staged)))
     }
+}
+
+/// A standard stream an output file turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StdStream {
+    Out,
+    Err,
 }
 
 /// Writes each text to its file, all or nothing as far as regular files go: each is
@@ -513,7 +546,11 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
-    if let Some(trace) = &args.trace {
+    // `--trace -`: standard output, as without --trace, but even when quiet.
+    let trace_to_stdout = args.trace.as_deref() == Some(Path::new("-"));
+    let trace_path = args.trace.as_deref().filter(|_| !trace_to_stdout);
+    let print_trace = trace_to_stdout || (trace_path.is_none() && !args.quiet);
+    if let Some(trace) = trace_path {
         if same_file(&args.file, trace) {
             return Err(Failure::Input(anyhow::anyhow!(
                 "--trace {} names the scenario file {}: the trace would overwrite it",
@@ -523,7 +560,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         }
     }
     let scenario = scenario::load(&args.file).map_err(|e| Failure::Input(e.into()))?;
-    let trace_file = match &args.trace {
+    let trace_file = match trace_path {
         Some(path) => Some(OutputFile::open("--trace", path)?),
         None => None,
     };
@@ -549,7 +586,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     if let Some(e) = result.error {
         // The trace up to the failed step goes where the trace goes, unless that is a
         // file (replaced only by a complete run).
-        if trace_file.is_none() && !args.quiet {
+        if print_trace {
             // The step's error is the one to report.
             let _ = print_out(&text);
         }
@@ -559,7 +596,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     }
     match trace_file {
         Some(file) => write_outputs(vec![(file, text)])?,
-        None if !args.quiet => print_out(&text)?,
+        None if print_trace => print_out(&text)?,
         None => {}
     }
     if let Some(why) = &result.differs {

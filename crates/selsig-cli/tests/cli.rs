@@ -3906,3 +3906,75 @@ poll = "idle"
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A `--trace` (or bench output) file that is where standard output or error was sent
+/// (`--trace /dev/stdout >> log`) gets its text where that stream writes, appended after
+/// what the file held: replacing the file would lose its content, and the stream would go
+/// on writing to a file with no name. `--trace -` is standard output, even with `-q`.
+#[test]
+fn an_output_file_that_is_standard_output_or_error_is_appended_to_not_replaced() {
+    let dir = scratch("selsig-cli-std-stream");
+    let seed = scenarios().join("seed.toml");
+    let seed = seed.to_str().unwrap();
+    let whole = selsig(&["run", seed]);
+    assert!(whole.status.success(), "{}", stderr(&whole));
+    let trace = stdout(&whole);
+    assert!(trace.contains("\"wr_id\":8"), "{trace}");
+    let log = dir.join("app.log");
+    let appending = || {
+        std::fs::write(&log, "earlier line\n").unwrap();
+        std::fs::OpenOptions::new().append(true).open(&log).unwrap()
+    };
+    let summary = "scenario seed: expectations met";
+    for (stream, to_stdout) in [("/dev/stdout", true), ("/dev/stderr", false)] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_selsig"));
+        command.args(["run", "-q", seed, "--trace", stream]);
+        let o = match to_stdout {
+            true => command.stdout(appending()).output().unwrap(),
+            false => command.stderr(appending()).output().unwrap(),
+        };
+        assert!(o.status.success(), "{stream}: {}", stderr(&o));
+        let got = std::fs::read_to_string(&log).unwrap();
+        let want = match to_stdout {
+            true => format!("earlier line\n{trace}"),
+            false => format!("earlier line\n{trace}{summary}"),
+        };
+        assert!(got.starts_with(&want), "{stream}: {got}");
+        assert!(got.contains(summary) != to_stdout, "{stream}: {got}");
+    }
+    // bench: its JSON to the file standard error was sent to.
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args([
+            "bench",
+            "-s",
+            "64",
+            "-e",
+            "8",
+            "-n",
+            "2000",
+            "--json",
+            "/dev/stderr",
+        ])
+        .stderr(appending())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let got = std::fs::read_to_string(&log).unwrap();
+    assert!(got.starts_with("earlier line\n{"), "{got}");
+    assert!(got.contains("\"points\""), "{got}");
+    // `--trace -`: standard output, also when quiet; no file named `-`.
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["run", "-q", seed, "--trace", "-"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), trace);
+    assert!(stderr(&o).contains(summary), "{}", stderr(&o));
+    assert!(!dir.join("-").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
