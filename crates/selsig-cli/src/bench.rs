@@ -10,6 +10,7 @@
 //! outstanding, completions polled 16 at a time, bandwidth over the time from the first
 //! post to the last completion, in perftest's units.
 
+use std::collections::HashMap;
 use std::io::IsTerminal as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +49,9 @@ const WARM_UP: Duration = Duration::from_millis(100);
 /// Below this CPU share of the posting thread a point's figures are flagged
 /// ([`Point::cpu_share`]).
 const CPU_SHARE_WARN: f64 = 0.9;
+/// Above this share of a point's wall time spent by the bench's threads waiting for a CPU,
+/// its figures are flagged ([`Point::wait_share`]).
+const WAIT_SHARE_WARN: f64 = 0.1;
 /// A point that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(30);
 /// A timed run reads the clock after every 64 post calls, or sooner once this many bytes
@@ -565,6 +569,14 @@ pub struct Point {
     /// (it busy-polls), so this is about 1 on a quiet machine; well below it, other threads
     /// had its core part of the time, and the point measured that competition too.
     pub cpu_share: f64,
+    /// The time the bench's threads (the posting thread and, on the soft provider, the
+    /// NIC's thread) spent ready to run but waiting for a CPU, added up, over the point's
+    /// wall time (Linux's scheduler statistics, `/proc/self/task/*/schedstat`; null where
+    /// the kernel keeps none). About 0 when each has a core of its own; well above it,
+    /// they shared a core (the NIC thread then waits for the posting thread, which never
+    /// yields, to use up its time slice) or other work took one, and the point measured
+    /// that wait too.
+    pub wait_share: Option<f64>,
     /// Time from a WRITE's post to the application learning of its completion: from just
     /// before the post call to just after the poll that retired it (what the queue's
     /// `Stats::lag_ns` measures, taken from the caller's side). Null in perftest mode,
@@ -752,6 +764,33 @@ fn gbit(bytes: f64, seconds: f64) -> f64 {
 
 fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, selsig::MAX_LAG_NS, 3).expect("valid bounds")
+}
+
+/// The time each thread of this process (by thread id) has spent ready to run but waiting
+/// for a CPU, in nanoseconds (the second field of `/proc/self/task/TID/schedstat`); `None`
+/// where the kernel reports none.
+fn run_waits() -> Option<HashMap<u32, u64>> {
+    let mut waits = HashMap::new();
+    for entry in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        // A thread that ended meanwhile has no file any more: it is left out.
+        let Ok(text) = std::fs::read_to_string(entry.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some(wait) = text.split_whitespace().nth(1).and_then(|w| w.parse().ok()) {
+            waits.insert(tid, wait);
+        }
+    }
+    (!waits.is_empty()).then_some(waits)
+}
+
+/// The waiting for a CPU between two readings of [`run_waits`], every thread's added up (a
+/// thread started in between counts from 0, one that ended in between not at all).
+fn waited(before: &HashMap<u32, u64>, after: &HashMap<u32, u64>) -> Duration {
+    let since = |(tid, wait): (&u32, &u64)| wait.saturating_sub(*before.get(tid).unwrap_or(&0));
+    Duration::from_nanos(after.iter().map(since).sum())
 }
 
 /// CPU time this thread has used.
@@ -972,6 +1011,7 @@ fn run_point<D: Device>(
     let mut last_progress = Instant::now();
     let mut retired_at_check = 0u64;
 
+    let waits0 = run_waits();
     let cpu0 = thread_cpu();
     let start = Instant::now();
     while posting || confirm || tally.retired < posted {
@@ -1126,6 +1166,10 @@ fn run_point<D: Device>(
     }
     let seconds = start.elapsed().as_secs_f64();
     let cpu = thread_cpu().saturating_sub(cpu0);
+    let waited = match (waits0, run_waits()) {
+        (Some(before), Some(after)) => Some(waited(&before, &after)),
+        _ => None,
+    };
     queue.qp().record_execution_times(false);
 
     let stats = queue.stats();
@@ -1155,6 +1199,7 @@ fn run_point<D: Device>(
         wrs_per_cqe: stats.mean_wrs_per_cqe(),
         cpu_ns_per_wr: cpu.as_nanos() as f64 / posted as f64,
         cpu_share: cpu.as_secs_f64() / seconds,
+        wait_share: waited.map(|w| w.as_secs_f64() / seconds),
         lag: Percentiles::of(&tally.lag),
         nic_to_app: Percentiles::of(&gap),
         post_to_nic: Percentiles::of(&to_nic),
@@ -1323,46 +1368,76 @@ pub fn render(report: &Report) -> String {
     out
 }
 
-/// A warning when the posting thread, which never sleeps, was off its core for a good part
-/// of some points: their figures measure other work on the machine as well as selsig.
+/// Warnings, one a line, when the posting thread, which never sleeps, was off its core for
+/// a good part of some points, or the bench's threads waited for a CPU a good part of the
+/// time: those figures measure other work on the machine (or the threads' competition for
+/// one core) as well as selsig.
 pub fn load_warning(report: &Report) -> Option<String> {
-    let low: Vec<&Point> = report
+    let mut lines = Vec::new();
+    // Rounded away from the threshold: a flagged share never reads as the threshold.
+    let below = |share: f64| format!("{}%", (share * 100.0).floor());
+    let cpu = flagged(report, below, |p| {
+        (p.cpu_share < CPU_SHARE_WARN).then_some(p.cpu_share)
+    });
+    if let Some(which) = cpu {
+        lines.push(format!(
+            "warning: the posting thread busy-polls and so should run all the time, but it ran \
+             only {which} (below {}): other work took its core, and those figures measure \
+             the wait too; run again on a quiet machine",
+            below(CPU_SHARE_WARN)
+        ));
+    }
+    let above = |share: f64| format!("{}%", (share * 100.0).ceil());
+    let wait = flagged(report, above, |p| {
+        p.wait_share.filter(|&w| w > WAIT_SHARE_WARN)
+    });
+    if let Some(which) = wait {
+        lines.push(format!(
+            "warning: the bench's threads (the posting thread, and the soft NIC's) waited for \
+             a CPU {which} (above {}): they shared a core, or other work took one, and those \
+             figures measure the wait too; run again with a core free for each thread",
+            above(WAIT_SHARE_WARN)
+        ));
+    }
+    (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// The points `value` flags (its share, where it does), shown as "42% of the time at 4KiB
+/// every:2", or "30% to 89% of the time at 3 of the 4 points".
+fn flagged(
+    report: &Report,
+    percent: impl Fn(f64) -> String,
+    value: impl Fn(&Point) -> Option<f64>,
+) -> Option<String> {
+    let low: Vec<(&Point, f64)> = report
         .points
         .iter()
-        .filter(|p| p.cpu_share < CPU_SHARE_WARN)
+        .filter_map(|p| value(p).map(|v| (p, v)))
         .collect();
-    // Rounded down: a flagged share never reads as the threshold.
-    let percent = |share: f64| format!("{}%", (share * 100.0).floor());
-    let which = match low.as_slice() {
-        [] => return None,
-        [p] => format!(
+    match low.as_slice() {
+        [] => None,
+        [(p, v)] => Some(format!(
             "{} of the time at {} {}",
-            percent(p.cpu_share),
+            percent(*v),
             human_size(p.size),
             p.policy
-        ),
+        )),
         _ => {
-            let (min, max) = low.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
-                (lo.min(p.cpu_share), hi.max(p.cpu_share))
+            let (min, max) = low.iter().fold((f64::MAX, f64::MIN), |(lo, hi), (_, v)| {
+                (lo.min(*v), hi.max(*v))
             });
             let range = if percent(min) == percent(max) {
                 percent(min)
             } else {
                 format!("{} to {}", percent(min), percent(max))
             };
-            format!(
+            Some(format!(
                 "{range} of the time at {} of the {} points",
                 low.len(),
                 report.points.len()
-            )
+            ))
         }
-    };
-    Some(format!(
-        "warning: the posting thread busy-polls and so should run all the time, but it ran \
-         only {which} (below {}): other work took its core, and those figures measure the \
-         wait too; run again on a quiet machine",
-        percent(CPU_SHARE_WARN)
-    ))
+    }
 }
 
 /// Two decimals, or three significant digits below 0.01 (large WRITEs: 16 MiB ones run at
@@ -1636,6 +1711,7 @@ mod tests {
             wrs_per_cqe: 1.0,
             cpu_ns_per_wr: share * 500_000.0,
             cpu_share: share,
+            wait_share: Some(0.0),
             lag: None,
             nic_to_app: None,
             post_to_nic: None,
@@ -1825,6 +1901,48 @@ mod tests {
             alike.contains("only 32% of the time at 2 of the 2 points"),
             "{alike}"
         );
+    }
+
+    /// A report whose points' threads waited for a CPU these shares of the time (their
+    /// posting threads ran all the time).
+    fn report_of_waits(waits: &[Option<f64>]) -> Report {
+        let mut report = report_of(&vec![1.0; waits.len()]);
+        for (p, w) in report.points.iter_mut().zip(waits) {
+            p.wait_share = *w;
+        }
+        report
+    }
+
+    #[test]
+    fn points_whose_threads_waited_for_a_cpu_are_flagged() {
+        let quiet = [Some(0.0), Some(0.1), None, Some(0.02)];
+        assert_eq!(load_warning(&report_of_waits(&quiet)), None);
+        let one = load_warning(&report_of_waits(&[Some(0.0), Some(0.101)])).expect("flagged");
+        assert!(
+            one.contains("waited for a CPU 11% of the time at 4KiB every:2 (above 10%)"),
+            "{one}"
+        );
+        assert!(!one.contains("posting thread busy-polls"), "{one}");
+        let some = load_warning(&report_of_waits(&[Some(0.5), None, Some(1.7)])).expect("flagged");
+        assert!(
+            some.contains("waited for a CPU 50% to 170% of the time at 2 of the 3 points"),
+            "{some}"
+        );
+        // Both kinds: one line each, under the table.
+        let mut both = report_of_waits(&[Some(0.3), Some(0.0)]);
+        both.points[1].cpu_share = 0.5;
+        let lines = load_warning(&both).expect("flagged");
+        let lines: Vec<&str> = lines.lines().collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0].contains("only 50% of the time at 4KiB every:2"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[1].contains("30% of the time at 64B every:1"),
+            "{lines:?}"
+        );
+        assert!(render(&both).trim_end().ends_with(lines[1]));
     }
 
     #[test]

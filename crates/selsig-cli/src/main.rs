@@ -523,8 +523,10 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
     write_outputs(files)?;
     if json_to_stdout || svg_to_stdout {
         // The table, which would carry it, is not printed.
-        if let Some(warning) = bench::load_warning(&report) {
-            say!("selsig bench: {warning}");
+        if let Some(warnings) = bench::load_warning(&report) {
+            for warning in warnings.lines() {
+                say!("selsig bench: {warning}");
+            }
         }
     } else {
         print_out(&bench::render(&report))?;

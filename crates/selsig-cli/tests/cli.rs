@@ -1946,6 +1946,41 @@ fn bench_flags_points_whose_posting_thread_lost_its_core() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// The soft NIC's thread and the posting thread on one CPU: the posting thread, which
+/// never yields, runs nearly all the time (its share alone would not flag the point), and
+/// the NIC thread waits for it to use up its time slice, so the figures measure that wait.
+/// The time the threads waited for a CPU flags the point.
+#[test]
+fn bench_flags_points_whose_threads_waited_for_a_cpu() {
+    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+    if !Path::new("/proc/self/task").exists() {
+        eprintln!("skipped: no /proc/self/task here, so the bench cannot tell waiting");
+        return;
+    }
+    // This test's thread and the process it starts get one CPU (inherited); the other
+    // tests keep the other CPUs.
+    let allowed = sched_getaffinity(None).unwrap();
+    let cpu = (0..CpuSet::MAX_CPU).find(|&c| allowed.is_set(c)).unwrap();
+    let mut one = CpuSet::new();
+    one.set(cpu);
+    sched_setaffinity(None, &one).unwrap();
+    let o = selsig(&["bench", "-n", "20000", "-s", "64", "-e", "4", "--json", "-"]);
+    sched_setaffinity(None, &allowed).unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let wait = v["points"][0]["wait_share"].as_f64().expect("a share");
+    assert!(wait > 0.1, "{v}");
+    assert!(
+        stderr(&o).contains(&format!(
+            "selsig bench: warning: the bench's threads (the posting thread, and the soft \
+             NIC's) waited for a CPU {}% of the time at 64B every:4 (above 10%)",
+            (wait * 100.0).ceil()
+        )),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn bench_perftest_mode_prints_perftest_figures() {
     let o = selsig(&[
