@@ -294,22 +294,26 @@ fn error_cqe(qp: &QpInner, index: u64, status: WcStatus) -> Cqe {
 /// `IBV_EVENT_QP_FATAL`, once. rxe (Linux 6.1, `rxe_cq_post`): the completion is dropped
 /// with an `IBV_EVENT_CQ_ERR` of its own, and the CQ and the QP go on as before.
 fn push(dev: &DeviceInner, qp: &QpInner, cq: &CqInner, cqe: &Cqe) -> bool {
+    matches!(push_with(dev, qp, cq, cqe), Pushed::Done | Pushed::Dropped)
+}
+
+/// [`push`], saying what became of the completion.
+fn push_with(dev: &DeviceInner, qp: &QpInner, cq: &CqInner, cqe: &Cqe) -> Pushed {
     let pushed = cq.push(cqe);
-    if pushed == Pushed::Done {
-        return true;
-    }
-    if pushed == Pushed::Dropped {
-        dev.push_event(AsyncEvent::CqErr { cq: cq.id });
-        return true;
-    }
-    if pushed == Pushed::Overrun {
-        dev.push_event(AsyncEvent::CqErr { cq: cq.id });
+    match pushed {
+        Pushed::Done => return pushed,
+        Pushed::Dropped => {
+            dev.push_event(AsyncEvent::CqErr { cq: cq.id });
+            return pushed;
+        }
+        Pushed::Overrun => dev.push_event(AsyncEvent::CqErr { cq: cq.id }),
+        Pushed::Lost => {}
     }
     if qp.state() != QpState::Err {
         qp.set_error();
         dev.push_event(AsyncEvent::QpFatal { qp_num: qp.qpn });
     }
-    false
+    pushed
 }
 
 /// In the error state, every posted receive is flushed: one completion each.
@@ -517,8 +521,28 @@ fn no_receive(qp: &QpInner) -> Exec {
     }
 }
 
-fn push_recv(dev: &DeviceInner, responder: &QpInner, cqe: &Cqe) {
-    push(dev, responder, &responder.recv_cq, cqe);
+/// Appends a receive completion of `responder` (see [`push`]). `false` when, on rxe, it
+/// found no room: rxe's responder then moves its QP to the error state before it
+/// acknowledges the request (`rxe_resp.c`: a failed `rxe_cq_post` in `do_complete` is
+/// `RESPST_ERR_CQ_OVERFLOW`, which goes to `RESPST_ERROR` and `rxe_qp_error`, with no
+/// event of its own), so the requester hears nothing: see [`no_answer`].
+#[must_use]
+fn push_recv(dev: &DeviceInner, responder: &QpInner, cqe: &Cqe) -> bool {
+    if push_with(dev, responder, &responder.recv_cq, cqe) != Pushed::Dropped {
+        return true;
+    }
+    responder.set_error();
+    false
+}
+
+/// The requester's outcome when its responder does not answer: its retries run out, except
+/// on rxe with a retry count of 7, which its completer never counts down (`rxe_comp.c`).
+fn no_answer(qp: &QpInner, rxe: bool) -> Exec {
+    if rxe && qp.retry_cnt.load(Ordering::Relaxed) >= 7 {
+        Exec::Stall(Stall::Responder)
+    } else {
+        fail(WcStatus::RetryExcErr)
+    }
 }
 
 fn execute(
@@ -530,14 +554,8 @@ fn execute(
     mrs: &MrTable,
 ) -> Exec {
     let rxe = dev.config.personality == Personality::Rxe;
-    // Without a listening responder the requester's retries run out, except on rxe with a
-    // retry count of 7, which its completer never counts down (`rxe_comp.c`).
     let Some(peer) = peer.filter(|p| listens(p)) else {
-        return if rxe && qp.retry_cnt.load(Ordering::Relaxed) >= 7 {
-            Exec::Stall(Stall::Responder)
-        } else {
-            fail(WcStatus::RetryExcErr)
-        };
+        return no_answer(qp, rxe);
     };
     let len = wqe.len;
     match wqe.opcode {
@@ -582,7 +600,9 @@ fn execute(
                                 0,
                                 None,
                             );
-                            push_recv(dev, peer, &cqe);
+                            if !push_recv(dev, peer, &cqe) {
+                                return no_answer(qp, rxe);
+                            }
                         }
                         return remote_access_error();
                     }
@@ -607,7 +627,9 @@ fn execute(
                     len,
                     Some(qp.sq.imm(index)),
                 );
-                push_recv(dev, peer, &cqe);
+                if !push_recv(dev, peer, &cqe) {
+                    return no_answer(qp, rxe);
+                }
             }
             Exec::Done {
                 opcode: WcOpcode::RdmaWrite,
@@ -689,11 +711,13 @@ fn execute(
                 } else {
                     (WcStatus::LocLenErr, WcStatus::RemInvReqErr)
                 };
-                push_recv(
+                if !push_recv(
                     dev,
                     peer,
                     &recv_cqe(peer, rqe.wr_id, theirs, WcOpcode::Recv, 0, None),
-                );
+                ) {
+                    return no_answer(qp, rxe);
+                }
                 peer.set_error();
                 return fail(ours);
             }
@@ -708,21 +732,25 @@ fn execute(
                         } else {
                             WcStatus::LocProtErr
                         };
-                        push_recv(
+                        if !push_recv(
                             dev,
                             peer,
                             &recv_cqe(peer, rqe.wr_id, theirs, WcOpcode::Recv, 0, None),
-                        );
+                        ) {
+                            return no_answer(qp, rxe);
+                        }
                         peer.set_error();
                         return fail(WcStatus::RemOpErr);
                     }
                 }
             }
-            push_recv(
+            if !push_recv(
                 dev,
                 peer,
                 &recv_cqe(peer, rqe.wr_id, WcStatus::Success, WcOpcode::Recv, len, imm),
-            );
+            ) {
+                return no_answer(qp, rxe);
+            }
             Exec::Done {
                 opcode: WcOpcode::Send,
                 byte_len: len,

@@ -2115,6 +2115,31 @@ fn rxe_personality_drops_the_completions_an_overrun_cq_has_no_room_for() {
     assert_eq!(events, ["cq_err"; 3]);
 }
 
+/// rxe: a receive completion that finds its CQ full moves the responder to the error state
+/// before it acknowledges the request, so the requester's retries run out
+/// (`RETRY_EXC_ERR`, the rest flushed), or, at a retry count of 7, it waits for ever; the
+/// completion is dropped with an `IBV_EVENT_CQ_ERR` (the soft NIC dropped it and went on,
+/// as rxe does only with send completions). The same runner holds the real rxe0 to this
+/// (`selsig-verbs/tests/rxe.rs`).
+#[test]
+fn rxe_personality_stops_a_responder_whose_receive_completion_finds_no_room() {
+    use WcStatus::{RetryExcErr, Success, WrFlushErr};
+    let dev = SoftDevice::open(SoftConfig::with_personality(Personality::Rxe)).unwrap();
+    let seen = support::rxe_errors::receive_overrun(&dev, None, 1, WAIT);
+    assert_eq!(
+        seen,
+        support::rxe_errors::ReceiveOverrun {
+            sends: vec![(1, Success), (2, RetryExcErr), (3, WrFlushErr)],
+            responder: QpState::Err,
+            receives: vec![(1, Success)],
+            events: vec!["cq_err"],
+        }
+    );
+    let seen = support::rxe_errors::receive_overrun(&dev, None, 7, Duration::from_millis(300));
+    assert_eq!(seen.sends, [(1, Success)]);
+    assert_eq!(seen.responder, QpState::Err);
+}
+
 #[test]
 fn a_qp_connected_while_the_nic_is_busy_runs_its_first_work_request() {
     // The NIC thread keeps a list of the QPs it serves, with their peers: a QP connected

@@ -457,3 +457,88 @@ pub fn unanswered<D: Device>(
         flushed,
     }
 }
+
+/// What came of SENDs whose last receive completion found the responder's CQ full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceiveOverrun {
+    /// The requester's completions (wr_id, status) within the patience given.
+    pub sends: Vec<(u64, WcStatus)>,
+    /// The responder's state then.
+    pub responder: QpState,
+    /// The responder's completions (wr_id, status): the receives whose completions found
+    /// room.
+    pub receives: Vec<(u64, WcStatus)>,
+    /// The asynchronous events.
+    pub events: Vec<&'static str>,
+}
+
+/// rxe's responder moves its QP to the error state when a receive completion finds its CQ
+/// full, before it acknowledges the request (`rxe_resp.c`: a failed `rxe_cq_post` in
+/// `do_complete` is `RESPST_ERR_CQ_OVERFLOW`, then `RESPST_ERROR` and `rxe_qp_error`), so
+/// the requester hears nothing and retransmits until its retries run out (for ever at
+/// `retry_cnt` 7). b's CQ (asked for 1 entry) takes its receives' completions; b posts one
+/// receive more than it holds, a one zero-length SEND more than that (signaled) and
+/// collects its completions for `patience` (or until all came).
+pub fn receive_overrun<D: Device>(
+    dev: &D,
+    gid_index: Option<u8>,
+    retry_cnt: u8,
+    patience: Duration,
+) -> ReceiveOverrun {
+    let pd = dev.alloc_pd().unwrap();
+    let cq_a = dev.create_cq(16).unwrap();
+    let cq_b = dev.create_cq(1).unwrap();
+    let capacity = u64::from(cq_b.capacity());
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
+    let options = ConnectOptions {
+        gid_index,
+        retry_cnt,
+        ..ConnectOptions::default()
+    };
+    connect_pair(&a, &b, &options).unwrap();
+    let recvs: Vec<RecvWr> = (1..=capacity + 1)
+        .map(|wr_id| RecvWr { wr_id, sge: None })
+        .collect();
+    b.post_recv(&recvs).unwrap();
+    let sends: Vec<SendWr> = (1..=capacity + 2)
+        .map(|wr_id| SendWr {
+            wr_id,
+            opcode: Opcode::Send,
+            local: Local::Empty,
+            remote: Default::default(),
+            imm_data: 0,
+            signaled: true,
+        })
+        .collect();
+    a.post_send(&sends).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 16];
+    let start = Instant::now();
+    while got.len() < sends.len() && start.elapsed() < patience {
+        let k = cq_a.poll(&mut buf).unwrap();
+        got.extend(buf[..k].iter().map(|w| (w.wr_id, w.status)));
+    }
+    let responder = b.state();
+    let k = cq_b.poll(&mut buf).unwrap();
+    let receives = buf[..k].iter().map(|w| (w.wr_id, w.status)).collect();
+    let events = std::iter::from_fn(|| dev.poll_async_event())
+        .map(|e| e.as_str())
+        .collect();
+    // Nothing left waiting when the QPs go.
+    a.to_error().unwrap();
+    ReceiveOverrun {
+        sends: got,
+        responder,
+        receives,
+        events,
+    }
+}
