@@ -159,8 +159,9 @@ impl Drop for Context {
         // SAFETY: the context was opened by `ibv_open_device` and every object created
         // from it holds an `Arc<Context>`, so none is left when this runs.
         let rc = unsafe { (self.v.fns.close_device)(self.ctx.as_ptr()) };
-        // Unlike the destroy calls, which return the errno, `ibv_close_device` returns -1
-        // and sets errno (ibv_open_device(3)).
+        // Unlike the destroy calls, which return the errno, `ibv_close_device` is
+        // documented to return -1 and set errno (ibv_open_device(3)); rdma-core's returns 0
+        // whatever happens.
         if rc != 0 {
             report(format_args!(
                 "ibv_close_device({}) failed: {}",
@@ -864,8 +865,9 @@ unsafe fn poll_chunks(
 const NO_STATUS: std::ffi::c_uint = std::ffi::c_uint::MAX;
 
 /// The `wr_id` a polled entry starts with: a completion that fails to parse has none
-/// written. (A queue's sends reach it only at sequence number 2^63 - 1; a real
-/// completion with it, last in a failed call, would be taken for the failing one.)
+/// written. (A queue's sends reach it only at sequence number 2^63 - 1, and a receive with
+/// it is refused; a real completion with it, last in a failed call, would be taken for the
+/// failing one.)
 const NO_WR_ID: u64 = u64::MAX;
 
 /// A negative return of `poll_cq`: `ibv_poll_cq(3)` promises only "negative", not an
@@ -901,8 +903,14 @@ pub struct VerbsQp {
 
 // SAFETY: `ibv_post_send` and `ibv_post_recv` are thread-safe (libmlx5 unless
 // `MLX5_SINGLE_THREADED=1`, which `VerbsDevice::open` refuses); `ibv_modify_qp` and
-// `ibv_query_qp`, which write the QP's cached state without a lock, are called under
-// `attr_calls`, and nothing here reads that field; the handle is owned until `Drop`.
+// `ibv_query_qp`, which write the QP's cached state (`ibv_qp.state`) without a lock, are
+// called under `attr_calls`, and selsig never reads that field; the handle is owned until
+// `Drop`. Some providers' post calls read that field without a lock (rxe's `post_recv`,
+// irdma's posts), so a post on one thread and a modify or query on another race inside
+// rdma-core, as they do in any program that posts while another thread changes or
+// queries the QP: the post sees the state just before or just after the change (at worst
+// a stale `EINVAL`, which `post_error` re-checks against the queried state). selsig cannot
+// close that without serializing every post with those calls.
 unsafe impl Send for VerbsQp {}
 // SAFETY: as above.
 unsafe impl Sync for VerbsQp {}
@@ -1351,6 +1359,20 @@ impl QueuePair for VerbsQp {
         if wrs.is_empty() {
             return Ok(());
         }
+        // A receive's completion with the `wr_id` a failed poll marks an unparsed
+        // completion with could be lost (see `NO_WR_ID`): refused at its position, those
+        // before it posted.
+        if let Some(at) = wrs.iter().position(|w| w.wr_id == NO_WR_ID) {
+            self.post_recv(&wrs[..at])?;
+            return Err(PostWrError {
+                index: at,
+                failure: PostFailure::Invalid(
+                    "a receive's wr_id cannot be u64::MAX (the verbs provider marks an \
+                     unparsed completion with it)",
+                ),
+                source: None,
+            });
+        }
         let mut sges: Vec<sys::ibv_sge> = wrs
             .iter()
             .map(|w| {
@@ -1733,19 +1755,42 @@ unsafe fn decode_event(ev: &sys::ibv_async_event) -> AsyncEvent {
         sys::IBV_EVENT_QP_REQ_ERR => AsyncEvent::QpReqErr { qp_num: qp_num() },
         sys::IBV_EVENT_QP_ACCESS_ERR => AsyncEvent::QpAccessErr { qp_num: qp_num() },
         sys::IBV_EVENT_PORT_ACTIVE => AsyncEvent::PortActive {
-            port: ev.element as usize as u8,
+            port: port_of(ev.element),
         },
         sys::IBV_EVENT_PORT_ERR => AsyncEvent::PortErr {
-            port: ev.element as usize as u8,
+            port: port_of(ev.element),
         },
         other => AsyncEvent::Other { event_type: other },
     }
+}
+
+/// The `port_num` member of `ibv_async_event.element`, a union of pointers and an `int`
+/// (libibverbs writes the `int`): it lies at the union's start, so in the first bytes of
+/// the pointer as it sits in memory, whatever the byte order. (Ports are numbered from 1
+/// up to at most 255: `ibv_device_attr.phys_port_cnt` is a `u8`.)
+fn port_of(element: *mut c_void) -> u8 {
+    let bytes = (element as usize).to_ne_bytes();
+    let mut int = [0u8; size_of::<c_int>()];
+    int.copy_from_slice(&bytes[..size_of::<c_int>()]);
+    c_int::from_ne_bytes(int) as u8
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::ffi::c_uint;
+
+    /// The port number of a port event is the union's `int`, at its start, on either byte
+    /// order (a cast of the pointer's value reads it only on a little-endian host).
+    #[test]
+    fn a_port_event_s_port_is_the_int_at_the_start_of_the_element() {
+        for port in [1u8, 2, 255] {
+            let mut union = [0xa5u8; size_of::<*mut c_void>()];
+            union[..size_of::<c_int>()].copy_from_slice(&c_int::from(port).to_ne_bytes());
+            let element = usize::from_ne_bytes(union) as *mut c_void;
+            assert_eq!(port_of(element), port);
+        }
+    }
 
     /// A peer that did not say its MTU leaves the smaller of what was asked and this
     /// port's: never more than the port takes.

@@ -830,6 +830,12 @@ fn posts_the_provider_must_not_see_are_refused_up_front() {
         ),
         "{e}"
     );
+
+    // A receive whose wr_id is the mark of an unparsed completion, at its position.
+    let recv = |wr_id| RecvWr { wr_id, sge: None };
+    let e = p.b.post_recv(&[recv(5), recv(u64::MAX)]).unwrap_err();
+    assert_eq!(e.index, 1);
+    assert!(matches!(e.failure, PostFailure::Invalid(_)), "{e}");
 }
 
 /// Two QPs of `send_wr` slots, not yet connected, each with a CQ of its own, and the
@@ -1113,6 +1119,38 @@ fn rxe_retries_forever_with_a_retry_count_of_7() {
             flushed: vec![],
         }
     );
+}
+
+/// rxe moves a responder whose receive completion finds its CQ full to the error state
+/// before it acknowledges the request (`rxe_resp.c`, `RESPST_ERR_CQ_OVERFLOW`): the
+/// requester hears nothing, and its retries run out (below 7) or go on for ever (7). The
+/// soft NIC's rxe personality is held to the same (`selsig-soft/tests/soft.rs`).
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn rxe_stops_a_responder_whose_receive_completion_finds_no_room() {
+    use WcStatus::{RetryExcErr, Success, WrFlushErr};
+    let dev = device();
+    let counted = rxe_errors::receive_overrun(&dev, dev.gid_index(), 1, Duration::from_secs(10));
+    let forever = rxe_errors::receive_overrun(&dev, dev.gid_index(), 7, Duration::from_secs(3));
+    if !dev.is_rxe() {
+        println!("{} (not checked): {counted:?}; {forever:?}", dev.name());
+        return;
+    }
+    let capacity = counted.receives.len() as u64;
+    let mut sends: Vec<_> = (1..=capacity).map(|i| (i, Success)).collect();
+    sends.push((capacity + 1, RetryExcErr));
+    sends.push((capacity + 2, WrFlushErr));
+    assert_eq!(
+        counted,
+        rxe_errors::ReceiveOverrun {
+            sends,
+            responder: QpState::Err,
+            receives: (1..=capacity).map(|i| (i, Success)).collect(),
+            events: vec!["cq_err"],
+        }
+    );
+    assert_eq!(forever.sends.len() as u64, capacity, "{forever:?}");
+    assert_eq!(forever.responder, QpState::Err);
 }
 
 /// The device's counts of protection domains, CQs, QPs and memory regions, as the kernel
