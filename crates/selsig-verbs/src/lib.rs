@@ -7,7 +7,7 @@
 //! holds the device context), so they are destroyed in the right order whatever order the
 //! program drops them in. A failed destroy is reported on stderr; `Drop` never panics.
 //!
-//! Registered memory is allocated by the provider (page-aligned, zeroed) and accessed only
+//! Registered memory is allocated by the provider (whole pages, zeroed) and accessed only
 //! through [`MemoryRegion::read`] and [`MemoryRegion::write`], which copy through raw
 //! pointers: the NIC may write it at any time.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -587,7 +587,7 @@ pub struct VerbsPd {
     inner: Arc<PdInner>,
 }
 
-/// A memory region: page-aligned zeroed memory owned by the region, registered with the
+/// A memory region: zeroed whole pages owned by the region, registered with the
 /// NIC. Deregistered, then freed, when dropped.
 pub struct VerbsMr {
     mr: NonNull<sys::ibv_mr>,
@@ -1569,7 +1569,7 @@ impl Device for VerbsDevice {
             }
         }
         let layout =
-            Layout::from_size_align(len.max(1), 4096).map_err(|e| ProviderError::Invalid {
+            region_layout(len, rustix::param::page_size()).map_err(|e| ProviderError::Invalid {
                 what: "region length",
                 why: format!("{len} bytes: {e}"),
             })?;
@@ -1764,6 +1764,13 @@ unsafe fn decode_event(ev: &sys::ibv_async_event) -> AsyncEvent {
     }
 }
 
+/// The memory of a region of `len` bytes: whole pages of `page` bytes, aligned to a page.
+/// `ibv_reg_mr` pins (and, with fork protection, marks "don't copy on fork") the whole
+/// pages the region touches: no other object may share them.
+fn region_layout(len: usize, page: usize) -> Result<Layout, std::alloc::LayoutError> {
+    Layout::from_size_align(len.max(1), page).map(|l| l.pad_to_align())
+}
+
 /// The `port_num` member of `ibv_async_event.element`, a union of pointers and an `int`
 /// (libibverbs writes the `int`): it lies at the union's start, so in the first bytes of
 /// the pointer as it sits in memory, whatever the byte order. (Ports are numbered from 1
@@ -1779,6 +1786,18 @@ fn port_of(element: *mut c_void) -> u8 {
 mod tests {
     use super::*;
     use std::ffi::c_uint;
+
+    /// A region's memory is whole pages of the host's size, whatever its length.
+    #[test]
+    fn a_region_takes_whole_pages() {
+        for page in [4096, 65536] {
+            for (len, size) in [(0, page), (1, page), (page, page), (page + 1, 2 * page)] {
+                let layout = region_layout(len, page).unwrap();
+                assert_eq!((layout.size(), layout.align()), (size, page), "{len}");
+            }
+        }
+        assert!(region_layout(usize::MAX - 10, 4096).is_err());
+    }
 
     /// The port number of a port event is the union's `int`, at its start, on either byte
     /// order (a cast of the pointer's value reads it only on a little-endian host).
