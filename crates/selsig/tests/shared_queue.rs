@@ -1575,18 +1575,16 @@ fn a_queue_dropped_with_work_outstanding_leaves_room_for_its_completions() {
     let b = Queue::new(qp(2, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
     assert_eq!(b.available(), 1);
     drop(b);
+    let holds = |left, wanted| ConfigError::CqHoldsDroppedWork {
+        capacity: 8,
+        left,
+        taken: 0,
+        wanted,
+    };
     let refused = Queue::with_config(qp(2, 8), Arc::clone(&cq), budget(2))
         .err()
         .expect("refused");
-    assert_eq!(
-        refused.error,
-        ConfigError::CqHoldsDroppedWork {
-            capacity: 8,
-            left: 7,
-            taken: 0,
-            wanted: 2
-        }
-    );
+    assert_eq!(refused.error, holds(7, 2));
     // A budget of the one left, dropped with its work request outstanding: nothing is left.
     let mut c = Queue::with_config(qp(3, 8), Arc::clone(&cq), budget(1)).unwrap();
     c.post(Work::write_empty(remote, 8)).unwrap();
@@ -1594,15 +1592,7 @@ fn a_queue_dropped_with_work_outstanding_leaves_room_for_its_completions() {
     let refused = Queue::new(qp(4, 8), Arc::clone(&cq), Policy::Every(4))
         .err()
         .expect("refused");
-    assert_eq!(
-        refused.error,
-        ConfigError::CqHoldsDroppedWork {
-            capacity: 8,
-            left: 8,
-            taken: 0,
-            wanted: 1
-        }
-    );
+    assert_eq!(refused.error, holds(8, 1));
     // Every receive completes, if only flushed: a dropped queue's receive slots that
     // report to the CQ stay taken too, its work requests retired or not.
     let cq = FakeCq::new(8);
