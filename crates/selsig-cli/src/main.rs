@@ -308,14 +308,15 @@ impl OutputFile {
     /// file standard output was redirected to). A terminal or `/dev/null` does not count:
     /// two texts written there in turn are what the user sees (or drops).
     fn is_stdout(&self) -> bool {
-        self.std_stream() == Some(StdStream::Out)
+        let meta = self.file.metadata();
+        meta.is_ok_and(|a| Self::std_stream(&a) == Some(StdStream::Out))
     }
 
-    /// The standard stream (output first) that writes to this file or pipe, if one does.
-    fn std_stream(&self) -> Option<StdStream> {
+    /// The standard stream (output first) that writes to the file or pipe of metadata `a`
+    /// (an output file's), if one does.
+    fn std_stream(a: &std::fs::Metadata) -> Option<StdStream> {
         use std::os::fd::{AsFd as _, BorrowedFd};
         use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
-        let a = self.file.metadata().ok()?;
         let is = |fd: BorrowedFd<'_>| {
             let b = fd.try_clone_to_owned().map(std::fs::File::from);
             b.and_then(|f| f.metadata()).is_ok_and(|b| {
@@ -366,7 +367,7 @@ impl OutputFile {
         // written where that stream writes (appended, with `>>`), never replaced, which
         // would lose what the file held and leave the stream writing to a file with no
         // name.
-        if let Some(stream) = self.std_stream() {
+        if let Some(stream) = Self::std_stream(&meta) {
             let written = match stream {
                 StdStream::Out => {
                     let mut out = std::io::stdout().lock();

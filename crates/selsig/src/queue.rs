@@ -773,6 +773,15 @@ impl<D: Device, U> Drop for SignaledQueue<D, U> {
     }
 }
 
+/// The receive slots of `qp` whose completions go to its send CQ (every receive completes,
+/// if only flushed); none where its receives report elsewhere.
+fn receive_slots(qp: &impl QueuePair) -> u32 {
+    match qp.recv_cq_is_send_cq() {
+        true => qp.caps().max_recv_wr,
+        false => 0,
+    }
+}
+
 /// Bit 63 of the `wr_id` of every work request a [`SignaledQueue`] posts: its `wr_id` is
 /// the sequence number with this bit set.
 ///
@@ -903,8 +912,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
         // are not the sends'. A queue that takes the CQ whole, or joins a shared CQ, leaves
         // room for them; beside a budget of its own, the caller does, as it alone knows
         // which receives it posts.
-        let receives = match qp.recv_cq_is_send_cq() && (config.cq.is_none() || on_shared) {
-            true => qp.caps().max_recv_wr,
+        let receives = match config.cq.is_none() || on_shared {
+            true => receive_slots(qp),
             false => 0,
         };
         let Taken {
@@ -957,11 +966,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             }
         }
         let qp_num = qp.qp_num();
-        let receives = match qp.recv_cq_is_send_cq() {
-            true => qp.caps().max_recv_wr,
-            false => 0,
-        };
-        if let Err(error) = shared.register(qp_num, receives) {
+        if let Err(error) = shared.register(qp_num, receive_slots(&qp)) {
             return Err(CreateError { error, qp });
         }
         match Self::create(qp, Arc::clone(shared.cq()), config, true) {
