@@ -588,7 +588,8 @@ pub(crate) struct QpInner {
     /// The transport retry count (rxe retries forever at 7).
     pub(crate) retry_cnt: AtomicU8,
     pub(crate) peer: Mutex<Option<Weak<QpInner>>>,
-    free_on_poll: bool,
+    /// Slots are freed when completions are polled (mlx5), not when WQEs execute (rxe).
+    pub(crate) free_on_poll: bool,
     /// Written by posters: on lines of their own, away from what the NIC reads.
     post: Padded<Mutex<Producer>>,
     recv_post: Padded<Mutex<u64>>,

@@ -246,6 +246,12 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                     stamped = exec;
                     unstamped_bytes = 0;
                 }
+                // rxe frees a WQE's slot before it posts the completion (`rxe_comp.c`,
+                // `do_complete`): who polls it finds the slot free. (mlx5 frees slots
+                // when completions are polled; the pass publishes its progress at its end.)
+                if !qp.free_on_poll {
+                    qp.sq.set_executed(exec);
+                }
                 if !push(dev, qp, &qp.send_cq, &cqe) {
                     state = QpState::Err;
                 }

@@ -396,6 +396,32 @@ fn rxe_frees_slots_on_execution_and_holds_more_than_reported() {
     );
 }
 
+/// rxe frees a WQE's slot before it posts the WQE's completion (`rxe_comp.c`,
+/// `do_complete`: the consumer index moves, then `rxe_cq_post`): who polls a completion
+/// finds its slot free, even while the NIC is still busy with later WQEs. (The soft NIC
+/// freed the slots of a pass over the queue at its end: a post right after a completion
+/// could find the ring full, as a stress thread did under valgrind.)
+#[test]
+fn rxe_frees_a_slot_before_its_completion_can_be_polled() {
+    let p = pair_with(Personality::Rxe, 2, 16, false); // a ring of 3
+    const BIG: usize = 64 << 20;
+    let local = p.mr(BIG, Access::LOCAL_WRITE);
+    let remote = p.mr(BIG, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let at = remote.remote(0);
+    // WRITE 1's completion comes while the NIC copies the 64 MiB of WRITE 2.
+    p.a.post_send(&[
+        write(1, &local, 0, 8, at, true),
+        write(2, &local, 0, BIG as u32, at, false),
+        write(3, &local, 0, 8, at, true),
+    ])
+    .unwrap();
+    assert_eq!(poll_n(&p.cq_a, 1)[0].wr_id, 1);
+    p.a.post_send(&[write(4, &local, 0, 8, at, true)])
+        .expect("WRITE 1's slot is free once its completion is seen");
+    let rest: Vec<u64> = poll_n(&p.cq_a, 2).iter().map(|w| w.wr_id).collect();
+    assert_eq!(rest, [3, 4]);
+}
+
 #[test]
 fn the_driver_never_fills_an_mlx5_queue_with_unsignaled_wrs() {
     for policy in [Policy::Never, Policy::Every(1000)] {
