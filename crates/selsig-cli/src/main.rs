@@ -55,7 +55,7 @@ enum Command {
 /// Run a scenario file (see docs/scenarios.md) and print its canonical trace.
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// The scenario file (TOML).
+    /// The scenario file (TOML); `-` reads it from standard input.
     #[arg(value_name = "SCENARIO")]
     file: PathBuf,
     /// Write the trace to this file instead of stdout (`-`: stdout, even with --quiet).
@@ -553,12 +553,24 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     let trace_to_stdout = args.trace.as_deref() == Some(Path::new("-"));
     let trace_path = args.trace.as_deref().filter(|_| !trace_to_stdout);
     let print_trace = trace_to_stdout || (trace_path.is_none() && !args.quiet);
+    let from_stdin = args.file == Path::new("-");
+    let shown = if from_stdin {
+        "<stdin>".to_string()
+    } else {
+        args.file.display().to_string()
+    };
     if let Some(trace) = trace_path {
-        if same_file(&args.file, trace) {
+        // A scenario read from standard input may come from a file too (`< x.toml`).
+        let source = if from_stdin {
+            Path::new("/dev/stdin")
+        } else {
+            &args.file
+        };
+        if same_file(source, trace) {
             return Err(Failure::Input(anyhow::anyhow!(
                 "--trace {} names the scenario file {}: the trace would overwrite it",
                 trace.display(),
-                args.file.display()
+                shown
             )));
         }
     }
@@ -580,7 +592,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         });
     }
     let result = common::with_device(&provider, &scenario)
-        .map_err(|e| Failure::of_run(e.context(format!("scenario {}", args.file.display()))))?;
+        .map_err(|e| Failure::of_run(e.context(format!("scenario {shown}"))))?;
     let mut text = String::new();
     for event in &result.trace {
         text.push_str(&event.line());
@@ -593,9 +605,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
             // The step's error is the one to report.
             let _ = print_out(&text);
         }
-        return Err(Failure::of_run(
-            e.context(format!("scenario {}", args.file.display())),
-        ));
+        return Err(Failure::of_run(e.context(format!("scenario {shown}"))));
     }
     match trace_file {
         Some(file) => write_outputs(vec![(file, text)])?,

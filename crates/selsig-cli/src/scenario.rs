@@ -467,7 +467,13 @@ impl Scenario {
 /// Reads and checks a scenario file.
 pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
     use std::io::Read as _;
-    let file = path.display().to_string();
+    // `-` is standard input, as for most tools that read a file.
+    let stdin = path == Path::new("-");
+    let file = if stdin {
+        "<stdin>".to_string()
+    } else {
+        path.display().to_string()
+    };
     let error = |message: String| ScenarioError {
         file: file.clone(),
         line: 0,
@@ -478,14 +484,23 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
     // that never ends, as /dev/zero) is refused, not read until memory runs out. A pipe
     // (`selsig run <(generate)`) is read as a file is.
     let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_FILE + 1).read_to_string(&mut text))
-        .map_err(|e| error(format!("cannot read the scenario: {e}")))?;
+    let read = if stdin {
+        std::io::stdin()
+            .lock()
+            .take(MAX_FILE + 1)
+            .read_to_string(&mut text)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(MAX_FILE + 1).read_to_string(&mut text))
+    };
+    read.map_err(|e| error(format!("cannot read the scenario: {e}")))?;
     if text.len() as u64 > MAX_FILE {
         return Err(error(format!(
             "larger than {} MiB: not a scenario",
             MAX_FILE >> 20
         )));
+    }
+    if stdin {
+        return parse(&file, "stdin", &text);
     }
     let name = path
         .file_stem()

@@ -3404,6 +3404,67 @@ fn the_trace_file_may_not_be_the_scenario() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `selsig run -` reads the scenario from standard input: the same trace as from the file,
+/// errors named `<stdin>`, and a `--trace` naming the file fed to it refused.
+#[test]
+fn a_scenario_is_read_from_standard_input() {
+    use std::process::Stdio;
+    let dir = scratch("selsig-cli-stdin");
+    let path = scenarios().join("seed.toml");
+    let piped = |stdin: Stdio, extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_selsig"))
+            .args(["run", "-"])
+            .args(extra)
+            .stdin(stdin)
+            .output()
+            .expect("the selsig binary runs")
+    };
+    let from_file = selsig(&["run", path.to_str().unwrap()]);
+    assert_eq!(from_file.status.code(), Some(0), "{}", stderr(&from_file));
+    let o = piped(std::fs::File::open(&path).unwrap().into(), &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), stdout(&from_file));
+    assert!(stderr(&o).contains("scenario stdin: "), "{}", stderr(&o));
+    // Through a pipe, as `generate | selsig run -`.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["run", "-", "-q", "--trace", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        std::fs::read_to_string(&path).unwrap().as_bytes(),
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), stdout(&from_file));
+    // A malformed scenario: the error names standard input, with the line.
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "description = \"x\"\nbogus = 1\n").unwrap();
+    let o = piped(std::fs::File::open(&bad).unwrap().into(), &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("<stdin>:2:"), "{}", stderr(&o));
+    // `--trace` naming the file standard input comes from would overwrite it.
+    let copy = dir.join("copy.toml");
+    let seed = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&copy, &seed).unwrap();
+    let o = piped(
+        std::fs::File::open(&copy).unwrap().into(),
+        &["-q", "--trace", copy.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("names the scenario file <stdin>"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&copy).unwrap(), seed);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn fields_that_would_be_ignored_contradict_or_fail_later_are_refused() {
     let dir = scratch("selsig-cli-refused");
