@@ -52,8 +52,16 @@ const CPU_SHARE_WARN: f64 = 0.9;
 /// Above this share of a point's wall time spent by the bench's threads waiting for a CPU,
 /// its figures are flagged ([`Point::wait_share`]).
 const WAIT_SHARE_WARN: f64 = 0.1;
-/// A point that makes no progress for this long has failed.
+/// A point that makes no progress for this long has failed, or for longer where one
+/// completion covers more bytes than a slow device moves in that time ([`stall_limit`]).
 const STALL: Duration = Duration::from_secs(30);
+/// The slowest rate [`stall_limit`] allows a healthy device: Soft-RoCE under emulation
+/// moves large WRITEs at 60 to 90 MB/s and small ones at 3 MB/s (where a completion
+/// covers few bytes).
+const STALL_RATE: f64 = 4.0 * (1u64 << 20) as f64;
+/// The largest WRITE: InfiniBand's largest message, 2³¹ bytes (perftest's own limit is one
+/// byte less).
+const MAX_SIZE: u64 = 1 << 31;
 /// A timed run reads the clock after every 64 post calls, or sooner once this many bytes
 /// were posted since it last did (a post call of large WRITEs takes long).
 const CLOCK_BYTES: u64 = 1 << 20;
@@ -167,7 +175,7 @@ pub struct BenchArgs {
     pub adaptive: Option<Policy>,
     /// The most memory registered on each side (default 256M); a WRITE larger is
     /// refused, and fewer buffers than the queue depth are used when they do not all fit.
-    /// Not with --cq-mod, which registers what ib_write_bw does: max(SIZE, the page size).
+    /// Not with --cq-mod, which uses the memory ib_write_bw does: max(SIZE, the page size).
     #[arg(
         allow_hyphen_values = true,
         long,
@@ -349,13 +357,18 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
             "--size 0: a WRITE of no bytes moves nothing to measure"
         );
         ensure!(
-            size <= u64::from(u32::MAX),
-            "--size {size} is more than one WRITE carries (4 GiB - 1)"
+            size <= MAX_SIZE,
+            "--size {size} is more than one WRITE carries (2 GiB, InfiniBand's largest message)"
+        );
+        ensure!(
+            !perftest || size < MAX_SIZE,
+            "--size {size} with --cq-mod: ib_write_bw takes 1 to {} bytes",
+            MAX_SIZE - 1
         );
     }
     let region = match (args.region, perftest) {
         (Some(region), true) => bail!(
-            "--region {region} with --cq-mod: perftest mode registers what ib_write_bw does, max(SIZE, {}) bytes (the page size) on each side",
+            "--region {region} with --cq-mod: perftest mode uses the memory ib_write_bw does, max(SIZE, {}) bytes (the page size) on each side",
             geometry.page
         ),
         (Some(region), false) => region,
@@ -583,9 +596,11 @@ pub struct Point {
     /// which reads no clock while it runs.
     pub lag: Option<Percentiles>,
     /// Time from the NIC finishing a WRITE to the application learning of it (soft
-    /// provider); null where the provider cannot tell.
+    /// provider); null where not recorded (other providers, `--no-nic-times`, perftest
+    /// mode).
     pub nic_to_app: Option<Percentiles>,
-    /// Time from a WRITE's post to the NIC finishing it (soft provider).
+    /// Time from a WRITE's post to the NIC finishing it (soft provider); null where
+    /// [`nic_to_app`](Self::nic_to_app) is.
     pub post_to_nic: Option<Percentiles>,
 }
 
@@ -768,22 +783,31 @@ fn new_histogram() -> Histogram<u64> {
 
 /// The time each thread of this process (by thread id) has spent ready to run but waiting
 /// for a CPU, in nanoseconds (the second field of `/proc/self/task/TID/schedstat`); `None`
-/// where the kernel reports none.
+/// where the kernel reports none: no such files, or files of zeros (a kernel that keeps
+/// no scheduler statistics writes `0 0 0`, where the first field, the time on a CPU,
+/// cannot be 0 for the thread reading it).
 fn run_waits() -> Option<HashMap<u32, u64>> {
-    let mut waits = HashMap::new();
-    for entry in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-        let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
+    let threads = std::fs::read_dir("/proc/self/task").ok()?.flatten();
+    waits_of(threads.filter_map(|entry| {
+        let tid = entry.file_name().to_str()?.parse().ok()?;
         // A thread that ended meanwhile has no file any more: it is left out.
-        let Ok(text) = std::fs::read_to_string(entry.path().join("schedstat")) else {
-            continue;
-        };
-        if let Some(wait) = text.split_whitespace().nth(1).and_then(|w| w.parse().ok()) {
+        let text = std::fs::read_to_string(entry.path().join("schedstat")).ok()?;
+        Some((tid, text))
+    }))
+}
+
+/// [`run_waits`] of the threads' `schedstat` texts.
+fn waits_of(threads: impl Iterator<Item = (u32, String)>) -> Option<HashMap<u32, u64>> {
+    let mut waits = HashMap::new();
+    let mut ran = false;
+    for (tid, text) in threads {
+        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+        if let (Some(Some(on_cpu)), Some(Some(wait))) = (fields.next(), fields.next()) {
+            ran |= on_cpu > 0;
             waits.insert(tid, wait);
         }
     }
-    (!waits.is_empty()).then_some(waits)
+    ran.then_some(waits)
 }
 
 /// The waiting for a CPU between two readings of [`run_waits`], every thread's added up (a
@@ -866,6 +890,18 @@ impl<M> Tally<M> {
 /// One point: a fresh queue pair and completion queue, `stop`'s worth of WRITEs of `size`
 /// bytes under `policy`. Returns the point, the send queue's capacity and the number of
 /// buffers.
+/// How long a point may go without retiring a WRITE: [`STALL`], or as long as a device
+/// moving [`STALL_RATE`] takes for the WRITEs one completion covers (a queue of
+/// `sq_capacity` forces a signal at the latest once per queue).
+fn stall_limit(policy: Policy, sq_capacity: u32, size: u64) -> Duration {
+    let interval = policy
+        .interval()
+        .unwrap_or(sq_capacity)
+        .clamp(1, sq_capacity.max(1));
+    let bytes = f64::from(interval) * size as f64;
+    STALL.max(Duration::from_secs_f64(bytes / STALL_RATE))
+}
+
 fn run_point<D: Device>(
     plan: &Plan,
     dev: &D,
@@ -1010,6 +1046,7 @@ fn run_point<D: Device>(
     let mut unclocked = 0u64;
     let mut last_progress = Instant::now();
     let mut retired_at_check = 0u64;
+    let stall = stall_limit(policy, sq_capacity, len as u64);
 
     let waits0 = run_waits();
     let cpu0 = thread_cpu();
@@ -1154,10 +1191,10 @@ fn run_point<D: Device>(
             // A stall check that reads the clock rarely.
             if tally.retired != retired_at_check {
                 (retired_at_check, last_progress) = (tally.retired, Instant::now());
-            } else if last_progress.elapsed() > STALL {
+            } else if last_progress.elapsed() > stall {
                 bail!(
                     "no completion for {} s ({} of {posted} WRITEs retired){}",
-                    STALL.as_secs(),
+                    stall.as_secs(),
                     tally.retired,
                     peer.closed_note()
                 );
@@ -1580,7 +1617,7 @@ mod tests {
         assert!(e.contains("shorter than a nanosecond"), "{e}");
     }
 
-    /// The bounds themselves are taken: ib_write_bw's, a day, 4 GiB, a queue of one.
+    /// The bounds themselves are taken: ib_write_bw's, a day, 4 GiB, 2 GiB, a queue of one.
     #[test]
     fn settings_at_their_limits_are_taken() {
         let p = plan_of(&["--cq-mod", "1024", "-t", "15000", "-n", "100000000"]).unwrap();
@@ -1598,8 +1635,10 @@ mod tests {
         assert_eq!((p.sizes.as_slice(), p.region), (&[65536][..], 65536));
         let p = plan_of(&["-s", "64", "--region", "4G", "-e", "1"]).unwrap();
         assert_eq!(p.region, 4 << 30);
-        let p = plan_of(&["-s", "4294967295", "--region", "4G", "-e", "1"]).unwrap();
-        assert_eq!(p.sizes, [u64::from(u32::MAX)]);
+        let p = plan_of(&["-s", "2G", "--region", "4G", "-e", "1"]).unwrap();
+        assert_eq!(p.sizes, [1 << 31]);
+        let p = plan_of(&["--cq-mod", "4", "-s", "2147483647", "-n", "5"]).unwrap();
+        assert_eq!(p.sizes, [(1 << 31) - 1]);
         let p = plan_of(&["-D", "86400"]).unwrap();
         assert_eq!(p.stop, Stop::Duration(Duration::from_secs(86400)));
         // A queue of one: every WRITE signaled, adaptive included.
@@ -1639,8 +1678,56 @@ mod tests {
         );
         assert_eq!(
             e,
-            "--size 5368709120 is more than one WRITE carries (4 GiB - 1)"
+            "--size 5368709120 is more than one WRITE carries (2 GiB, InfiniBand's largest message)"
         );
+        let e = format!(
+            "{:#}",
+            plan_of(&["-s", "2147483649", "--region", "4G", "-e", "1"]).unwrap_err()
+        );
+        assert!(e.starts_with("--size 2147483649 is more than"), "{e}");
+        // perftest's own bound is one byte less.
+        let e = format!(
+            "{:#}",
+            plan_of(&["--cq-mod", "4", "-s", "2G", "-n", "10"]).unwrap_err()
+        );
+        assert_eq!(
+            e,
+            "--size 2147483648 with --cq-mod: ib_write_bw takes 1 to 2147483647 bytes"
+        );
+    }
+
+    /// A point fails after 30 s without a retired WRITE, or after as long as 4 MiB/s takes
+    /// for the bytes one completion covers: one every interval, or every queue.
+    #[test]
+    fn the_stall_limit_grows_with_the_bytes_a_completion_covers() {
+        let secs = |p, cap, size| stall_limit(p, cap, size).as_secs_f64();
+        assert_eq!(secs(Policy::Every(1), 128, 64), 30.0);
+        assert_eq!(secs(Policy::Every(1024), 1024, 64 << 10), 30.0);
+        // 1024 WRITEs of 4 MiB: 4 GiB, 1024 s at 4 MiB/s (ib_write_bw --cq-mod 1024 -s 4M).
+        assert_eq!(secs(Policy::Every(1024), 1024, 4 << 20), 1024.0);
+        // The queue forces a signal once per queue: 128 WRITEs of 4 MiB, whatever the policy.
+        assert_eq!(secs(Policy::Never, 128, 4 << 20), 128.0);
+        assert_eq!(secs(Policy::Every(4096), 128, 4 << 20), 128.0);
+        let adaptive = Policy::Adaptive {
+            max_unsignaled: 64,
+            max_lag: Duration::from_micros(20),
+        };
+        assert_eq!(secs(adaptive, 128, 4 << 20), 64.0);
+        assert_eq!(secs(Policy::Always, 128, 1 << 30), 256.0);
+    }
+
+    /// Scheduler statistics: the second field of each thread's file; none where the kernel
+    /// keeps none (files of zeros) or writes something else.
+    #[test]
+    fn waits_are_read_where_the_kernel_keeps_them() {
+        let of = |files: &[(u32, &str)]| {
+            waits_of(files.iter().map(|&(tid, text)| (tid, text.to_string())))
+        };
+        let w = of(&[(7, "5000 300 2\n"), (8, "0 0 0\n")]).unwrap();
+        assert_eq!((w[&7], w[&8]), (300, 0));
+        assert_eq!(of(&[(7, "0 0 0\n"), (8, "0 0 0\n")]), None);
+        assert_eq!(of(&[(7, "garbage\n")]), None);
+        assert_eq!(of(&[]), None);
     }
 
     #[test]
