@@ -625,7 +625,8 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     ));
                 }
             }
-            let manual = q.policy == "manual";
+            // As the other policies' names: spaces around and case aside.
+            let manual = q.policy.trim().eq_ignore_ascii_case("manual");
             let policy = if manual {
                 Policy::Never
             } else {
@@ -688,7 +689,22 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 2 * q.peer_depth + 2,
             )?;
             cqs[send_cq].senders += 1;
-            let peer_access = self.access(&q.peer_access, span.clone())?;
+            let peer_access = self.access(
+                &q.peer_access,
+                span.clone(),
+                &format!("qp {:?}: peer_access", q.name),
+            )?;
+            // A QP's access flags are remote ones: the NIC always writes a receive's bytes.
+            if peer_access.contains(Access::LOCAL_WRITE) {
+                return Err(self.err(
+                    span,
+                    format!(
+                        "qp {:?}: peer_access: local_write is a region's flag, not a queue \
+                         pair's (its receives are written whatever the QP allows)",
+                        q.name
+                    ),
+                ));
+            }
             qps.push(Qp {
                 name: q.name.clone(),
                 depth: q.depth,
@@ -725,6 +741,18 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         } else {
                             ""
                         }
+                    ),
+                ));
+            }
+        }
+        // A declared CQ no QP names would only be created.
+        for (i, c) in raw.cq.iter().enumerate() {
+            if cqs[i].senders == 0 && !qps.iter().any(|q| q.peer_cq == i) {
+                return Err(self.err(
+                    Some(c.span()),
+                    format!(
+                        "cq {:?}: no QP reports to it (name it in a QP's send_cq or peer_cq)",
+                        cqs[i].name
                     ),
                 ));
             }
@@ -779,7 +807,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     ));
                 }
             };
-            let access = self.access(&r.access, span.clone())?;
+            let access = self.access(&r.access, span.clone(), &format!("region {:?}", r.name))?;
             if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
                 && !access.contains(Access::LOCAL_WRITE)
             {
@@ -800,9 +828,11 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 other_pd,
             });
         }
+        // Names a step gives, looked up; `step` counts from 0.
         let find_qp = |name: &str,
                        span: Option<Range<usize>>,
-                       allow_peer: bool|
+                       allow_peer: bool,
+                       step: usize|
          -> Result<QpRef, ScenarioError> {
             let (base, peer) = match name.strip_suffix(".peer") {
                 Some(b) => (b, true),
@@ -811,20 +841,22 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             if peer && !allow_peer {
                 return Err(self.err(
                     span,
-                    format!("{name:?}: this step needs a requester QP, not a peer"),
+                    format!(
+                        "step {}: {name:?}: this step needs a requester QP, not a peer",
+                        step + 1
+                    ),
                 ));
             }
             qps.iter()
                 .position(|q| q.name == base)
                 .map(|index| QpRef { index, peer })
-                .ok_or_else(|| self.err(span, format!("no qp named {name:?}")))
+                .ok_or_else(|| self.err(span, format!("step {}: no qp named {name:?}", step + 1)))
         };
         let find_region =
-            |name: &str, span: Option<Range<usize>>| -> Result<usize, ScenarioError> {
-                regions
-                    .iter()
-                    .position(|r| r.name == name)
-                    .ok_or_else(|| self.err(span, format!("no region named {name:?}")))
+            |name: &str, span: Option<Range<usize>>, step: usize| -> Result<usize, ScenarioError> {
+                regions.iter().position(|r| r.name == name).ok_or_else(|| {
+                    self.err(span, format!("step {}: no region named {name:?}", step + 1))
+                })
             };
         if raw.step.is_empty() {
             return Err(self.err(None, "a scenario needs at least one [[step]]".into()));
@@ -858,7 +890,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
             }
             let here = |m: String| self.err(span.clone(), format!("step {}: {m}", n + 1));
             let action = if let Some(p) = &s.post {
-                let qp = find_qp(&p.qp, span.clone(), false)?.index;
+                let qp = find_qp(&p.qp, span.clone(), false, n)?.index;
                 let op = match p.op.as_str() {
                     "write" => Op::Write,
                     "write_imm" => Op::WriteImm,
@@ -906,7 +938,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     }
                 }
                 let local = match &p.local {
-                    Some(l) => Some(find_region(l, span.clone())?),
+                    Some(l) => Some(find_region(l, span.clone(), n)?),
                     None if p.size > 0 => {
                         return Err(here(format!(
                             "a {} of {} bytes needs a local region",
@@ -917,7 +949,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 };
                 let needs_remote = matches!(op, Op::Write | Op::WriteImm | Op::Read);
                 let remote = match (&p.remote, needs_remote) {
-                    (Some(r), true) => Some(find_region(r, span.clone())?),
+                    (Some(r), true) => Some(find_region(r, span.clone(), n)?),
                     (Some(_), false) => {
                         return Err(here(format!("a {} has no remote region", p.op)));
                     }
@@ -1008,6 +1040,17 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                         Some((kind, fault_at))
                     }
                 };
+                if p.stride.is_some() && p.count == 1 {
+                    return Err(here(
+                        "stride with count 1: it moves the offsets of later work requests, and there are none"
+                            .into(),
+                    ));
+                }
+                if p.size == 0 && p.inline {
+                    return Err(here(
+                        "inline with size 0: a zero-length transfer carries no data".into(),
+                    ));
+                }
                 // Every work request's bytes must lie in its regions (faults aside).
                 let last = p.count - 1;
                 if let Some(l) = local {
@@ -1031,30 +1074,6 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 let cannot_use =
                     |i: usize, need: Access| unusable(&regions[i], deregistered[i], need);
                 let bound = &mut recv_bounds[qp];
-                // SENDs and WRITEs with immediate use the peer's receives, in order, unless
-                // the QP is in the error state (they are flushed): up to a bad local key,
-                // which fails on this side; a bad remote key or address fails at the peer,
-                // which goes to the error state too and flushes its receives.
-                if matches!(op, Op::Send | Op::SendImm | Op::WriteImm) && !bound.requester_error {
-                    let n = match fault {
-                        Some((Fault::BadLkey, at)) => at - 1,
-                        _ => p.count,
-                    };
-                    bound.consumers += n;
-                    let writes = match op {
-                        Op::Send | Op::SendImm => Some(p.size),
-                        _ => None,
-                    };
-                    bound.waiting_sends.push_back((writes, n));
-                }
-                match fault {
-                    Some((Fault::BadLkey, _)) => bound.requester_error = true,
-                    Some(_) => {
-                        bound.requester_error = true;
-                        bound.flushed = true;
-                    }
-                    None => {}
-                }
                 // Without a fault, a request may still fail. At the peer, which goes to the
                 // error state and flushes its receives: a remote region it may not touch, a
                 // QP that does not allow it (at any length: rxe checks that first), or a
@@ -1074,13 +1093,47 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     Op::Read => Access::LOCAL_WRITE,
                     _ => Access::empty(),
                 };
+                // A local region the NIC cannot use fails the first work request on this
+                // side (every one uses the region): none reaches the peer.
                 let fails_here =
                     p.size > 0 && !p.inline && local.is_some_and(|l| cannot_use(l, local_need));
-                if fails_at_peer {
-                    bound.flushed = true;
+                // SENDs and WRITEs with immediate use the peer's receives, in order, unless
+                // the QP is in the error state (they are flushed) or drained (they are
+                // refused): up to a bad local key or a local region it cannot use, which
+                // fail on this side; a bad remote key or address fails at the peer, which
+                // goes to the error state too and flushes its receives.
+                let takes_posts = !bound.requester_error && !bound.drained;
+                if matches!(op, Op::Send | Op::SendImm | Op::WriteImm) && takes_posts {
+                    let n = match fault {
+                        Some((Fault::BadLkey, at)) => at - 1,
+                        _ if fails_here => 0,
+                        _ => p.count,
+                    };
+                    bound.consumers += n;
+                    let writes = match op {
+                        Op::Send | Op::SendImm => Some(p.size),
+                        _ => None,
+                    };
+                    if n > 0 {
+                        bound.waiting_sends.push_back((writes, n));
+                    }
                 }
-                if fails_at_peer || fails_here {
-                    bound.requester_error = true;
+                // A drained queue refuses the posts: nothing of them reaches a NIC.
+                match fault {
+                    _ if bound.drained => {}
+                    Some((Fault::BadLkey, _)) => bound.requester_error = true,
+                    Some(_) => {
+                        bound.requester_error = true;
+                        bound.flushed = true;
+                    }
+                    None => {
+                        if fails_at_peer {
+                            bound.flushed = true;
+                        }
+                        if fails_at_peer || fails_here {
+                            bound.requester_error = true;
+                        }
+                    }
                 }
                 bound.match_receives(|i| cannot_use(i, Access::LOCAL_WRITE));
                 Action::Post(Post {
@@ -1099,7 +1152,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     fault,
                 })
             } else if let Some(r) = &s.recv {
-                let qp = find_qp(&r.qp, span.clone(), true)?;
+                let qp = find_qp(&r.qp, span.clone(), true, n)?;
                 if !qp.peer {
                     return Err(here(format!(
                         "receives are posted on a peer (\"{}.peer\"), not on {:?}",
@@ -1129,7 +1182,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 }
                 let region = match &r.region {
                     Some(name) => {
-                        let i = find_region(name, span.clone())?;
+                        let i = find_region(name, span.clone(), n)?;
                         let end = offset + r.count * r.size;
                         if end > regions[i].size as u64 {
                             return Err(here(format!(
@@ -1189,20 +1242,21 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     PollStep::Count { cqes } => Action::PollCqes(*cqes),
                 }
             } else if let Some(q) = &s.confirm {
-                Action::Confirm(find_qp(q, span.clone(), false)?.index)
+                Action::Confirm(find_qp(q, span.clone(), false, n)?.index)
             } else if let Some(q) = &s.drain {
-                let qp = find_qp(q, span.clone(), false)?.index;
+                let qp = find_qp(q, span.clone(), false, n)?.index;
                 unused_receives(&recv_bounds, &qps).map_err(here)?;
+                recv_bounds[qp].drained = true;
                 Action::Drain(qp)
             } else if let Some(r) = &s.dereg {
-                let i = find_region(r, span.clone())?;
+                let i = find_region(r, span.clone(), n)?;
                 if let Some(k) = deregistered[i] {
                     return Err(here(format!("region {r:?} was deregistered by step {k}")));
                 }
                 deregistered[i] = Some(n + 1);
                 Action::Dereg(i)
             } else if let Some(q) = &s.to_error {
-                let qp = find_qp(q, span.clone(), true)?;
+                let qp = find_qp(q, span.clone(), true, n)?;
                 // The peer in the error state flushes its receives; the QP in the error state
                 // flushes the SENDs it posts after, which use none. (Either one in the error
                 // state also ends, with an error, a SEND waiting for a receive.)
@@ -1517,10 +1571,12 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
         }
     }
 
+    /// The access flags `names` give; `what` names the list in an error.
     fn access(
         &self,
         names: &[String],
         span: Option<Range<usize>>,
+        what: &str,
     ) -> Result<Access, ScenarioError> {
         let mut a = Access::empty();
         for n in names {
@@ -1531,7 +1587,7 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 "remote_atomic" => Access::REMOTE_ATOMIC,
                 o => {
                     return Err(self.err(span, format!(
-                        "unknown access {o:?}: expected local_write, remote_write, remote_read or remote_atomic"
+                        "{what}: unknown access {o:?}: expected local_write, remote_write, remote_read or remote_atomic"
                     )));
                 }
             };
@@ -1552,6 +1608,8 @@ struct RecvBound {
     flushed: bool,
     /// The QP may be in the error state (its later SENDs flushed).
     requester_error: bool,
+    /// The QP's queue was drained: it refuses every later post.
+    drained: bool,
     /// SENDs and WRITEs with immediate no receive was matched with yet, in order: (the
     /// bytes a SEND writes, `None` for a WRITE with immediate, which writes none into
     /// its receive; how many).
@@ -1644,8 +1702,24 @@ pub fn parse_outcome_range(item: &str) -> Result<(u64, u64, String, Option<Strin
         Some((o, s)) => (o.to_string(), Some(s.to_string())),
         None => (what.trim().to_string(), None),
     };
-    match (outcome.as_str(), &status) {
+    match (outcome.as_str(), status.as_deref()) {
         ("completed" | "flushed", None) => {}
+        // A success is a completion, and a flush a work request flushed, never failed.
+        ("failed", Some(s @ ("success" | "wr_flush_err"))) => {
+            let instead = if s == "success" {
+                "completed"
+            } else {
+                "flushed"
+            };
+            return Err(format!(
+                "{item:?}: a work request whose completion is {s} is {instead}, never failed (write \"{first}{} {instead}\")",
+                if last > first {
+                    format!("-{last}")
+                } else {
+                    String::new()
+                }
+            ));
+        }
         ("failed", Some(s)) if WcStatus::ALL.iter().any(|x| x.short_name() == s) => {}
         _ => return Err(bad()),
     }
@@ -1692,6 +1766,27 @@ poll = "idle"
         );
     }
 
+    /// Policy names as the library reads them: spaces around and case aside, `manual` too.
+    #[test]
+    fn policy_names_take_any_case() {
+        for (name, want) in [
+            (" MANUAL", Policy::Never),
+            ("Manual", Policy::Never),
+            ("never", Policy::Never),
+            ("ALWAYS ", Policy::Always),
+            ("Every:8", Policy::Every(8)),
+        ] {
+            let text = OK.replace("name = \"a\"", &format!("name = \"a\"\npolicy = {name:?}"));
+            let s = parse("x.toml", "x", &text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(s.qps[0].policy, want, "{name}");
+        }
+        let e = error(&OK.replace("name = \"a\"", "name = \"a\"\npolicy = \"manually\""));
+        assert!(
+            e.contains("unknown policy \"manually\": expected every:N, always, never or manual"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn errors_name_the_file_line_and_problem() {
         let e = error(&OK.replace("size = 64, count = 2", "size = 64, count = 3"));
@@ -1699,7 +1794,7 @@ poll = "idle"
         assert!(e.contains("beyond region \"src\""), "{e}");
         let e = error(&OK.replace("remote = \"dst\"", "remote = \"dts\""));
         assert!(
-            e.contains("x.toml:13:") && e.contains("no region named \"dts\""),
+            e.starts_with("x.toml:13:1: step 1: no region named \"dts\""),
             "{e}"
         );
         let e = error(&OK.replace("fill = \"pattern\"", "fill = \"pattern\"\ncolour = 3"));
@@ -1773,7 +1868,12 @@ poll = "idle"
 
     #[test]
     fn each_limit_is_taken_at_its_bound_and_refused_one_beyond() {
-        let cq = |size: u64| format!("{OK}\n[[cq]]\nname = \"c\"\nsize = {size}\n");
+        let cq = |size: u64| {
+            format!(
+                "{}\n[[cq]]\nname = \"c\"\nsize = {size}\n",
+                qp_with("send_cq = \"c\"")
+            )
+        };
         parses("cq 1048576", &cq(1 << 20));
         refused(
             "cq 1048577",
@@ -1989,7 +2089,48 @@ poll = "idle"
         refused(
             "post on a peer",
             &OK.replace("qp = \"a\", op", "qp = \"a.peer\", op"),
-            "x.toml:13:1: \"a.peer\": this step needs a requester QP, not a peer",
+            "x.toml:13:1: step 1: \"a.peer\": this step needs a requester QP, not a peer",
+        );
+        refused(
+            "stride of one",
+            &post_with("size = 64, count = 1, stride = 128"),
+            "step 1: stride with count 1: it moves the offsets of later work requests",
+        );
+        parses(
+            "stride of two",
+            &post_with("size = 32, count = 2, stride = 64"),
+        );
+        refused(
+            "inline nothing",
+            &post_with("size = 0, inline = true"),
+            "step 1: inline with size 0: a zero-length transfer carries no data",
+        );
+        refused(
+            "peer_access local_write",
+            &qp_with("peer_access = [\"remote_write\", \"local_write\"]"),
+            "x.toml:3:1: qp \"a\": peer_access: local_write is a region's flag, not a queue pair's",
+        );
+        refused(
+            "peer_access unknown",
+            &qp_with("peer_access = [\"rw\"]"),
+            "x.toml:3:1: qp \"a\": peer_access: unknown access \"rw\"",
+        );
+        refused(
+            "region access unknown",
+            &OK.replace("[\"local_write\", \"remote_write\"]", "[\"rw\"]"),
+            "region \"dst\": unknown access \"rw\"",
+        );
+        refused(
+            "a cq of no QP",
+            &format!("{OK}\n[[cq]]\nname = \"c\"\nsize = 8\n"),
+            "cq \"c\": no QP reports to it (name it in a QP's send_cq or peer_cq)",
+        );
+        parses(
+            "a cq of a peer",
+            &format!(
+                "{}\n[[cq]]\nname = \"c\"\nsize = 40\n",
+                qp_with("peer_cq = \"c\"")
+            ),
         );
         for step in ["confirm", "drain"] {
             refused(
@@ -2160,6 +2301,17 @@ poll = "idle"
         assert!(parse_outcome_range("2-1 completed").is_err());
         assert!(parse_outcome_range("3 failed").is_err());
         assert!(parse_outcome_range("3 failed:nope").is_err());
+        // Outcomes no work request can have.
+        assert_eq!(
+            parse_outcome_range("1-4 failed:success").unwrap_err(),
+            "\"1-4 failed:success\": a work request whose completion is success is completed, \
+             never failed (write \"1-4 completed\")"
+        );
+        assert_eq!(
+            parse_outcome_range("5 failed:wr_flush_err").unwrap_err(),
+            "\"5 failed:wr_flush_err\": a work request whose completion is wr_flush_err is \
+             flushed, never failed (write \"5 flushed\")"
+        );
         assert!(parse_outcome_range("x completed").is_err());
     }
 }

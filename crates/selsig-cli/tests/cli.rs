@@ -1407,7 +1407,7 @@ fn bad_scenarios_name_file_line_and_problem() {
             "missing-region",
             seed.replace("remote = \"dst\"", "remote = \"dts\""),
             19,
-            "no region named \"dts\"",
+            "step 1: no region named \"dts\"",
         ),
         (
             "too-big",
@@ -1507,6 +1507,32 @@ fn bad_scenarios_name_file_line_and_problem() {
             "1 of the 1 receives posted on \"a.peer\" are used by no SEND",
         ),
         (
+            // A SEND from a region on the other protection domain fails on the QP's side:
+            // it uses no receive.
+            "receives-and-a-send-that-fails-locally",
+            seed.replace("fill = \"pattern\"", "fill = \"pattern\"\npd = \"other\"")
+                .replace(
+                    "[[step]]\npost = { qp = \"a\", op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 8 }",
+                    "[[step]]\nrecv = { qp = \"a.peer\", region = \"dst\", size = 64 }\n\n\
+                     [[step]]\npost = { qp = \"a\", op = \"send\", local = \"src\", size = 8 }",
+                ),
+            26,
+            "1 of the 1 receives posted on \"a.peer\" are used by no SEND",
+        ),
+        (
+            // A drained queue refuses the SEND: it uses no receive.
+            "receives-and-a-send-after-a-drain",
+            seed.replace(
+                "[[step]]\npoll = \"idle\"",
+                "[[step]]\ndrain = \"a\"\n\n[[step]]\n\
+                 post = { qp = \"a\", op = \"send\", local = \"src\", size = 8 }\n\n\
+                 [[step]]\nrecv = { qp = \"a.peer\", region = \"dst\", size = 64 }\n\n\
+                 [[step]]\npoll = \"idle\"",
+            ),
+            31,
+            "1 of the 1 receives posted on \"a.peer\" are used by no SEND",
+        ),
+        (
             "cq-smaller-than-its-receives",
             format!(
                 "{}\n[[cq]]\nname = \"s\"\nsize = 16\n",
@@ -1572,9 +1598,9 @@ fn bad_scenarios_name_file_line_and_problem() {
         ),
         (
             "policy-unknown",
-            seed.replace("policy = \"every:4\"", "policy = \"Manual\""),
+            seed.replace("policy = \"every:4\"", "policy = \"manually\""),
             3,
-            "qp \"a\": unknown policy \"Manual\": expected every:N, always, never or manual",
+            "qp \"a\": unknown policy \"manually\": expected every:N, always, never or manual",
         ),
         (
             "empty-description",
