@@ -20,11 +20,14 @@ pub enum Policy {
     Never,
     /// Bound both the completion rate and the confirmation lag: signal when the run of
     /// unsignaled work requests would reach `max_unsignaled`, or when the oldest work
-    /// request of that run was posted `max_lag` or longer ago. A caller with nothing more to
-    /// post confirms the run at [`SendTracker::next_deadline`](crate::SendTracker::next_deadline).
-    /// A `max_lag` of zero signals every work request.
+    /// request of that run was posted `max_lag` or longer ago. The policy is consulted at
+    /// each post: a caller that may not post again before the lag bound comes due confirms
+    /// the run at [`SendTracker::next_deadline`](crate::SendTracker::next_deadline)
+    /// (`SignaledQueue::tick`), or the bound grows by the wait for the next post. A
+    /// `max_lag` of zero signals every work request.
     Adaptive {
-        /// Signal at the latest every `max_unsignaled`-th work request.
+        /// Signal at the latest every `max_unsignaled`-th work request: at most
+        /// `max_unsignaled - 1` unsignaled in a row.
         max_unsignaled: u32,
         /// Signal when the oldest unsignaled work request of the run is this old.
         max_lag: Duration,

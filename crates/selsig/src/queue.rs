@@ -1239,8 +1239,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// On a [`SharedCq`] the count is of the completions this queue took: from its inbox,
     /// or from the CQ less those filed for other queues. So 0 does not mean the CQ is
     /// empty: the poll may have taken only other queues' completions. To wait for this
-    /// queue's work requests, poll while [`outstanding`](Self::outstanding) is not 0,
-    /// rather than while polls return completions.
+    /// queue's work requests, confirm an unsignaled tail first ([`confirm_all`](Self::confirm_all):
+    /// no completion ever retires it otherwise) and poll while
+    /// [`outstanding`](Self::outstanding) is not 0, rather than while polls return
+    /// completions; or [`drain`](Self::drain).
     ///
     /// Completions that are not this queue's sends (another QP's on a shared CQ, this QP's
     /// receives) are kept for

@@ -32,7 +32,8 @@ pub struct Stats {
     pub error_cqes: u64,
     /// Flush completions (`IBV_WC_WR_FLUSH_ERR`) handled.
     pub flush_cqes: u64,
-    /// Completions refused as impossible (wrong QP, unknown or retired id, out of order).
+    /// Completions refused as impossible (wrong QP, unknown or retired id, out of order,
+    /// a success for an unsignaled work request or after an error).
     pub rejected_cqes: u64,
     /// Work requests retired as completed.
     pub completed: u64,
@@ -40,10 +41,12 @@ pub struct Stats {
     pub failed: u64,
     /// Work requests retired as flushed.
     pub flushed: u64,
-    /// Work requests retired by each completion.
+    /// Work requests retired by each completion (a completion that retires more than
+    /// 2^20, which no NIC's queue holds, is recorded as 2^20: [`retired`](Self::retired)
+    /// counts them all).
     pub wrs_per_cqe: Histogram<u64>,
     /// Confirmation lag: nanoseconds from a work request's post to the completion that
-    /// retired it.
+    /// retired it (a lag beyond an hour is recorded as an hour).
     pub lag_ns: Histogram<u64>,
 }
 

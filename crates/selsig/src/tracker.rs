@@ -55,8 +55,9 @@ pub enum SignalReason {
     Requested,
     /// The queue was created with `sq_sig_all`: every work request is signaled.
     SqSigAll,
-    /// One more unsignaled work request would have made a run as long as the queue: with
-    /// no signaled work request in a full queue, no slot would ever be freed (mlx5). Also
+    /// One more unsignaled work request would have made a run as long as the queue (or as
+    /// the queue's CQ budget, if smaller): with no signaled work request in a full queue,
+    /// no slot would ever be freed (mlx5). Also
     /// the work request with the last sequence number, which no marker could follow.
     Deadlock,
     /// This work request took the last credit of a shared completion-queue pool; it is
@@ -773,8 +774,10 @@ impl<T> SendTracker<T> {
     }
 
     /// When the unsignaled run must be confirmed to keep the `Adaptive` policy's lag
-    /// bound: a caller with nothing more to post calls [`confirm_all`](Self::confirm_all)
-    /// at this instant. `None` when there is no unsignaled run, the policy has no
+    /// bound: a caller calls [`confirm_all`](Self::confirm_all) at this instant unless it
+    /// posts before (the policy checks the lag only when a work request is posted, so a
+    /// caller that waits past the deadline for its next post gets the wait added to the
+    /// lag). `None` when there is no unsignaled run, the policy has no
     /// deadline, or the queue is in the error state (a draining queue still confirms its
     /// tail).
     pub fn next_deadline(&self) -> Option<Instant> {
@@ -925,7 +928,8 @@ impl<T> SendTracker<T> {
     ///
     /// - success for `k` (signaled): retires everything up to `k` as completed;
     /// - error for `k`: everything before `k` completed, `k` failed, the queue enters the
-    ///   error state;
+    ///   error state; already in it (a second error), everything before `k` flushed and
+    ///   `k` failed;
     /// - flush for `k`: in the error state, everything up to `k` flushed; otherwise (the QP
     ///   was moved to the error state without an error completion) everything before `k`
     ///   completed and `k` flushed, and the queue enters the error state.
