@@ -396,6 +396,11 @@ struct CqEntry {
     /// the sequence number that queue would have used next. A new queue on a QP with that
     /// number starts there, so that the old completions retire none of its work requests.
     next_seq: HashMap<u32, u64>,
+    /// The [`SharedCq`] that polls the CQ for the queues on it ([`SharedCq::id`]), and how
+    /// many they are.
+    polled_by: Option<(usize, u32)>,
+    /// The queues with budgets that poll the CQ themselves.
+    polling: u32,
 }
 
 struct PoolClaim {
@@ -456,6 +461,9 @@ struct CqClaim {
     share: Share,
     /// The receive slots of its QP that report to the CQ.
     receives: u64,
+    /// The queue is on a [`SharedCq`] (counted in [`CqEntry::polled_by`], else, with a
+    /// budget, in [`CqEntry::polling`]).
+    on_shared: bool,
     /// Set when the queue is dropped and its completions may stay in the CQ.
     leaving: Option<Leaving>,
 }
@@ -479,6 +487,7 @@ impl CqClaim {
         qp_num: u32,
         receives: u32,
         budget: Option<&CqBudget>,
+        on_shared: Option<usize>,
     ) -> Result<Taken, ConfigError> {
         let mut claims = CQ_CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
         claims.retain(|_, entry| entry.cq.strong_count() > 0);
@@ -492,6 +501,8 @@ impl CqClaim {
             receives: 0,
             left: 0,
             next_seq: HashMap::new(),
+            polled_by: None,
+            polling: 0,
         });
         // (An entry made here is left empty by a refusal below: the next take removes it
         // once its CQ is gone, and a later claim on the same CQ finds it empty.)
@@ -535,13 +546,23 @@ impl CqClaim {
             entry.receives += u64::from(receives);
             let sends = u32::try_from(room - u64::from(receives)).unwrap_or(u32::MAX);
             return Ok(Taken {
-                claim: CqClaim::new(addr, Share::Whole, receives),
+                claim: CqClaim::new(addr, Share::Whole, receives, false),
                 budget: CqBudget::Exclusive(sends),
                 first_seq,
             });
         };
         if entry.whole {
             return Err(ConfigError::CqInUse);
+        }
+        // One poller: the queues on a CQ all poll it through one SharedCq, or all poll it
+        // themselves (and route by hand); mixed, either takes completions the other waits
+        // for.
+        let mixed = match on_shared {
+            Some(id) => entry.polling > 0 || entry.polled_by.is_some_and(|(by, _)| by != id),
+            None => entry.polled_by.is_some(),
+        };
+        if mixed {
+            return Err(ConfigError::CqPolledTwoWays);
         }
         let share = match budget {
             CqBudget::Exclusive(n) => {
@@ -580,18 +601,26 @@ impl CqClaim {
             }
         };
         entry.receives += u64::from(receives);
+        match on_shared {
+            Some(id) => {
+                let queues = entry.polled_by.map_or(0, |(_, n)| n);
+                entry.polled_by = Some((id, queues + 1));
+            }
+            None => entry.polling += 1,
+        }
         Ok(Taken {
-            claim: CqClaim::new(addr, share, receives),
+            claim: CqClaim::new(addr, share, receives, on_shared.is_some()),
             budget: budget.clone(),
             first_seq,
         })
     }
 
-    fn new(cq: usize, share: Share, receives: u32) -> CqClaim {
+    fn new(cq: usize, share: Share, receives: u32, on_shared: bool) -> CqClaim {
         CqClaim {
             cq,
             share,
             receives: u64::from(receives),
+            on_shared,
             leaving: None,
         }
     }
@@ -619,6 +648,16 @@ impl Drop for CqClaim {
         let Some(entry) = claims.get_mut(&self.cq) else {
             return;
         };
+        match (&self.share, self.on_shared) {
+            (Share::Whole, _) => {}
+            (_, true) => {
+                entry.polled_by = match entry.polled_by {
+                    Some((id, n)) if n > 1 => Some((id, n - 1)),
+                    _ => None,
+                }
+            }
+            (_, false) => entry.polling -= 1,
+        }
         match self.share {
             Share::Whole => entry.whole = false,
             Share::Exclusive(n) => entry.exclusive -= u64::from(n),
@@ -842,22 +881,24 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// queues with budgets, none of which takes it whole, and which, with the receive
     /// slots of the QPs of a [`SharedCq`]'s queues on it, add up to no more than it holds
     /// ([`ConfigError::CqBudgetsTooLarge`]; a shared pool counts once; room for this
-    /// QP's receives beside its budget is the caller's to leave). A queue refused hands
-    /// its QP back in the error.
+    /// QP's receives beside its budget is the caller's to leave). Such a queue polls `cq`
+    /// itself: not beside queues on a [`SharedCq`] of the same CQ
+    /// ([`ConfigError::CqPolledTwoWays`]). A queue refused hands its QP back in the error.
     pub fn with_config(
         qp: D::Qp,
         cq: Arc<D::Cq>,
         config: QueueConfig,
     ) -> Result<Self, CreateError<D::Qp>> {
-        Self::create(qp, cq, config, false)
+        Self::create(qp, cq, config, None)
     }
 
-    /// [`with_config`](Self::with_config), for a queue on a [`SharedCq`] if `on_shared`.
+    /// [`with_config`](Self::with_config), for a queue on the [`SharedCq`] `on_shared`
+    /// names ([`SharedCq::id`]), if any.
     fn create(
         qp: D::Qp,
         cq: Arc<D::Cq>,
         config: QueueConfig,
-        on_shared: bool,
+        on_shared: Option<usize>,
     ) -> Result<Self, CreateError<D::Qp>> {
         match Self::prepare(&qp, &cq, &config, on_shared) {
             Ok((claim, tracker, epoch, stale_below)) => {
@@ -893,7 +934,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
         qp: &D::Qp,
         cq: &Arc<D::Cq>,
         config: &QueueConfig,
-        on_shared: bool,
+        on_shared: Option<usize>,
     ) -> Result<(CqClaim, SendTracker<Payload<D::Mr, U>>, Instant, u64), ConfigError> {
         if let Some(budget) = &config.cq {
             // Every outstanding work request may make a completion: the budget cannot be
@@ -912,7 +953,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
         // are not the sends'. A queue that takes the CQ whole, or joins a shared CQ, leaves
         // room for them; beside a budget of its own, the caller does, as it alone knows
         // which receives it posts.
-        let receives = match config.cq.is_none() || on_shared {
+        let receives = match config.cq.is_none() || on_shared.is_some() {
             true => receive_slots(qp),
             false => 0,
         };
@@ -920,7 +961,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             claim,
             budget,
             first_seq,
-        } = CqClaim::take(cq, qp.qp_num(), receives, config.cq.as_ref())?;
+        } = CqClaim::take(cq, qp.qp_num(), receives, config.cq.as_ref(), on_shared)?;
         let tracker_config = TrackerConfig::new(qp.caps().max_send_wr, 0)
             .cq(budget)
             .policy(config.policy)
@@ -943,7 +984,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// goes to the queue that polled it, for [`take_unclaimed`](Self::take_unclaimed).
     /// When the QP's receive completions go to `shared` too, its receive slots must fit
     /// in the CQ beside the pool's credits and the receive slots of the queues already on
-    /// it ([`ConfigError::NoCqRoomForReceives`]).
+    /// it ([`ConfigError::NoCqRoomForReceives`]). The CQ may have no queue that polls it
+    /// otherwise: one with a budget of its own, or on another `SharedCq` of it
+    /// ([`ConfigError::CqPolledTwoWays`]).
     ///
     /// A QP may get the number of a QP whose queue on `shared` was dropped while that
     /// queue's completions could still come (its provider's destroy leaves them in the CQ,
@@ -969,7 +1012,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
         if let Err(error) = shared.register(qp_num, receive_slots(&qp)) {
             return Err(CreateError { error, qp });
         }
-        match Self::create(qp, Arc::clone(shared.cq()), config, true) {
+        match Self::create(qp, Arc::clone(shared.cq()), config, Some(shared.id())) {
             Ok(mut queue) => {
                 queue.shared = Some(shared.clone());
                 Ok(queue)
@@ -1560,7 +1603,7 @@ mod tests {
     fn what_dropped_queues_left_in_a_cq_goes_with_the_cq() {
         let cq = Arc::new(Cq(8));
         let addr = Arc::as_ptr(&cq).cast::<()>() as usize;
-        let mut taken = CqClaim::take(&cq, 1, 0, None).unwrap();
+        let mut taken = CqClaim::take(&cq, 1, 0, None, None).unwrap();
         assert!(matches!(taken.budget, CqBudget::Exclusive(8)));
         taken.claim.leave(1, 5, 3);
         drop(taken.claim);
@@ -1572,13 +1615,13 @@ mod tests {
                 .map(|e| (e.left, e.cq.strong_count()))
         };
         assert_eq!(left(addr), Some((3, 1)));
-        let again = CqClaim::take(&cq, 1, 0, None).unwrap();
+        let again = CqClaim::take(&cq, 1, 0, None, None).unwrap();
         assert!(matches!(again.budget, CqBudget::Exclusive(5)));
         assert_eq!(again.first_seq, 5);
         drop(again);
         drop(cq);
         let other = Arc::new(Cq(8));
-        drop(CqClaim::take(&other, 1, 0, None).unwrap());
+        drop(CqClaim::take(&other, 1, 0, None, None).unwrap());
         // Gone, or (its memory reused at once) another CQ's.
         assert!(left(addr).is_none_or(|(_, strong)| strong > 0));
     }

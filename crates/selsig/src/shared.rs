@@ -40,6 +40,13 @@ pub struct SharedCq<D: Device> {
     inner: Arc<Inner<D>>,
 }
 
+impl<D: Device> SharedCq<D> {
+    /// This shared CQ's identity (its clones share it).
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
+    }
+}
+
 struct Inner<D: Device> {
     cq: Arc<D::Cq>,
     credits: CqCredits,

@@ -315,6 +315,13 @@ pub enum ConfigError {
         "the completion queue has another queue on it: a queue without a CQ budget takes its CQ whole; queues that share a CQ go on a SharedCq, or take a budget each (QueueConfig::cq)"
     )]
     CqInUse,
+    /// The completion queue is polled through a [`SharedCq`](crate::SharedCq) and a queue
+    /// would poll it itself, or the other way round, or through another `SharedCq`: each
+    /// poller would take completions the other's queues wait for.
+    #[error(
+        "the completion queue is polled through a SharedCq and would be polled otherwise too: queues that share a CQ all go on one SharedCq (SignaledQueue::on_shared_cq), or all poll it themselves"
+    )]
+    CqPolledTwoWays,
     /// The CQ budgets of the queues on one completion queue (each pool counted once) and
     /// the receive slots of their QPs that report to it add up to more than it holds:
     /// errors could complete more work requests than it holds.

@@ -1696,35 +1696,45 @@ fn a_completion_of_a_dropped_queue_retires_nothing_of_a_new_queue_on_its_qp_numb
     );
 }
 
-/// The receive slots a shared CQ keeps for its queues' QPs count against the CQ beside
-/// the budgets of other queues on it (every receive completes, if only flushed), whichever
-/// queue comes first. (Beside a budget of its own, room for a QP's receives is the
-/// caller's to leave: it alone knows which it posts.)
+/// A CQ has one poller: the queues on it all poll it through one shared CQ, or all poll
+/// it themselves. A queue with a budget of its own beside a shared CQ's queues (or the
+/// other way round, or a second shared CQ's queue) would take completions the others wait
+/// for: refused, whichever comes first, and allowed again once the other kind is gone.
 #[test]
-fn receive_slots_that_report_to_a_cq_count_beside_the_budgets_on_it() {
-    let cq = FakeCq::new(16);
-    let with_recvs = |num, recvs| FakeQp {
-        recvs,
-        cleans: true,
-        ..qp(num, 8)
-    };
-    Queue::with_config(with_recvs(1, 9), Arc::clone(&cq), budget(16)).unwrap();
-    // A shared CQ's pool of 8 and 8 receive slots of its queue's QP, then a budget of 8.
+fn a_cq_is_polled_through_one_shared_cq_or_by_its_queues_not_both() {
+    let cq = FakeCq::new(64);
     let shared = SharedCq::with_credits(Arc::clone(&cq), CqCredits::new(8));
-    let on_shared = Queue::on_shared_cq(with_recvs(2, 8), &shared, QueueConfig::default()).unwrap();
-    let too_large = ConfigError::CqBudgetsTooLarge {
-        total: 24,
-        capacity: 16,
-    };
-    let refused = Queue::with_config(qp(3, 8), Arc::clone(&cq), budget(8))
+    let on_shared = Queue::on_shared_cq(qp(1, 8), &shared, QueueConfig::default()).unwrap();
+    // Its own budget, or the shared CQ's pool without the shared CQ: refused.
+    for config in [
+        budget(8),
+        QueueConfig {
+            cq: Some(CqBudget::Shared(shared.credits().clone())),
+            ..QueueConfig::default()
+        },
+    ] {
+        let refused = Queue::with_config(qp(2, 8), Arc::clone(&cq), config)
+            .err()
+            .expect("refused");
+        assert_eq!(refused.error, ConfigError::CqPolledTwoWays);
+        assert_eq!(refused.qp.qp_num(), 2, "the QP comes back");
+    }
+    // A second shared CQ on the same CQ polls it too.
+    let other = SharedCq::with_credits(Arc::clone(&cq), CqCredits::new(8));
+    let refused = Queue::on_shared_cq(qp(3, 8), &other, QueueConfig::default())
         .err()
         .expect("refused");
-    assert_eq!(refused.error, too_large);
-    drop(on_shared);
-    // The other way round.
-    let _budgeted = Queue::with_config(qp(3, 8), Arc::clone(&cq), budget(8)).unwrap();
-    let refused = Queue::on_shared_cq(with_recvs(2, 8), &shared, QueueConfig::default())
+    assert_eq!(refused.error, ConfigError::CqPolledTwoWays);
+    // More queues through the same shared CQ are welcome.
+    let second = Queue::on_shared_cq(qp(4, 8), &shared, QueueConfig::default()).unwrap();
+    drop((on_shared, second));
+    // The other way round: a queue that polls the CQ itself, then a shared CQ's queue.
+    let budgeted = Queue::with_config(qp(2, 8), Arc::clone(&cq), budget(8)).unwrap();
+    let refused = Queue::on_shared_cq(qp(1, 8), &shared, QueueConfig::default())
         .err()
         .expect("refused");
-    assert_eq!(refused.error, too_large);
+    assert_eq!(refused.error, ConfigError::CqPolledTwoWays);
+    let also_budgeted = Queue::with_config(qp(5, 8), Arc::clone(&cq), budget(8)).unwrap();
+    drop((budgeted, also_budgeted));
+    Queue::on_shared_cq(qp(1, 8), &other, QueueConfig::default()).unwrap();
 }
