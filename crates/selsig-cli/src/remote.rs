@@ -371,18 +371,32 @@ pub struct RemotePeer {
 
 impl RemotePeer {
     /// Whether the server closed the connection (it was stopped, or gave up on this client):
-    /// an end of stream or an error is waiting on the socket. Reads nothing.
-    pub fn closed(&self) -> bool {
+    /// `None` while it is open; its refusal, if it said why (empty if not). Mid-run the
+    /// server sends nothing unasked but the refusal it sends before it closes, so anything
+    /// waiting on the socket, as an end of stream or an error, means it is gone. Reads
+    /// nothing.
+    pub fn closed(&self) -> Option<String> {
         if self.writer.set_nonblocking(true).is_err() {
-            return false;
+            return None;
         }
-        let closed = match self.writer.peek(&mut [0u8; 1]) {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-        };
+        let mut waiting = vec![0u8; MAX_SHORT as usize];
+        let peeked = self.writer.peek(&mut waiting);
         let _ = self.writer.set_nonblocking(false);
-        closed
+        match peeked {
+            Ok(0) => Some(String::new()),
+            Ok(n) => {
+                let line = waiting[..n]
+                    .split(|&b| b == b'\n')
+                    .next()
+                    .unwrap_or_default();
+                Some(match serde_json::from_slice::<Refusal>(line) {
+                    Ok(r) => printable(&r.error, MAX_REFUSAL),
+                    Err(_) => String::new(),
+                })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+            Err(_) => Some(String::new()),
+        }
     }
 
     /// Connects to `host[:port]` and exchanges addresses; `local` is this side's QP, `run`
@@ -480,17 +494,17 @@ impl RemotePeer {
                 printable(&r.error, MAX_REFUSAL)
             ),
         };
-        if let Some(wr) = checked
-            .mismatches
-            .iter()
-            .find(|&&wr| wr == 0 || wr > self.slots)
-        {
+        let mut mismatches = checked.mismatches;
+        if let Some(wr) = mismatches.iter().find(|&&wr| wr == 0 || wr > self.slots) {
             bail!(
                 "the server's check names WRITE {wr}, which was not posted (1 to {})",
                 self.slots
             );
         }
-        Ok(checked.mismatches)
+        // Each slot once, in order, however the server lists them.
+        mismatches.sort_unstable();
+        mismatches.dedup();
+        Ok(mismatches)
     }
 
     /// Ends the session without a check (the client wrote bytes the server cannot know).
@@ -502,8 +516,18 @@ impl RemotePeer {
                 verify: false,
             },
         )?;
-        receive_within::<Checked>(&mut self.reader, "server's reply", REPLY_WAIT, MAX_SHORT)?;
-        Ok(())
+        match receive_within::<CheckReply>(
+            &mut self.reader,
+            "server's reply",
+            REPLY_WAIT,
+            MAX_SHORT,
+        )? {
+            CheckReply::Checked(_) => Ok(()),
+            CheckReply::Refusal(r) => bail!(
+                "selsig serve refused the end of the session: {}",
+                printable(&r.error, MAX_REFUSAL)
+            ),
+        }
     }
 }
 
@@ -583,11 +607,18 @@ impl<D: Device> Peer<D> {
     /// empty otherwise.
     pub fn closed_note(&self) -> String {
         match self {
-            Peer::Remote(remote) if remote.closed() => format!(
-                " (selsig serve at {} closed the connection: was it stopped?)",
-                remote.address
-            ),
-            _ => String::new(),
+            Peer::Remote(remote) => match remote.closed() {
+                None => String::new(),
+                Some(why) if why.is_empty() => format!(
+                    " (selsig serve at {} closed the connection: was it stopped?)",
+                    remote.address
+                ),
+                Some(why) => format!(
+                    " (selsig serve at {} gave up and closed the connection: {why})",
+                    remote.address
+                ),
+            },
+            Peer::Local { .. } => String::new(),
         }
     }
 }
@@ -685,10 +716,10 @@ fn serve_on<D: Device>(
                 say!(
                     "selsig serve: client {from}: {wrs} slots checked (each holds the last \
                      WRITE to it), {}",
-                    if bad.is_empty() {
-                        "memory as the outcomes say".to_string()
-                    } else {
-                        format!("mismatches: {bad:?}")
+                    match bad.len() {
+                        0 => "memory as the outcomes say".to_string(),
+                        n if n <= 10 => format!("mismatches: {bad:?}"),
+                        n => format!("{n} mismatches, the first 10: {:?}", &bad[..10]),
                     }
                 );
                 bad.is_empty()
@@ -1244,7 +1275,7 @@ mod tests {
             stopped.recv().unwrap();
         });
         let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
-        assert!(!peer.closed());
+        assert_eq!(peer.closed(), None);
         let peer: Peer<selsig_soft::SoftDevice> = Peer::Remote(peer);
         assert_eq!(peer.closed_note(), "");
         stop.send(()).unwrap();
@@ -1258,6 +1289,75 @@ mod tests {
             peer.closed_note(),
             format!(" (selsig serve at {at} closed the connection: was it stopped?)")
         );
+    }
+
+    /// A server that gives up mid-run says why before it closes: the run's errors quote it.
+    #[test]
+    fn a_client_quotes_a_server_that_gave_up_mid_run() {
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        let (at, server) = fake_server(|mut reader, mut writer| {
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            send(&mut writer, &welcome("rxe0")).unwrap();
+            let error = "no client's outcomes came within 300s\u{1b}".to_string();
+            send(&mut writer, &Refusal { error }).unwrap();
+        });
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        server.join().unwrap();
+        let peer: Peer<selsig_soft::SoftDevice> = Peer::Remote(peer);
+        let start = Instant::now();
+        while peer.closed_note().is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(5), "never closed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            peer.closed_note(),
+            format!(
+                " (selsig serve at {at} gave up and closed the connection: no client's outcomes \
+                 came within 300s\\u{{1b}})"
+            )
+        );
+    }
+
+    /// The end of an unchecked session: a refusal is the server's, quoted, not a malformed
+    /// reply.
+    #[test]
+    fn a_client_reports_a_server_that_refuses_an_unchecked_end() {
+        let (at, server) = fake_server(|mut reader, mut writer| {
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            send(&mut writer, &welcome("rxe0")).unwrap();
+            let _: Check = receive(&mut reader, "client's outcomes", MAX_LINE).unwrap();
+            let error = "no client's outcomes came within 300s".to_string();
+            send(&mut writer, &Refusal { error }).unwrap();
+        });
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        let err = peer.finish_unchecked().expect_err("refused").to_string();
+        assert_eq!(
+            err,
+            "selsig serve refused the end of the session: no client's outcomes came within 300s"
+        );
+        server.join().unwrap();
+    }
+
+    /// A check that names a slot twice, or out of order, is taken as the set it names.
+    #[test]
+    fn a_servers_mismatches_are_each_slot_once_in_order() {
+        let (at, server) = fake_server(|mut reader, mut writer| {
+            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+            send(&mut writer, &welcome("rxe0")).unwrap();
+            let _: Check = receive(&mut reader, "client's outcomes", MAX_LINE).unwrap();
+            send(
+                &mut writer,
+                &Checked {
+                    mismatches: vec![3, 1, 3, 3, 1],
+                },
+            )
+            .unwrap();
+        });
+        let mine = wire(&"0".repeat(32)).endpoint().unwrap();
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        assert_eq!(peer.check(vec![1, 2, 3, 4]).unwrap(), [1, 3]);
+        server.join().unwrap();
     }
 
     #[test]
@@ -1775,7 +1875,7 @@ mod tests {
         server.join().unwrap();
         std::thread::sleep(Duration::from_millis(100));
         // The reset is reported once, by the first look: that one must see it.
-        assert!(peer.closed());
+        assert_eq!(peer.closed().as_deref(), Some(""));
     }
 
     /// `selsig serve` and `selsig demo --connect` on one soft NIC in this process: the
