@@ -47,7 +47,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     while retired < count {
         if posted < count && !free.is_empty() {
-            let k = (free.len().min(32) as u64).min(count - posted) as usize;
+            // No more than the queue takes now: the drain drops what it does not yield.
+            let room = free.len().min(32).min(queue.available() as usize);
+            let k = (room as u64).min(count - posted) as usize;
             let at = free.len() - k;
             let mut works = free.drain(at..).map(|buf| {
                 let t = target.offset(buf.offset() as u64);

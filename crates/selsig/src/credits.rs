@@ -25,8 +25,9 @@ struct Pool {
 }
 
 impl CqCredits {
-    /// A pool for a completion queue that holds `capacity` completions (the real size read
-    /// back from the CQ's creation).
+    /// A pool of `capacity` credits: at most the completions the completion queue holds
+    /// (the real size read back from its creation), less the room receive completions
+    /// that go to it need (see [`SharedCq::with_credits`](crate::SharedCq::with_credits)).
     pub fn new(capacity: u32) -> Self {
         CqCredits {
             inner: Arc::new(Pool {
@@ -36,7 +37,7 @@ impl CqCredits {
         }
     }
 
-    /// The size of the completion queue.
+    /// The pool's credits in all.
     pub fn capacity(&self) -> u32 {
         self.inner.capacity
     }

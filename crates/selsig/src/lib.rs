@@ -82,6 +82,8 @@ pub use queue::{
 };
 
 pub use credits::{CqBudget, CqCredits};
+/// The histogram crate of [`Stats`]' `lag_ns` and `wrs_per_cqe`, to name their type.
+pub use hdrhistogram;
 pub use policy::{Policy, PolicyError};
 pub use shared::SharedCq;
 pub use stats::{MAX_LAG_NS, Stats};

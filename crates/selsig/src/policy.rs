@@ -20,7 +20,10 @@ pub enum Policy {
     Never,
     /// Bound both the completion rate and the confirmation lag: signal when the run of
     /// unsignaled work requests would reach `max_unsignaled`, or when the oldest work
-    /// request of that run was posted `max_lag` or longer ago. The policy is consulted at
+    /// request of that run was posted `max_lag` or longer ago. `max_lag` bounds when the
+    /// signal is posted behind the oldest: the confirmation lag measured
+    /// ([`Stats::lag_ns`](crate::Stats::lag_ns)) adds the signaled work request's execution
+    /// and the time until its completion is polled. The policy is consulted at
     /// each post: a caller that may not post again before the lag bound comes due confirms
     /// the run at [`SendTracker::next_deadline`](crate::SendTracker::next_deadline)
     /// (`SignaledQueue::tick`), or the bound grows by the wait for the next post. A

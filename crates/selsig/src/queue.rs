@@ -1412,7 +1412,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// Makes sure everything posted so far will be confirmed: if the last work requests
     /// are unsignaled, posts a signaled zero-length WRITE behind them. Returns the marker's
     /// sequence number, or `None` when no marker was needed. Keep polling to learn the
-    /// outcomes.
+    /// outcomes. The marker is a WRITE to [`QueueConfig::marker_target`], whose QP must
+    /// allow remote writes (on rxe a marker to a QP that does not fails, and both QPs go
+    /// to the error state: the queue's error then names the marker's sequence number).
     pub fn confirm_all(&mut self) -> Result<Option<Seq>, QueuePostError<()>> {
         let now = self.now();
         let seq = match self.tracker.confirm_all(now) {
@@ -1454,7 +1456,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
     }
 
     /// For a caller with nothing more to post: confirms the unsignaled tail if its
-    /// deadline has passed. Returns `true` when a marker was posted.
+    /// deadline has passed. Returns `true` when a marker was posted (a WRITE to
+    /// [`QueueConfig::marker_target`], as [`confirm_all`](Self::confirm_all) posts).
     ///
     /// A full queue (or CQ) is no error: a full queue always holds a signaled work request
     /// before the tail (the tracker never lets an unsignaled run fill it), so room comes
@@ -1477,7 +1480,13 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// them to `out`. Healthy queue: the tail is confirmed with a marker. Queue in the
     /// error state: every outstanding work request is flushed by the NIC; a signaled marker
     /// is posted behind them as well (like the kernel's `ib_drain_sq`), so that the drain
-    /// ends even if flush completions were lost. The queue accepts no more posts.
+    /// ends even if flush completions were lost. The queue accepts no more posts. `Ok`
+    /// says everything retired, not how: the outcomes say that (a marker is a WRITE to
+    /// [`QueueConfig::marker_target`], as [`confirm_all`](Self::confirm_all) posts).
+    ///
+    /// To give up on work a peer will never answer (a peer gone, on rxe, which retries for
+    /// ever at a retry count of 7), move the QP to the error state first
+    /// (`queue.qp().to_error()`): the drain then retires everything as flushed at once.
     ///
     /// On a CQ shared with other queues, completions of theirs that this drain polls wait
     /// for them (in [`take_unclaimed`](Self::take_unclaimed), or on a [`SharedCq`] until

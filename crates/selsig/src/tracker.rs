@@ -368,12 +368,15 @@ pub enum PostError<T> {
         /// The send queue's capacity.
         capacity: u32,
     },
-    /// The completion queue could not hold one more completion.
-    #[error("the completion queue has no room for one more completion ({capacity} slots)")]
+    /// The completion queue could not hold one more completion: the queue's CQ budget (its
+    /// own, or a pool shared with other queues) is taken by outstanding work requests.
+    #[error(
+        "the completion queue has no room for one more completion: the CQ budget of {capacity} is taken (a shared pool's credits come back as its queues poll)"
+    )]
     CqFull {
         /// The caller's payload.
         payload: T,
-        /// The completion queue's capacity.
+        /// The CQ budget's capacity (its own, or the shared pool's).
         capacity: u32,
     },
     /// The queue is in the error state.
