@@ -376,6 +376,17 @@ impl RemotePeer {
     /// waiting on the socket, as an end of stream or an error, means it is gone. Reads
     /// nothing.
     pub fn closed(&self) -> Option<String> {
+        let refusal = |bytes: &[u8]| {
+            let line = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+            match serde_json::from_slice::<Refusal>(line) {
+                Ok(r) => printable(&r.error, MAX_REFUSAL),
+                Err(_) => String::new(),
+            }
+        };
+        // Read with the welcome, if it came right after it.
+        if !self.reader.buffer().is_empty() {
+            return Some(refusal(self.reader.buffer()));
+        }
         if self.writer.set_nonblocking(true).is_err() {
             return None;
         }
@@ -384,16 +395,7 @@ impl RemotePeer {
         let _ = self.writer.set_nonblocking(false);
         match peeked {
             Ok(0) => Some(String::new()),
-            Ok(n) => {
-                let line = waiting[..n]
-                    .split(|&b| b == b'\n')
-                    .next()
-                    .unwrap_or_default();
-                Some(match serde_json::from_slice::<Refusal>(line) {
-                    Ok(r) => printable(&r.error, MAX_REFUSAL),
-                    Err(_) => String::new(),
-                })
-            }
+            Ok(n) => Some(refusal(&waiting[..n])),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
             Err(_) => Some(String::new()),
         }
@@ -1295,27 +1297,39 @@ mod tests {
     #[test]
     fn a_client_quotes_a_server_that_gave_up_mid_run() {
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
-        let (at, server) = fake_server(|mut reader, mut writer| {
-            let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
-            send(&mut writer, &welcome("rxe0")).unwrap();
-            let error = "no client's outcomes came within 300s\u{1b}".to_string();
-            send(&mut writer, &Refusal { error }).unwrap();
-        });
-        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
-        server.join().unwrap();
-        let peer: Peer<selsig_soft::SoftDevice> = Peer::Remote(peer);
-        let start = Instant::now();
-        while peer.closed_note().is_empty() {
-            assert!(start.elapsed() < Duration::from_secs(5), "never closed");
-            std::thread::sleep(Duration::from_millis(10));
+        // The refusal right after the welcome (read with it), and later (on the socket).
+        for later in [false, true] {
+            let (go, gone) = std::sync::mpsc::channel::<()>();
+            let (at, server) = fake_server(move |mut reader, mut writer| {
+                let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
+                send(&mut writer, &welcome("rxe0")).unwrap();
+                if later {
+                    gone.recv().unwrap();
+                }
+                let error = "no client's outcomes came within 300s\u{1b}".to_string();
+                send(&mut writer, &Refusal { error }).unwrap();
+            });
+            let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+            let peer: Peer<selsig_soft::SoftDevice> = Peer::Remote(peer);
+            if later {
+                assert_eq!(peer.closed_note(), "");
+                go.send(()).unwrap();
+            }
+            server.join().unwrap();
+            let start = Instant::now();
+            while peer.closed_note().is_empty() {
+                assert!(start.elapsed() < Duration::from_secs(5), "never closed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(
+                peer.closed_note(),
+                format!(
+                    " (selsig serve at {at} gave up and closed the connection: no client's \
+                     outcomes came within 300s\\u{{1b}})"
+                ),
+                "later: {later}"
+            );
         }
-        assert_eq!(
-            peer.closed_note(),
-            format!(
-                " (selsig serve at {at} gave up and closed the connection: no client's outcomes \
-                 came within 300s\\u{{1b}})"
-            )
-        );
     }
 
     /// The end of an unchecked session: a refusal is the server's, quoted, not a malformed
