@@ -503,6 +503,10 @@ impl CompletionQueue for SoftCq {
         self.cq.ring.capacity() as u32
     }
 
+    fn identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.cq) as usize)
+    }
+
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
         let cq = &self.cq;
         let mut st = cq.poll.lock();
@@ -742,6 +746,10 @@ impl QueuePair for SoftQp {
 
     fn caps(&self) -> QpCaps {
         self.qp.caps
+    }
+
+    fn send_cq_identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.qp.send_cq) as usize)
     }
 
     fn recv_cq_is_send_cq(&self) -> bool {

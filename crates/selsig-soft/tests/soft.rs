@@ -191,6 +191,26 @@ fn seed_example_raw_only_cqe4_and_cqe8() {
     }
 }
 
+/// A queue given a CQ other than the one its QP's sends report to would wait for ever:
+/// refused, with the QP handed back; so is a shared CQ of another CQ.
+#[test]
+fn a_queue_on_a_cq_its_sends_do_not_report_to_is_refused() {
+    let p = pair();
+    let refused = SignaledQueue::<SoftDevice, ()>::new(p.a, Arc::clone(&p.cq_b), Policy::Every(4))
+        .err()
+        .expect("refused");
+    assert_eq!(refused.error, ConfigError::NotTheSendCq);
+    let shared = selsig::SharedCq::new(Arc::clone(&p.cq_b));
+    let refused =
+        SignaledQueue::<SoftDevice, ()>::on_shared_cq(refused.qp, &shared, QueueConfig::default())
+            .err()
+            .expect("refused");
+    assert_eq!(refused.error, ConfigError::NotTheSendCq);
+    // Its own CQ: taken (the refusals left no claim behind).
+    SignaledQueue::<SoftDevice, ()>::new(refused.qp, Arc::clone(&p.cq_a), Policy::Every(4))
+        .unwrap();
+}
+
 #[test]
 fn seed_example_through_the_signaled_queue() {
     let p = pair();

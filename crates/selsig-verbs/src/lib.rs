@@ -773,6 +773,10 @@ impl CompletionQueue for VerbsCq {
         unsafe { (*self.inner.cq.as_ptr()).cqe.max(0) as u32 }
     }
 
+    fn identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.inner) as usize)
+    }
+
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
         let cq = self.inner.cq.as_ptr();
         // SAFETY: the CQ is valid until `Drop`; `context` and its ops table live as long.
@@ -1184,6 +1188,10 @@ impl QueuePair for VerbsQp {
 
     fn destroy_cleans_cq(&self) -> bool {
         self.dev.cleans_cq
+    }
+
+    fn send_cq_identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self._send_cq) as usize)
     }
 
     fn recv_cq_is_send_cq(&self) -> bool {

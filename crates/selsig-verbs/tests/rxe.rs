@@ -133,6 +133,21 @@ const RW: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ);
 
+/// A queue given a CQ its QP's sends do not report to is refused (it would wait for ever).
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_queue_on_a_cq_its_sends_do_not_report_to_is_refused() {
+    let p = pair(8);
+    assert_eq!(p.a.send_cq_identity(), p.cq_a.identity());
+    assert_ne!(p.cq_a.identity(), p.cq_b.identity());
+    let refused = SignaledQueue::<VerbsDevice, ()>::new(p.a, Arc::clone(&p.cq_b), Policy::Every(4))
+        .err()
+        .expect("refused");
+    assert_eq!(refused.error, selsig::ConfigError::NotTheSendCq);
+    SignaledQueue::<VerbsDevice, ()>::new(refused.qp, Arc::clone(&p.cq_a), Policy::Every(4))
+        .unwrap();
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn seed_example_only_cqe4_and_cqe8() {

@@ -631,6 +631,13 @@ pub trait CompletionQueue: Send + Sync + 'static {
     fn capacity(&self) -> u32;
     /// Moves up to `out.len()` completions into `out`, oldest first; returns how many.
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError>;
+
+    /// What tells this CQ from the others while it lives: the value
+    /// [`QueuePair::send_cq_identity`] gives for the QPs whose send queues report to it.
+    /// The default, `None`, cannot tell.
+    fn identity(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// An RC queue pair.
@@ -653,6 +660,14 @@ pub trait QueuePair: Send + Sync + 'static {
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError>;
     /// Posts receive work requests; on failure, reports the first one not posted.
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError>;
+
+    /// The [`identity`](CompletionQueue::identity) of the CQ the QP's send queue reports
+    /// to, so that a [`SignaledQueue`](crate::SignaledQueue) given another CQ is refused
+    /// (it would wait for completions that never come to it). The default, `None`, cannot
+    /// tell.
+    fn send_cq_identity(&self) -> Option<usize> {
+        None
+    }
 
     /// Whether the QP's receive completions go to the CQ of its sends (one CQ for both).
     /// The default is `true`, the safe answer: a

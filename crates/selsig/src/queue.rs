@@ -714,6 +714,14 @@ pub enum DrainError {
     },
 }
 
+/// Whether `qp`'s send queue reports to `cq`, as far as the provider tells.
+fn sends_to(qp: &impl QueuePair, cq: &impl CompletionQueue) -> Result<(), ConfigError> {
+    match (qp.send_cq_identity(), cq.identity()) {
+        (Some(sends_to), Some(given)) if sends_to != given => Err(ConfigError::NotTheSendCq),
+        _ => Ok(()),
+    }
+}
+
 /// A queue pair of a [`Device`] with selective signaling done right: a [`SendTracker`]
 /// decides what to signal and keeps every work request's buffer and context until a
 /// completion covers it.
@@ -866,8 +874,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
     ///
     /// The queue takes `cq` whole (its budget is the CQ's capacity, less its QP's receive
     /// slots if they report to it, and less what queues dropped from it may have left in
-    /// it, see [`SignaledQueue`]): `cq` must be the CQ the QP's send queue reports to, and
-    /// no other queue's; a CQ with another queue on it is refused
+    /// it, see [`SignaledQueue`]): `cq` must be the CQ the QP's send queue reports to
+    /// (another is refused, [`ConfigError::NotTheSendCq`], where the provider can tell, as
+    /// both of selsig's can), and no other queue's; a CQ with another queue on it is refused
     /// ([`ConfigError::CqInUse`]). Queues that share a CQ go on a [`SharedCq`]
     /// ([`on_shared_cq`](Self::on_shared_cq)), or take a budget each
     /// ([`QueueConfig::cq`]). A queue refused hands its QP back in the error.
@@ -949,6 +958,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
         if !config.measure_lag && matches!(config.policy, Policy::Adaptive { .. }) {
             return Err(ConfigError::AdaptiveNeedsClock);
         }
+        sends_to(qp, cq.as_ref())?;
         // Every receive completes (if only flushed): where they share the CQ, their slots
         // are not the sends'. A queue that takes the CQ whole, or joins a shared CQ, leaves
         // room for them; beside a budget of its own, the caller does, as it alone knows
@@ -1007,6 +1017,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     qp,
                 });
             }
+        }
+        if let Err(error) = sends_to(&qp, shared.cq().as_ref()) {
+            return Err(CreateError { error, qp });
         }
         let qp_num = qp.qp_num();
         if let Err(error) = shared.register(qp_num, receive_slots(&qp)) {

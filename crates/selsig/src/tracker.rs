@@ -315,6 +315,11 @@ pub enum ConfigError {
         "the completion queue has another queue on it: a queue without a CQ budget takes its CQ whole; queues that share a CQ go on a SharedCq, or take a budget each (QueueConfig::cq)"
     )]
     CqInUse,
+    /// The CQ given is not the one the QP's send queue reports to
+    /// ([`QueuePair::send_cq_identity`](crate::QueuePair::send_cq_identity)): the queue
+    /// would wait for completions that never come to it.
+    #[error("the completion queue given is not the one the queue pair's send queue reports to")]
+    NotTheSendCq,
     /// The completion queue is polled through a [`SharedCq`](crate::SharedCq) and a queue
     /// would poll it itself, or the other way round, or through another `SharedCq`: each
     /// poller would take completions the other's queues wait for.
