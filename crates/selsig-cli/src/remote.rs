@@ -1282,15 +1282,23 @@ mod tests {
         assert_eq!(peer.closed_note(), "");
         stop.send(()).unwrap();
         server.join().unwrap();
+        assert_eq!(
+            closed_note_within(&peer),
+            format!(" (selsig serve at {at} closed the connection: was it stopped?)")
+        );
+    }
+
+    /// `peer`'s closed note, once it has one (the close takes a moment to arrive).
+    fn closed_note_within(peer: &Peer<selsig_soft::SoftDevice>) -> String {
         let start = Instant::now();
-        while peer.closed_note().is_empty() {
+        loop {
+            let note = peer.closed_note();
+            if !note.is_empty() {
+                return note;
+            }
             assert!(start.elapsed() < Duration::from_secs(5), "never closed");
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(
-            peer.closed_note(),
-            format!(" (selsig serve at {at} closed the connection: was it stopped?)")
-        );
     }
 
     /// A server that gives up mid-run says why before it closes: the run's errors quote it.
@@ -1316,13 +1324,8 @@ mod tests {
                 go.send(()).unwrap();
             }
             server.join().unwrap();
-            let start = Instant::now();
-            while peer.closed_note().is_empty() {
-                assert!(start.elapsed() < Duration::from_secs(5), "never closed");
-                std::thread::sleep(Duration::from_millis(10));
-            }
             assert_eq!(
-                peer.closed_note(),
+                closed_note_within(&peer),
                 format!(
                     " (selsig serve at {at} gave up and closed the connection: no client's \
                      outcomes came within 300s\\u{{1b}})"

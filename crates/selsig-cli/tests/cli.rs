@@ -30,9 +30,12 @@ fn run_scenario(path: &std::path::Path, text: &str) -> Output {
     selsig(&["run", path.to_str().unwrap(), "-q"])
 }
 
-/// A new directory for a test's files: `name` and this process's id, under the temp dir.
+/// A new directory for a test's files: `name`, this process's id and a count of the calls
+/// (tests run in parallel: two that chose one name get two directories), under the temp dir.
 fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("{name}-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -1979,10 +1982,10 @@ fn bench_flags_points_whose_posting_thread_lost_its_core() {
 #[test]
 fn bench_flags_points_whose_threads_waited_for_a_cpu() {
     use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
-    if !Path::new("/proc/self/task").exists() {
-        eprintln!("skipped: no /proc/self/task here, so the bench cannot tell waiting");
-        return;
-    }
+    assert!(
+        Path::new("/proc/self/task").exists(),
+        "needs Linux's /proc/self/task, which the bench reads the waiting from"
+    );
     // This test's thread and the process it starts get one CPU (inherited); the other
     // tests keep the other CPUs.
     let allowed = sched_getaffinity(None).unwrap();
@@ -2601,7 +2604,12 @@ fn signals_stop_the_command_as_before_and_leave_no_temporary_file() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    let start = std::time::Instant::now();
     while !json.exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "no JSON file came"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     std::thread::sleep(std::time::Duration::from_millis(200));
@@ -2626,7 +2634,25 @@ fn signals_stop_the_command_as_before_and_leave_no_temporary_file() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Until one of its threads waits in the FIFO's open (the kernel's `wait_for_partner`).
+    let start = std::time::Instant::now();
+    let in_open = || {
+        std::fs::read_dir(format!("/proc/{}/task", child.id()))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                std::fs::read_to_string(t.path().join("wchan"))
+                    .is_ok_and(|w| w.contains("wait_for_partner"))
+            })
+    };
+    while !in_open() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the bench never waited in the FIFO's open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     signal(&child, "TERM");
     let status = wait_for(&mut child).expect("SIGTERM ends it");
     assert_eq!(status.signal(), Some(15), "{status:?}");

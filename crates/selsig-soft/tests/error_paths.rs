@@ -156,8 +156,7 @@ fn a_receive_flush_overrun_raises_cq_err() {
         .collect();
     a.post_recv(&recvs).unwrap();
     a.to_error().unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    let events: Vec<AsyncEvent> = std::iter::from_fn(|| dev.poll_async_event()).collect();
+    let events = events_until(&dev, AsyncEvent::CqErr { cq: cq.id() });
     let mut buf = [selsig::WorkCompletion::new(0, WcStatus::Success, 0); 16];
     let polled = cq.poll(&mut buf);
     let polled2 = cq.poll(&mut buf);
@@ -165,6 +164,18 @@ fn a_receive_flush_overrun_raises_cq_err() {
         events.contains(&AsyncEvent::CqErr { cq: cq.id() }),
         "events {events:?}; polls {polled:?} then {polled2:?}"
     );
+}
+
+/// The device's asynchronous events, until `want` is among them (or the test fails).
+fn events_until(dev: &SoftDevice, want: AsyncEvent) -> Vec<AsyncEvent> {
+    let start = Instant::now();
+    let mut events = Vec::new();
+    while !events.contains(&want) {
+        assert!(start.elapsed() < WAIT, "no {want:?} came: {events:?}");
+        events.extend(std::iter::from_fn(|| dev.poll_async_event()));
+        std::thread::yield_now();
+    }
+    events
 }
 
 /// One overrun, one `IBV_EVENT_CQ_ERR`, however many flushes the CQ then loses (it was
@@ -188,8 +199,13 @@ fn one_overrun_raises_one_cq_err() {
         })
         .collect();
     a.post_send(&wrs).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    let events: Vec<AsyncEvent> = std::iter::from_fn(|| dev.poll_async_event()).collect();
+    let mut events = events_until(&dev, AsyncEvent::CqErr { cq: cq.id() });
+    // The first came; the flushes of the other 19 could only add more.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(200) {
+        events.extend(std::iter::from_fn(|| dev.poll_async_event()));
+        std::thread::yield_now();
+    }
     let cq_errs = events
         .iter()
         .filter(|e| matches!(e, AsyncEvent::CqErr { .. }))
@@ -237,8 +253,11 @@ fn a_qp_waiting_on_rnr_is_flushed_when_it_goes_to_error() {
         })
         .collect();
     b.post_send(&sends).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(q.qp().state(), selsig::QpState::Err);
+    let start = Instant::now();
+    while q.qp().state() != selsig::QpState::Err {
+        assert!(start.elapsed() < WAIT, "a never went to the error state");
+        std::thread::yield_now();
+    }
     let mut done = Vec::new();
     let r = q.drain(Duration::from_secs(2), &mut done);
     let outcomes: Vec<(u32, Outcome)> = done.iter().map(|c| (c.user, c.outcome)).collect();
@@ -276,11 +295,18 @@ fn dropped_queue_credits(personality: Personality) {
     };
     let mut qa: SignaledQueue<SoftDevice, u32> =
         SignaledQueue::with_config(a, Arc::clone(&shared), config()).unwrap();
+    assert!(qa.qp().record_execution_times(true));
     for user in 0..4 {
         qa.post(Work::write_inline(&[1; 8], remote.remote(0), user))
             .unwrap();
     }
-    std::thread::sleep(Duration::from_millis(50)); // 4 completions sit in the CQ
+    // The 4 completions sit in the CQ (a WRITE is stamped just before its completion).
+    let start = Instant::now();
+    while qa.qp().executed_at(3).is_none() {
+        assert!(start.elapsed() < WAIT, "the 4 WRITEs never ran");
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(20));
     drop(qa); // destroys QP a; rxe leaves its 4 completions, mlx5 removes them
     assert_eq!(pool.available(), if rxe { 3 } else { 7 });
     let mut qc: SignaledQueue<SoftDevice, u32> =
@@ -294,10 +320,11 @@ fn dropped_queue_credits(personality: Personality) {
             accepted += 1;
         }
     }
-    std::thread::sleep(Duration::from_millis(50));
-    let events: Vec<AsyncEvent> = std::iter::from_fn(|| dev.poll_async_event()).collect();
     let mut done = Vec::new();
     let r = qc.drain(WAIT, &mut done);
+    // Every completion of c's WRITEs came (or the drain says why): an overrun would have
+    // raised its event by now.
+    let events: Vec<AsyncEvent> = std::iter::from_fn(|| dev.poll_async_event()).collect();
     assert_eq!(accepted, if rxe { 3 } else { 7 });
     assert!(
         !events.contains(&AsyncEvent::CqErr { cq: shared.id() }),
@@ -372,6 +399,7 @@ fn receives_on_the_send_cq_keep_their_room_in_it() {
     let small = Arc::new(dev.create_cq(7).unwrap());
     assert!(small.capacity() <= receives);
     let c = dev.create_qp(&pd, &small, &small, &init).unwrap();
+    let qpn = c.qp_num();
     let e = SignaledQueue::<SoftDevice, u32>::new(c, Arc::clone(&small), Policy::Never)
         .err()
         .unwrap();
@@ -382,10 +410,15 @@ fn receives_on_the_send_cq_keep_their_room_in_it() {
             receives
         }
     );
-    // The QP comes back, to use with a CQ that has room.
+    // The QP comes back, for its owner to destroy or to use otherwise (its sends report
+    // to `small`: a queue on another CQ is refused).
     let c = e.into_qp();
+    assert_eq!(c.qp_num(), qpn);
     let roomy = Arc::new(dev.create_cq(2 * receives).unwrap());
-    assert!(SignaledQueue::<SoftDevice, u32>::new(c, roomy, Policy::Never).is_ok());
+    let e = SignaledQueue::<SoftDevice, u32>::new(c, roomy, Policy::Never)
+        .err()
+        .unwrap();
+    assert_eq!(e.error, selsig::ConfigError::NotTheSendCq);
 }
 
 /// A completion the queue refuses is named by the `wr_id` it carried (the sequence number

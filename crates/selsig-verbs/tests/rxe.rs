@@ -1061,22 +1061,34 @@ fn bad_options_and_objects_of_another_opening_are_refused_before_anything_change
 #[path = "../../selsig-soft/tests/support/rxe_errors.rs"]
 mod rxe_errors;
 
+/// What the `rxe_` tests are about: on another device they print what it did, for the
+/// record (docs/semantics.md), and fail, as they checked nothing (skip them there:
+/// `--skip rxe_`).
+fn not_rxe(dev: &VerbsDevice, seen: &str) -> ! {
+    panic!(
+        "{} is not an rxe device, which this test holds to rxe's source (run with --skip rxe_ \
+         on other devices); it did: {seen}",
+        dev.name()
+    )
+}
+
 /// The cases the soft NIC's rxe personality is held to (`selsig-soft/tests/soft.rs`), on
-/// the real device: rxe0 in CI. What other devices (mlx5) do is not known: there the test
-/// prints what they did and checks nothing.
+/// the real device: rxe0 in CI.
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn rxe_fails_requests_as_the_soft_rxe_personality_does() {
     let dev = device();
-    let rxe = dev.is_rxe();
+    let mut others = Vec::new();
     for (case, expected) in rxe_errors::cases() {
         let seen = rxe_errors::run(&dev, dev.gid_index(), &case);
-        if rxe {
+        if dev.is_rxe() {
             assert_eq!(seen, expected, "{}", case.name);
         } else {
-            // What another device does, for the record (docs/semantics.md); nothing to hold it to.
-            println!("{} (not checked): {}: {seen:?}", dev.name(), case.name);
+            others.push(format!("{}: {seen:?}", case.name));
         }
+    }
+    if !dev.is_rxe() {
+        not_rxe(&dev, &others.join("; "));
     }
 }
 
@@ -1086,9 +1098,8 @@ fn rxe_drops_the_completions_an_overrun_cq_has_no_room_for() {
     let dev = device();
     let (got, state, events) = rxe_errors::overrun(&dev, dev.gid_index());
     if !dev.is_rxe() {
-        // mlx5 puts the CQ in the error state instead (docs/semantics.md, 8): not this test's.
-        println!("{} (not checked): {got:?} {state:?} {events:?}", dev.name());
-        return;
+        // mlx5 puts the CQ in the error state instead (docs/semantics.md, 8).
+        not_rxe(&dev, &format!("{got:?} {state:?} {events:?}"));
     }
     use WcStatus::Success;
     assert_eq!(
@@ -1112,11 +1123,10 @@ fn rxe_retries_forever_with_a_retry_count_of_7() {
     let forever = rxe_errors::unanswered(&dev, dev.gid_index(), 7, patience);
     let counted = rxe_errors::unanswered(&dev, dev.gid_index(), 1, patience);
     if !dev.is_rxe() {
-        println!(
-            "{} (not checked): retry_cnt 7: {forever:?}; retry_cnt 1: {counted:?}",
-            dev.name()
+        not_rxe(
+            &dev,
+            &format!("retry_cnt 7: {forever:?}; retry_cnt 1: {counted:?}"),
         );
-        return;
     }
     assert_eq!(
         forever,
@@ -1148,8 +1158,7 @@ fn rxe_stops_a_responder_whose_receive_completion_finds_no_room() {
     let counted = rxe_errors::receive_overrun(&dev, dev.gid_index(), 1, Duration::from_secs(10));
     let forever = rxe_errors::receive_overrun(&dev, dev.gid_index(), 7, Duration::from_secs(3));
     if !dev.is_rxe() {
-        println!("{} (not checked): {counted:?}; {forever:?}", dev.name());
-        return;
+        not_rxe(&dev, &format!("{counted:?}; {forever:?}"));
     }
     let capacity = counted.receives.len() as u64;
     let mut sends: Vec<_> = (1..=capacity).map(|i| (i, Success)).collect();
@@ -1169,24 +1178,35 @@ fn rxe_stops_a_responder_whose_receive_completion_finds_no_room() {
 }
 
 /// The device's counts of protection domains, CQs, QPs and memory regions, as the kernel
-/// keeps them (`rdma res show`, iproute2); `None` where the tool is missing.
-fn kernel_resources(dev: &str) -> Option<Vec<(String, u64)>> {
+/// keeps them (`rdma res show`, iproute2); the test fails where the tool is missing or says
+/// something else.
+fn kernel_resources(dev: &str) -> Vec<(String, u64)> {
     let out = std::process::Command::new("rdma")
         .args(["res", "show"])
         .output()
-        .ok()?;
+        .unwrap_or_else(|e| {
+            panic!("needs the `rdma` tool (iproute2) to read the kernel's counts: {e}")
+        });
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
+    let counts: Vec<(String, u64)> = text
         .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(&format!("{dev}:")))?;
-    let words: Vec<&str> = line.split_whitespace().collect();
-    Some(
-        words
-            .windows(2)
-            .filter(|w| ["pd", "cq", "qp", "mr"].contains(&w[0]))
-            .map(|w| (w[0].to_string(), w[1].parse().unwrap_or(u64::MAX)))
-            .collect(),
-    )
+        .find(|l| l.split_whitespace().nth(1) == Some(&format!("{dev}:")))
+        .map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            words
+                .windows(2)
+                .filter(|w| ["pd", "cq", "qp", "mr"].contains(&w[0]))
+                .filter_map(|w| Some((w[0].to_string(), w[1].parse().ok()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let names: Vec<&str> = counts.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["pd", "cq", "qp", "mr"],
+        "`rdma res show` has no counts of {dev} as expected: {text}"
+    );
+    counts
 }
 
 /// Dropping what the provider created gives every object back to the kernel: its counts
@@ -1195,14 +1215,11 @@ fn kernel_resources(dev: &str) -> Option<Vec<(String, u64)>> {
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn dropped_objects_are_destroyed_in_the_kernel() {
     let dev = device();
-    let Some(before) = kernel_resources(dev.name()) else {
-        println!("skipped: no `rdma` tool (iproute2) to read the kernel's counts");
-        return;
-    };
+    let before = kernel_resources(dev.name());
     {
         let p = pair(4);
         let _mr = p.dev.reg_mr(&p.pd, 4096, RW).unwrap();
-        let during = kernel_resources(dev.name()).unwrap();
+        let during = kernel_resources(dev.name());
         // One more PD, two more CQs and QPs, one more region.
         let more: Vec<u64> = during
             .iter()
@@ -1211,5 +1228,5 @@ fn dropped_objects_are_destroyed_in_the_kernel() {
             .collect();
         assert_eq!(more, [1, 2, 2, 1], "{before:?} → {during:?}");
     }
-    assert_eq!(kernel_resources(dev.name()).unwrap(), before);
+    assert_eq!(kernel_resources(dev.name()), before);
 }

@@ -203,7 +203,18 @@ proptest! {
                         payload += 1;
                         match q.tracker.post(payload, signal, now) {
                             Ok(posted) => batch.push((posted.seq.0, posted.signaled(), payload)),
-                            Err(_) => break,
+                            // No room (the queue's or the pool's), or no more posts (an
+                            // error, a drain): nothing else refuses a post here.
+                            Err(e) => {
+                                let state = q.tracker.state();
+                                prop_assert!(
+                                    e.is_full() || state != QueueState::Ready,
+                                    "{:?} in the state {:?}",
+                                    e,
+                                    state
+                                );
+                                break;
+                            }
                         }
                     }
                     let kept = match refuse.map(usize::from) {

@@ -882,8 +882,13 @@ fn a_drain_on_a_budget_of_its_own_waits_for_a_slow_completion() {
             // Longer than a quarter of the drain's timeout.
             std::thread::sleep(Duration::from_millis(400));
             cq.complete(2, WcStatus::Success, 1);
-            // The drain's marker (seq 4), once it had a slot.
-            std::thread::sleep(Duration::from_millis(50));
+            // The drain's marker (seq 4), once it had a slot: the drain posts it after the
+            // poll that took completion 2 and before it polls again.
+            let start = std::time::Instant::now();
+            while !cq.ring.lock().unwrap().is_empty() {
+                assert!(start.elapsed() < Duration::from_secs(10), "never polled");
+                std::thread::yield_now();
+            }
             cq.complete(4, WcStatus::Success, 1);
         })
     };
