@@ -344,14 +344,19 @@ fn show_address(name: &str, port: u16) -> String {
     }
 }
 
-/// Text a peer sent, for the terminal: at most `max` characters, control characters
-/// escaped.
+/// Text a peer sent, for the terminal: at most `max` characters, those that do not print
+/// escaped (control characters, and the format and separator characters that reorder or
+/// break a line on screen, as U+202E and U+2028: what Rust's `escape_debug` escapes).
 fn printable(text: &str, max: usize) -> String {
     let mut shown = String::new();
     for c in text.chars().take(max) {
-        match c.is_control() {
-            true => shown.extend(c.escape_default()),
-            false => shown.push(c),
+        match c {
+            // Printable, and escaped by `escape_debug` only in quoted text.
+            '"' | '\'' | '\\' => shown.push(c),
+            _ if c.is_control() || c.escape_debug().nth(1).is_some() => {
+                shown.extend(c.escape_default())
+            }
+            _ => shown.push(c),
         }
     }
     shown
@@ -1299,6 +1304,18 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(5), "never closed");
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// What prints is kept; what does not, or reorders a line (bidirectional controls,
+    /// line separators), is escaped.
+    #[test]
+    fn a_peers_text_is_printed_as_it_prints() {
+        assert_eq!(printable("rxe0 \"é\" 'x' \\ ü", 100), "rxe0 \"é\" 'x' \\ ü");
+        assert_eq!(
+            printable("a\u{1b}[2J\u{202e}b\u{2028}c\u{2066}\t", 100),
+            "a\\u{1b}[2J\\u{202e}b\\u{2028}c\\u{2066}\\t"
+        );
+        assert_eq!(printable("abcdef", 3), "abc");
     }
 
     /// A server that gives up mid-run says why before it closes: the run's errors quote it.
