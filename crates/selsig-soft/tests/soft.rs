@@ -366,6 +366,7 @@ fn mlx5_send_queue_full_of_unsignaled_wrs_never_drains() {
     let p = pair_with(Personality::Mlx5, 8, 64, false);
     assert_eq!(p.a.caps().max_send_wr, 8);
     let regions = write_regions(&p);
+    assert!(p.a.record_execution_times(true));
     let err = post_unsignaled_until_full(&p, &regions, 100).unwrap_err();
     assert_eq!(err.index, 0);
     assert!(err.is_full(), "{err}");
@@ -374,8 +375,12 @@ fn mlx5_send_queue_full_of_unsignaled_wrs_never_drains() {
         Some(12),
         "ENOMEM"
     );
-    // Still full much later: executed, but no completion was polled.
-    std::thread::sleep(Duration::from_millis(20));
+    // Still full once all 8 ran: executed, but no completion was polled.
+    let start = Instant::now();
+    while p.a.executed_at(7).is_none() {
+        assert!(start.elapsed() < WAIT, "the 8 WRITEs never ran");
+        std::thread::yield_now();
+    }
     let err = post_unsignaled_until_full(&p, &regions, 1).unwrap_err();
     assert_eq!(err.failure, PostFailure::Full);
     assert_no_more(&p.cq_a);
