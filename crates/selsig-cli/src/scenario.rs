@@ -1105,8 +1105,8 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 let takes_posts = !bound.requester_error && !bound.drained;
                 if matches!(op, Op::Send | Op::SendImm | Op::WriteImm) && takes_posts {
                     let n = match fault {
-                        Some((Fault::BadLkey, at)) => at - 1,
                         _ if fails_here => 0,
+                        Some((Fault::BadLkey, at)) => at - 1,
                         _ => p.count,
                     };
                     bound.consumers += n;
