@@ -1523,6 +1523,18 @@ fn bad_scenarios_name_file_line_and_problem() {
             "1 of the 1 receives posted on \"a.peer\" are used by no SEND",
         ),
         (
+            // The same, with a bad local key on the second: the first fails already.
+            "receives-and-a-send-that-fails-locally-before-its-fault",
+            seed.replace("fill = \"pattern\"", "fill = \"pattern\"\npd = \"other\"")
+                .replace(
+                    "[[step]]\npost = { qp = \"a\", op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 8 }",
+                    "[[step]]\nrecv = { qp = \"a.peer\", region = \"dst\", size = 64 }\n\n\
+                     [[step]]\npost = { qp = \"a\", op = \"send\", local = \"src\", size = 8, count = 2, fault = \"bad_lkey\", fault_at = 2 }",
+                ),
+            26,
+            "1 of the 1 receives posted on \"a.peer\" are used by no SEND",
+        ),
+        (
             // A drained queue refuses the SEND: it uses no receive.
             "receives-and-a-send-after-a-drain",
             seed.replace(
