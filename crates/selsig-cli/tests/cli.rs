@@ -1393,6 +1393,18 @@ fn a_step_that_fails_shows_the_trace_so_far_and_an_unsignaled_tail_is_named() {
 fn bad_scenarios_name_file_line_and_problem() {
     let dir = scratch("selsig-cli-bad");
     let seed = std::fs::read_to_string(scenarios().join("seed.toml")).unwrap();
+    // A receive, then a SEND (`fields` added) from `src` moved to the other protection
+    // domain: the SEND fails on the QP's side.
+    let other_pd_send = |fields: &str| {
+        seed.replace("fill = \"pattern\"", "fill = \"pattern\"\npd = \"other\"")
+            .replace(
+                "[[step]]\npost = { qp = \"a\", op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 8 }",
+                &format!(
+                    "[[step]]\nrecv = {{ qp = \"a.peer\", region = \"dst\", size = 64 }}\n\n\
+                     [[step]]\npost = {{ qp = \"a\", op = \"send\", local = \"src\", size = 8{fields} }}"
+                ),
+            )
+    };
     for (name, text, line, problem) in [
         (
             "syntax",
@@ -1513,24 +1525,14 @@ fn bad_scenarios_name_file_line_and_problem() {
             // A SEND from a region on the other protection domain fails on the QP's side:
             // it uses no receive.
             "receives-and-a-send-that-fails-locally",
-            seed.replace("fill = \"pattern\"", "fill = \"pattern\"\npd = \"other\"")
-                .replace(
-                    "[[step]]\npost = { qp = \"a\", op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 8 }",
-                    "[[step]]\nrecv = { qp = \"a.peer\", region = \"dst\", size = 64 }\n\n\
-                     [[step]]\npost = { qp = \"a\", op = \"send\", local = \"src\", size = 8 }",
-                ),
+            other_pd_send(""),
             26,
             "1 of the 1 receives posted on \"a.peer\" are used by no SEND",
         ),
         (
             // The same, with a bad local key on the second: the first fails already.
             "receives-and-a-send-that-fails-locally-before-its-fault",
-            seed.replace("fill = \"pattern\"", "fill = \"pattern\"\npd = \"other\"")
-                .replace(
-                    "[[step]]\npost = { qp = \"a\", op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 8 }",
-                    "[[step]]\nrecv = { qp = \"a.peer\", region = \"dst\", size = 64 }\n\n\
-                     [[step]]\npost = { qp = \"a\", op = \"send\", local = \"src\", size = 8, count = 2, fault = \"bad_lkey\", fault_at = 2 }",
-                ),
+            other_pd_send(", count = 2, fault = \"bad_lkey\", fault_at = 2"),
             26,
             "1 of the 1 receives posted on \"a.peer\" are used by no SEND",
         ),
