@@ -59,9 +59,8 @@ const STALL: Duration = Duration::from_secs(30);
 /// moves large WRITEs at 60 to 90 MB/s and small ones at 3 MB/s (where a completion
 /// covers few bytes).
 const STALL_RATE: f64 = 4.0 * (1u64 << 20) as f64;
-/// The largest WRITE: InfiniBand's largest message, 2³¹ bytes (perftest's own limit is one
-/// byte less).
-const MAX_SIZE: u64 = 1 << 31;
+/// The largest WRITE: InfiniBand's largest message (perftest's own limit is one byte less).
+const MAX_SIZE: u64 = selsig::MAX_MESSAGE_LEN;
 /// A timed run reads the clock after every 64 post calls, or sooner once this many bytes
 /// were posted since it last did (a post call of large WRITEs takes long).
 const CLOCK_BYTES: u64 = 1 << 20;

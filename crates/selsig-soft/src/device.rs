@@ -903,7 +903,7 @@ impl QueuePair for SoftQp {
                 result = Err(invalid(i, "an RDMA READ cannot be inline"));
                 break;
             }
-            if len > 1 << 31 {
+            if u64::from(len) > selsig::MAX_MESSAGE_LEN {
                 result = Err(invalid(i, "longer than the largest message (2 GiB)"));
                 break;
             }

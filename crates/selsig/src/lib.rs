@@ -73,8 +73,8 @@ pub mod wc;
 pub use buffer::Buffer;
 pub use provider::{
     Access, AsyncEvent, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Local,
-    MemoryRegion, Opcode, PostFailure, PostWrError, ProviderError, QpCaps, QpInit, QpState,
-    QueuePair, RecvWr, RemoteAddr, SendWr, Sge, connect_pair,
+    MAX_MESSAGE_LEN, MemoryRegion, Opcode, PostFailure, PostWrError, ProviderError, QpCaps, QpInit,
+    QpState, QueuePair, RecvWr, RemoteAddr, SendWr, Sge, connect_pair,
 };
 pub use queue::{
     Completion, CreateError, DrainError, DrainMarker, Payload, PollError, QueueConfig,

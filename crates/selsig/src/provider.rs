@@ -342,6 +342,10 @@ impl Local<'_> {
     }
 }
 
+/// The longest message InfiniBand carries, 2^31 bytes (a device's own limit,
+/// `ibv_port_attr.max_msg_sz`, may be lower).
+pub const MAX_MESSAGE_LEN: u64 = 1 << 31;
+
 /// A send work request (`struct ibv_send_wr`, one scatter/gather entry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendWr<'a> {
