@@ -2,14 +2,24 @@
 //! completions the simulated NIC really produced, and arbitrary (often impossible)
 //! completions. The tracker must never panic, never hand a work request back twice or out
 //! of order, and never exceed its send-queue and CQ capacities.
+//!
+//! Until an arbitrary completion is accepted (it may be one no NIC would write, and then
+//! nothing can be expected of what follows), the simulated NIC is the oracle: every
+//! completion it wrote is accepted, its CQ never holds more than the CQ capacity, a refused
+//! operation changes nothing, each work request handed back has the outcome the NIC gave it
+//! (completed, failed with its status, or flushed), and at the end, when the NIC has run
+//! everything and the queue is confirmed, every work request posted has been handed back.
 #![no_main]
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use selsig::{Policy, SendTracker, Seq, Signal, TrackerConfig, WcStatus, WorkCompletion};
+use selsig::{
+    Outcome, Policy, PostError, QueueState, SendTracker, Seq, Signal, TrackerConfig, WcStatus,
+    WorkCompletion,
+};
 
 #[derive(Debug, Arbitrary)]
 struct Input {
@@ -55,6 +65,95 @@ enum Op {
 
 const QP: u32 = 3;
 
+/// The simulated NIC: posted work requests it has not executed, its CQ, and the outcome it
+/// gave each work request it executed.
+#[derive(Default)]
+struct Nic {
+    /// Posted, not executed: (seq, signaled).
+    queue: VecDeque<(u64, bool)>,
+    /// The QP is in the error state: whatever executes next is flushed.
+    error: bool,
+    cq: VecDeque<WorkCompletion>,
+    fate: HashMap<u64, Outcome>,
+}
+
+impl Nic {
+    /// Executes the next work request; `fail` makes it fail with that status (a success
+    /// status executes it normally).
+    fn execute(&mut self, fail: Option<WcStatus>) {
+        let Some((seq, signaled)) = self.queue.pop_front() else {
+            return;
+        };
+        let (outcome, status) = if self.error {
+            (Outcome::Flushed, Some(WcStatus::WrFlushErr))
+        } else {
+            match fail.filter(|s| !s.is_success()) {
+                // A flush as the first error: the QP was moved to the error state.
+                Some(WcStatus::WrFlushErr) => {
+                    self.error = true;
+                    (Outcome::Flushed, Some(WcStatus::WrFlushErr))
+                }
+                Some(status) => {
+                    self.error = true;
+                    (Outcome::Failed(status), Some(status))
+                }
+                None => (Outcome::Completed, signaled.then_some(WcStatus::Success)),
+            }
+        };
+        self.fate.insert(seq, outcome);
+        if let Some(status) = status {
+            self.cq.push_back(WorkCompletion::new(seq, status, QP));
+        }
+    }
+}
+
+/// What the test has seen handed back.
+struct Seen {
+    last: Option<u64>,
+    count: u64,
+}
+
+/// Hands back every retired work request, checking order, payload and (while the NIC is
+/// still the oracle) outcome.
+fn collect(t: &mut SendTracker<u64>, one_pass: bool, nic: &Nic, oracle: bool, seen: &mut Seen) {
+    let mut check = |r: selsig::Retired<u64>| {
+        assert_eq!(r.payload, r.seq.0);
+        if let Some(last) = seen.last {
+            assert!(r.seq.0 > last, "retired in posting order, once");
+        }
+        seen.last = Some(r.seq.0);
+        seen.count += 1;
+        if oracle {
+            assert_eq!(
+                Some(&r.outcome),
+                nic.fate.get(&r.seq.0),
+                "work request {} handed back with another outcome than the NIC gave it",
+                r.seq.0
+            );
+        }
+    };
+    if one_pass {
+        t.poll_retired_with(check);
+    } else {
+        while let Some(r) = t.poll_retired() {
+            check(r);
+        }
+    }
+    assert_eq!(t.pending_retired(), 0);
+}
+
+fn deliver(t: &mut SendTracker<u64>, nic: &mut Nic, oracle: bool, now: Instant) {
+    if let Some(wc) = nic.cq.pop_front() {
+        let result = t.handle_completion(&wc, now);
+        if oracle {
+            assert!(
+                result.is_ok(),
+                "a completion the NIC wrote ({wc:?}) was refused: {result:?}"
+            );
+        }
+    }
+}
+
 fuzz_target!(|input: Input| {
     let epoch = Instant::now();
     let mut now = epoch;
@@ -79,64 +178,56 @@ fuzz_target!(|input: Input| {
     let Ok(mut t) = SendTracker::<u64>::new(config, epoch) else {
         return;
     };
-    // The simulated NIC: posted (seq, signaled) not yet executed, and its CQ.
-    let mut nic: VecDeque<(u64, bool)> = VecDeque::new();
-    let mut nic_error = false;
-    let mut cq_ring: VecDeque<WorkCompletion> = VecDeque::new();
-    let mut last_retired: Option<u64> = None;
-    let mut retired = 0u64;
+    let mut nic = Nic::default();
+    let mut seen = Seen {
+        last: None,
+        count: 0,
+    };
+    // The NIC stays the oracle until an arbitrary completion is accepted.
+    let mut oracle = true;
 
     for op in input.ops {
+        let before = t.outstanding();
         match op {
             Op::Post { force } => {
                 let signal = if force { Signal::Force } else { Signal::Auto };
                 let id = t.next_seq().0;
                 match t.post(id, signal, now) {
-                    Ok(p) => nic.push_back((p.seq.0, p.signaled())),
-                    Err(e) => assert_eq!(e.into_payload(), id),
-                }
-            }
-            Op::Rollback { back } => {
-                let back = u64::from(back).min(nic.len() as u64);
-                let from = Seq(t.next_seq().0.saturating_sub(back));
-                if let Ok(items) = t.rollback(from) {
-                    let items: Vec<u64> = items.collect();
-                    assert!(
-                        items.windows(2).all(|w| w[0] < w[1]),
-                        "handed back in order"
-                    );
-                    assert!(items.iter().all(|id| *id >= from.0));
-                    nic.retain(|(s, _)| *s < from.0);
-                }
-            }
-            Op::Tick(ns) => now += Duration::from_nanos(u64::from(ns)),
-            Op::Execute { fail } => {
-                if let Some((seq, signaled)) = nic.pop_front() {
-                    let status = if nic_error {
-                        Some(WcStatus::WrFlushErr)
-                    } else if let Some(code) = fail {
-                        let status = WcStatus::try_from(u32::from(code % 24))
-                            .unwrap_or(WcStatus::GeneralErr);
-                        if status.is_success() {
-                            signaled.then_some(status)
-                        } else {
-                            nic_error = true;
-                            Some(status)
-                        }
-                    } else {
-                        signaled.then_some(WcStatus::Success)
-                    };
-                    if let Some(status) = status {
-                        cq_ring.push_back(WorkCompletion::new(seq, status, QP));
+                    Ok(p) => nic.queue.push_back((p.seq.0, p.signaled())),
+                    Err(e) => {
+                        assert_eq!(e.into_payload(), id);
+                        assert_eq!(t.outstanding(), before, "a refused post changes nothing");
                     }
                 }
             }
-            Op::NicError => nic_error = true,
-            Op::Deliver => {
-                if let Some(wc) = cq_ring.pop_front() {
-                    let _ = t.handle_completion(&wc, now);
+            Op::Rollback { back } => {
+                // Only what the NIC has not executed can be rolled back (a partly failed
+                // batch: the provider did not post it).
+                let back = u64::from(back).min(nic.queue.len() as u64);
+                let from = Seq(t.next_seq().0.saturating_sub(back));
+                let items: Option<Vec<u64>> = t.rollback(from).ok().map(Iterator::collect);
+                match items {
+                    Some(items) => {
+                        assert!(
+                            items.windows(2).all(|w| w[0] < w[1]),
+                            "handed back in order"
+                        );
+                        assert!(items.iter().all(|id| *id >= from.0));
+                        nic.queue.retain(|(s, _)| *s < from.0);
+                        assert!(!oracle || t.next_seq() == from);
+                    }
+                    None => {
+                        assert!(!oracle, "rolling back what the NIC did not run was refused");
+                        assert_eq!(t.outstanding(), before, "a refused rollback changes nothing");
+                    }
                 }
             }
+            Op::Tick(ns) => now += Duration::from_nanos(u64::from(ns)),
+            Op::Execute { fail } => nic.execute(fail.map(|code| {
+                WcStatus::try_from(u32::from(code % 24)).unwrap_or(WcStatus::GeneralErr)
+            })),
+            Op::NicError => nic.error = true,
+            Op::Deliver => deliver(&mut t, &mut nic, oracle, now),
             Op::Arbitrary {
                 wr_id_offset,
                 status,
@@ -149,58 +240,86 @@ fuzz_target!(|input: Input| {
                 let status =
                     WcStatus::try_from(u32::from(status % 24)).unwrap_or(WcStatus::GeneralErr);
                 let wc = WorkCompletion::new(wr_id, status, if qp { QP } else { QP + 1 });
-                let before = t.outstanding();
-                if t.handle_completion(&wc, now).is_err() {
-                    assert_eq!(
-                        t.outstanding(),
-                        before,
-                        "a refused completion changes nothing"
+                if t.handle_completion(&wc, now).is_ok() {
+                    oracle = false;
+                } else {
+                    assert_eq!(t.outstanding(), before, "a refused completion changes nothing");
+                }
+            }
+            Op::Collect { one_pass } => collect(&mut t, one_pass, &nic, oracle, &mut seen),
+            Op::Confirm => match t.confirm_all(now) {
+                Ok(Some(seq)) => nic.queue.push_back((seq.0, true)),
+                Ok(None) => assert_eq!(t.outstanding(), before),
+                Err(e) => {
+                    assert_eq!(t.outstanding(), before, "a refused confirm changes nothing");
+                    // Refused only in the error state or for want of room.
+                    assert!(
+                        e.is_full()
+                            || matches!(e, PostError::SeqExhausted { .. })
+                            || matches!(t.state(), QueueState::Error { .. }),
+                        "confirm refused: {e:?}"
                     );
                 }
-            }
-            Op::Collect { one_pass } => {
-                let mut check = |r: selsig::Retired<u64>| {
-                    assert_eq!(r.payload, r.seq.0);
-                    if let Some(last) = last_retired {
-                        assert!(r.seq.0 > last, "retired in posting order, once");
-                    }
-                    last_retired = Some(r.seq.0);
-                    retired += 1;
-                };
-                if one_pass {
-                    t.poll_retired_with(check);
-                } else {
-                    while let Some(r) = t.poll_retired() {
-                        check(r);
-                    }
-                }
-                assert_eq!(t.pending_retired(), 0);
-            }
-            Op::Confirm => {
-                if let Ok(Some(seq)) = t.confirm_all(now) {
-                    nic.push_back((seq.0, true));
-                }
-            }
+            },
             Op::Drain => {
                 t.start_drain();
-                if let Ok(seq) = t.post_marker(now) {
-                    nic.push_back((seq.0, true));
+                match t.post_marker(now) {
+                    Ok(seq) => nic.queue.push_back((seq.0, true)),
+                    Err(e) => {
+                        assert_eq!(t.outstanding(), before, "a refused marker changes nothing");
+                        assert!(
+                            e.is_full() || matches!(e, PostError::SeqExhausted { .. }),
+                            "marker refused: {e:?}"
+                        );
+                    }
                 }
             }
         }
         assert!(t.outstanding() <= sq && t.outstanding() <= cq);
         assert!(t.unsignaled_run() < sq.min(cq));
-        if t.outstanding() == sq.min(cq) && matches!(t.state(), selsig::QueueState::Ready) {
+        if t.outstanding() == sq.min(cq) && matches!(t.state(), QueueState::Ready) {
             assert!(t.signaled_outstanding() > 0);
+        }
+        if oracle {
+            assert!(nic.cq.len() <= cq as usize, "the CQ overran");
         }
         let s = t.stats();
         assert!(s.retired() <= s.posted);
         // The caller's outstanding work requests (markers are outstanding too, not posted).
         assert!(s.posted - s.retired() <= u64::from(t.outstanding()));
-        assert!(retired <= s.retired(), "handed back more than retired");
+        assert!(seen.count <= s.retired(), "handed back more than retired");
         assert!(
             measure_lag || s.lag_ns.is_empty(),
             "lag recorded while turned off"
         );
     }
+
+    if !oracle {
+        return;
+    }
+    // The end: the NIC runs everything, the queue confirms its unsignaled tail, and every
+    // work request posted comes back with its outcome.
+    for _ in 0..3 {
+        while !nic.queue.is_empty() {
+            nic.execute(None);
+        }
+        while !nic.cq.is_empty() {
+            deliver(&mut t, &mut nic, oracle, now);
+        }
+        collect(&mut t, true, &nic, oracle, &mut seen);
+        if t.outstanding() == 0 {
+            break;
+        }
+        let marker = match t.state() {
+            QueueState::Ready => t.confirm_all(now).map(|seq| seq.map(|s| s.0)),
+            _ => t.post_marker(now).map(|seq| Some(seq.0)),
+        };
+        match marker {
+            Ok(Some(seq)) => nic.queue.push_back((seq, true)),
+            other => panic!("{} outstanding and no marker: {other:?}", t.outstanding()),
+        }
+    }
+    assert_eq!(t.outstanding(), 0, "work requests left outstanding");
+    assert_eq!(seen.count, t.stats().posted, "every work request posted is handed back");
+    assert!(t.is_idle());
 });
