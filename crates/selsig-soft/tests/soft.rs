@@ -599,6 +599,104 @@ fn poll_with_hands_back_every_outcome_in_order() {
     assert_eq!(more, 0, "nothing is handed back twice");
 }
 
+/// A panic in the caller's `poll_with` closure ends that poll: the buffer it was handed is
+/// the closure's, and the next poll hands back every later one (none is dropped with the
+/// unwinding).
+#[test]
+fn a_panic_in_poll_with_leaves_the_rest_for_the_next_poll() {
+    let p = pair();
+    let local = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE));
+    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (bufs, _) = local.split_into(8, 64).unwrap();
+    let mut q: SignaledQueue<SoftDevice, u64> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(8)).unwrap();
+    for (i, buf) in bufs.into_iter().enumerate() {
+        q.post(Work::write(buf, remote.remote(i * 64), i as u64 + 1))
+            .unwrap();
+    }
+    // One completion covers all 8: poll until it comes and the closure fails.
+    let mut handed = Vec::new();
+    let start = Instant::now();
+    loop {
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            q.poll_with(|c| {
+                assert!(c.user != 2, "the caller's closure fails on 2");
+                handed.push(c.user);
+            })
+        }));
+        match polled {
+            Err(_) => break,
+            Ok(n) => assert_eq!(n.unwrap(), 0, "the closure was handed {handed:?}"),
+        }
+        assert!(start.elapsed() < WAIT, "no completion");
+    }
+    assert_eq!(handed, [1]);
+    let mut rest = Vec::new();
+    q.poll_with(|c| rest.push((c.user, c.outcome, c.buffer.is_some())))
+        .unwrap();
+    let expected: Vec<_> = (3..=8).map(|u| (u, Outcome::Completed, true)).collect();
+    assert_eq!(rest, expected, "the rest come back, buffers included");
+    assert_eq!(q.outstanding(), 0);
+}
+
+/// A panic in the iterator `post_batch` takes work requests from (the caller's code): the
+/// work requests it took before were never handed to the NIC, so they are not left
+/// outstanding, where the completions of later work requests would report them completed
+/// (every 4: their WRITEs never ran) or be refused as out of order (every 2: the second was
+/// to be signaled) and wedge the queue.
+#[test]
+fn a_panic_in_post_batch_s_iterator_leaves_nothing_it_took_outstanding() {
+    for policy in [Policy::Every(2), Policy::Every(4)] {
+        let p = pair();
+        let remote = p.mr(4 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let (bufs, _) = Buffer::new(p.mr(4 * 64, Access::LOCAL_WRITE))
+            .split_into(4, 64)
+            .unwrap();
+        let mut bufs = bufs.into_iter();
+        let mut q: SignaledQueue<SoftDevice, u64> =
+            SignaledQueue::new(p.a, Arc::clone(&p.cq_a), policy).unwrap();
+        let mut taken = 0u64;
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut works = std::iter::from_fn(|| {
+                taken += 1;
+                assert!(taken < 3, "the caller's iterator fails on its third item");
+                let mut buf = bufs.next().unwrap();
+                buf.write(0, &pattern(taken, 64)).unwrap();
+                Some(Work::write(
+                    buf,
+                    remote.remote((taken as usize - 1) * 64),
+                    taken,
+                ))
+            });
+            q.post_batch(&mut works)
+        }))
+        .is_err();
+        assert!(panicked);
+        assert_eq!(q.outstanding(), 0, "{policy}: nothing was posted");
+        assert_eq!(q.stats().posted, 0, "{policy}");
+        // The queue goes on: two WRITEs to the first two places.
+        for wr in [11u64, 12] {
+            let mut buf = bufs.next().unwrap();
+            buf.write(0, &pattern(wr, 64)).unwrap();
+            let at = (wr as usize - 11) * 64;
+            q.post(Work::write(buf, remote.remote(at), wr)).unwrap();
+        }
+        let mut done = Vec::new();
+        q.drain(WAIT, &mut done).unwrap();
+        let got: Vec<_> = done.iter().map(|c| (c.user, c.outcome)).collect();
+        assert_eq!(
+            got,
+            [(11, Outcome::Completed), (12, Outcome::Completed)],
+            "{policy}"
+        );
+        for (i, wr) in [11u64, 12].into_iter().enumerate() {
+            let mut bytes = vec![0; 64];
+            remote.read(i * 64, &mut bytes).unwrap();
+            assert_eq!(bytes, pattern(wr, 64), "{policy}");
+        }
+    }
+}
+
 #[test]
 fn rxe_personality_raises_no_access_event_and_reports_local_errors_as_qp_op_errors() {
     // As the kernel's Soft-RoCE (Linux 6.1) does, seen in scripts/rxe-vm.

@@ -689,7 +689,7 @@ pub enum DrainError {
     /// Work requests were still outstanding when the time was up.
     #[error("{outstanding} work requests still outstanding after {waited:?}")]
     Timeout {
-        /// How many.
+        /// How many, markers included (the drain's own, when it posted one).
         outstanding: u32,
         /// How long the drain waited.
         waited: Duration,
@@ -856,6 +856,26 @@ fn with_wr_id(e: CompletionError, wr_id: u64) -> CompletionError {
         E::OutOfOrder { expected, .. } => E::OutOfOrder { wr_id, expected },
         E::SuccessAfterError { first, .. } => E::SuccessAfterError { wr_id, first },
         other => other,
+    }
+}
+
+/// The tracker while `post_batch` registers work requests it has not handed to the
+/// provider yet. If the caller's iterator panics part-way, dropping this forgets them again
+/// (their payloads are dropped: the NIC never saw them), so that no completion can cover a
+/// work request that was never posted. Disarmed before the provider is called.
+struct Staging<'a, T> {
+    tracker: &'a mut SendTracker<T>,
+    from: Seq,
+    armed: bool,
+}
+
+impl<T> Drop for Staging<'_, T> {
+    fn drop(&mut self) {
+        if self.armed
+            && let Ok(items) = self.tracker.rollback(self.from)
+        {
+            items.for_each(drop);
+        }
     }
 }
 
@@ -1052,7 +1072,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
         &self.qp
     }
 
-    /// The completion queue.
+    /// The completion queue. Polling it directly takes completions the queue waits for:
+    /// hand each of this queue's to [`handle_completion`](Self::handle_completion).
     pub fn cq(&self) -> &Arc<D::Cq> {
         &self.cq
     }
@@ -1162,6 +1183,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// and their payloads come back in the error's `returned`, followed by the one the
     /// tracker refused, if any. A provider that took every work request and failed after
     /// (the error's `index` is the batch's length) hands none back: they stay outstanding.
+    ///
+    /// If `works` panics, the work requests it yielded before are forgotten (none was
+    /// posted; their payloads are dropped) and the queue is as it was. A provider whose
+    /// `post_send` panics leaves the queue not knowing what was posted: drop it.
     pub fn post_batch<'a, I>(
         &mut self,
         works: &mut I,
@@ -1183,6 +1208,13 @@ impl<D: Device, U> SignaledQueue<D, U> {
         // go through `post`, which may refuse them.
         let reserved = self.tracker.reserved_room();
         let now_ns = self.tracker.nanos_of(now);
+        // The caller's iterator runs between the tracker's registrations: if it panics,
+        // the guard forgets the work requests registered so far.
+        let mut staging = Staging {
+            from: self.tracker.next_seq(),
+            tracker: &mut self.tracker,
+            armed: true,
+        };
         for i in 0..room {
             let Some(Work {
                 opcode,
@@ -1214,11 +1246,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 }
             };
             let posted = if i < reserved {
-                Ok(self
+                Ok(staging
                     .tracker
                     .push_reserved(Payload { buffer, user }, signal, now_ns))
             } else {
-                self.tracker.post(Payload { buffer, user }, signal, now)
+                staging.tracker.post(Payload { buffer, user }, signal, now)
             };
             match posted {
                 Ok(posted) => {
@@ -1240,6 +1272,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 }
             }
         }
+        staging.armed = false;
+        drop(staging);
         let count = self.staged.len();
         if count > 0 {
             if let Err(e) = self.submit(&inline) {
@@ -1318,13 +1352,21 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// ```
     /// # use selsig::{Buffer, Device, Outcome, SignaledQueue};
     /// # fn f<D: Device>(queue: &mut SignaledQueue<D, u64>, free: &mut Vec<Buffer<D::Mr>>) -> Result<(), selsig::PollError> {
+    /// let mut failed = Vec::new();
     /// queue.poll_with(|done| {
-    ///     assert_eq!(done.outcome, Outcome::Completed);
+    ///     if done.outcome != Outcome::Completed {
+    ///         failed.push((done.seq, done.outcome));
+    ///     }
     ///     free.extend(done.buffer); // reusable: the NIC no longer reads it
     /// })?;
     /// # Ok(())
     /// # }
     /// ```
+    ///
+    /// If `f` panics, the poll ends there: the work request it was handed is its own, and
+    /// the next poll hands back the ones after it (their completions were handled; an
+    /// impossible completion among them, counted in [`Stats::rejected_cqes`], goes
+    /// unreported).
     pub fn poll_with<F>(&mut self, f: F) -> Result<usize, PollError>
     where
         F: FnMut(Completion<D::Mr, U>),
@@ -1379,7 +1421,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// An error completion's opcode is undefined (`ibv_poll_cq(3)`: only `wr_id`, `status`,
     /// `qp_num` and `vendor_err` are), so on a QP whose receive completions go to the same
     /// CQ the `wr_id` alone tells a send's error or flush from a receive's: receives must
-    /// be posted with bit 63 of the `wr_id` clear (indices and user-space pointers are).
+    /// be posted with bit 63 of the `wr_id` clear (indices are, and x86-64's user-space
+    /// pointers; arm64's tagged pointers, such as Android's heap pointers, may not be).
     #[inline]
     pub fn send_seq(&self, wc: &WorkCompletion) -> Option<Seq> {
         (wc.qp_num == self.qp.qp_num()

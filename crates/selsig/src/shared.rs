@@ -109,7 +109,9 @@ impl<D: Device> SharedCq<D> {
         }
     }
 
-    /// The completion queue.
+    /// The completion queue. Polling it directly takes completions its queues wait for:
+    /// hand each one to its queue's
+    /// [`handle_completion`](crate::SignaledQueue::handle_completion).
     pub fn cq(&self) -> &Arc<D::Cq> {
         &self.inner.cq
     }

@@ -736,7 +736,8 @@ impl<T> SendTracker<T> {
     }
 
     /// Retired work requests not yet collected with [`poll_retired`](Self::poll_retired)
-    /// (markers included).
+    /// (markers included, and, after a [`poll_retired_with`](Self::poll_retired_with) whose
+    /// closure panicked, the ones it had handed back: the next poll skips them).
     pub fn pending_retired(&self) -> usize {
         self.retired
     }
@@ -1075,20 +1076,22 @@ impl<T> SendTracker<T> {
     }
 
     /// Hands every retired work request to `f`, in posting order: what calling
-    /// [`poll_retired`](Self::poll_retired) until `None` hands back, in one pass over the
-    /// ring (the faster way to collect many).
+    /// [`poll_retired`](Self::poll_retired) until `None` hands back, in one call (the
+    /// faster way to collect many). If `f` panics, the work request it was handed is its
+    /// own, and the ones after it stay retired for the next poll: none is dropped.
     #[inline]
     pub fn poll_retired_with(&mut self, mut f: impl FnMut(Retired<T>)) {
-        if self.retired == 0 {
+        let n = self.retired;
+        if n == 0 {
             return;
         }
-        let n = std::mem::take(&mut self.retired);
         let first = self.head_seq;
-        self.head_seq += n as u64;
-        // (Not `(first..).zip(..)`: that steps past the last sequence number, which can be
-        // u64::MAX - 1.)
-        for (i, entry) in self.ring.drain(..n).enumerate() {
-            if let Some(payload) = entry.payload {
+        // The payloads are taken in place and the entries removed after the pass: if `f`
+        // unwinds, the entries it was handed stay without a payload (the next poll skips
+        // them, as it skips markers) and the rest keep theirs. (Not `(first..).zip(..)`:
+        // that steps past the last sequence number, which can be u64::MAX - 1.)
+        for (i, entry) in self.ring.range_mut(..n).enumerate() {
+            if let Some(payload) = entry.payload.take() {
                 f(Retired {
                     seq: Seq(first + i as u64),
                     payload,
@@ -1097,6 +1100,9 @@ impl<T> SendTracker<T> {
                 });
             }
         }
+        self.retired = 0;
+        self.head_seq += n as u64;
+        self.ring.drain(..n);
     }
 
     // ----- internals -----------------------------------------------------------------
@@ -1344,10 +1350,11 @@ impl<T> SendTracker<T> {
 
     fn release_credits(&mut self, n: u32) {
         if let CqBudget::Shared(pool) = &self.cq {
-            // Every credit given back was taken for a work request: more would be a bug
-            // here (the pool ignores the excess).
-            let taken = pool.release(n);
-            debug_assert!(taken, "{n} credits given back that were not taken");
+            // Every credit given back was taken for a work request. The pool may still be
+            // full already, where its caller gave back credits of its own too many
+            // (`CqCredits::release` is public): it ignores the excess, and so does this,
+            // rather than fail a poll for the caller's mistake.
+            pool.release(n);
         }
     }
 }
@@ -1395,6 +1402,36 @@ mod tests {
                 (r.payload, r.outcome)
             })
             .collect()
+    }
+
+    /// A panic in the caller's closure ends that pass: the work request it was handed is
+    /// the closure's, and every later one is handed back by the next poll, none lost.
+    #[test]
+    fn a_panic_in_poll_retired_with_leaves_the_rest_for_the_next_poll() {
+        let (mut t, now) = tracker(16, 16, Policy::Every(8));
+        post_n(&mut t, now, 8);
+        t.handle_completion(&wc(8, WcStatus::Success), now).unwrap();
+        let mut handed = Vec::new();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            t.poll_retired_with(|r| {
+                assert!(r.payload != 3, "the caller's closure fails on 3");
+                handed.push(r.payload);
+            })
+        }))
+        .is_err();
+        assert!(panicked);
+        assert_eq!(handed, [1, 2]);
+        let mut rest = Vec::new();
+        t.poll_retired_with(|r| rest.push((r.seq.0, r.payload, r.outcome)));
+        let expected: Vec<_> = (4..=8).map(|s| (s, s, Outcome::Completed)).collect();
+        assert_eq!(rest, expected);
+        assert_eq!(t.pending_retired(), 0);
+        assert!(t.poll_retired().is_none());
+        // The tracker goes on: the next work request is 9, and its completion retires it.
+        let posted = t.post(9, Signal::Force, now).unwrap();
+        assert_eq!(posted.seq, Seq(9));
+        t.handle_completion(&wc(9, WcStatus::Success), now).unwrap();
+        assert_eq!(drain(&mut t), [(9, Outcome::Completed)]);
     }
 
     #[test]

@@ -311,6 +311,37 @@ fn completions_polled_by_another_queue_come_first_and_every_work_request_retires
     assert_eq!(shared.credits().available(), 16);
 }
 
+/// A caller that gives back credits of its own too many (`CqCredits::release` is public)
+/// fills the pool; the queue's completions then give back credits the pool has no room for.
+/// The pool ignores the excess, and the poll hands back what it retired: the caller's
+/// mistake does not fail it (it did, in a debug build).
+#[test]
+fn credits_given_back_twice_by_the_caller_do_not_fail_a_poll() {
+    let cq = FakeCq::new(16);
+    let (_qa, mut qb, shared) = shared_pair(&cq, Policy::Always);
+    let remote = RemoteAddr::default();
+    qb.post(Work::write_empty(remote, 1)).unwrap();
+    qb.post(Work::write_empty(remote, 2)).unwrap();
+    assert_eq!(shared.credits().available(), 14);
+    assert!(
+        shared.credits().release(2),
+        "room for 2: the pool cannot tell"
+    );
+    cq.complete(1, WcStatus::Success, 2);
+    cq.complete(2, WcStatus::Success, 2);
+    let mut done = Vec::new();
+    poll_while(&mut qb, &mut done, |q| q.outstanding() > 0);
+    assert_eq!(
+        outcomes(&done),
+        [(1, Outcome::Completed), (2, Outcome::Completed)]
+    );
+    assert_eq!(
+        shared.credits().available(),
+        16,
+        "never beyond the capacity"
+    );
+}
+
 /// Completions of a QP with no queue on the shared CQ (a receive, say) go to the queue
 /// that polled them, as before.
 #[test]
