@@ -59,6 +59,11 @@ for d in "${rwdirs[@]}"; do
   echo "rw$i $d" >> "$RUN/rw"; i=$((i+1))
 done
 
+# No build while the VM boots from the cache (build.sh holds the lock exclusively); qemu
+# inherits the lock and holds it until it exits.
+exec 9>> "$CACHE/.build.lock"
+flock -s 9
+
 t0=$(date +%s.%N)
 set +e
 # -nodefaults/-nic none: no NIC, no VGA, no monitor. ttyS0 -> console.log, ttyS1 -> our stdout
