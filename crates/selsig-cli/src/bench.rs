@@ -1133,7 +1133,7 @@ fn run_point<D: Device>(
                 Stop::Iters(n) => posted < n,
                 Stop::Duration(d) => {
                     unclocked += count * size;
-                    if posts % 64 != 0 && unclocked < CLOCK_BYTES {
+                    if !posts.is_multiple_of(64) && unclocked < CLOCK_BYTES {
                         true
                     } else {
                         unclocked = 0;
@@ -1186,7 +1186,7 @@ fn run_point<D: Device>(
         if let Some((seq, outcome)) = tally.failed {
             bail!("WRITE {seq} ended {outcome:?}{}", peer.closed_note());
         }
-        if loops % 4096 == 0 {
+        if loops.is_multiple_of(4096) {
             // A stall check that reads the clock rarely.
             if tally.retired != retired_at_check {
                 (retired_at_check, last_progress) = (tally.retired, Instant::now());
@@ -1303,9 +1303,9 @@ fn human_ns(ns: f64) -> String {
 }
 
 fn human_size(size: u64) -> String {
-    if size >= 1 << 20 && size % (1 << 20) == 0 {
+    if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
         format!("{}MiB", size >> 20)
-    } else if size >= 1 << 10 && size % (1 << 10) == 0 {
+    } else if size >= 1 << 10 && size.is_multiple_of(1 << 10) {
         format!("{}KiB", size >> 10)
     } else {
         format!("{size}B")

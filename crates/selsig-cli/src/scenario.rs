@@ -980,13 +980,13 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 if p.fault_at.is_some() && p.fault.is_none() {
                     return Err(here("fault_at needs a fault".into()));
                 }
-                if let Some(l) = local.filter(|_| p.inline) {
-                    if let Some(k) = deregistered[l] {
-                        return Err(here(format!(
-                            "inline data from region {:?}, which step {k} deregistered",
-                            regions[l].name
-                        )));
-                    }
+                if let Some(l) = local.filter(|_| p.inline)
+                    && let Some(k) = deregistered[l]
+                {
+                    return Err(here(format!(
+                        "inline data from region {:?}, which step {k} deregistered",
+                        regions[l].name
+                    )));
                 }
                 let signal = match p.signal.as_str() {
                     "auto" => SignalChoice::Auto,
@@ -1376,17 +1376,17 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                     format!("{what}.cqes: unknown status {:?}", c.status),
                 ));
             }
-            if let Some(o) = &c.opcode {
-                if !WcOpcode::ALL.iter().any(|x| x.short_name() == o) {
-                    let known: Vec<&str> = WcOpcode::ALL.iter().map(|x| x.short_name()).collect();
-                    return Err(self.err(
-                        span.clone(),
-                        format!(
-                            "{what}.cqes: unknown opcode {o:?}: expected one of {}",
-                            known.join(", ")
-                        ),
-                    ));
-                }
+            if let Some(o) = &c.opcode
+                && !WcOpcode::ALL.iter().any(|x| x.short_name() == o)
+            {
+                let known: Vec<&str> = WcOpcode::ALL.iter().map(|x| x.short_name()).collect();
+                return Err(self.err(
+                    span.clone(),
+                    format!(
+                        "{what}.cqes: unknown opcode {o:?}: expected one of {}",
+                        known.join(", ")
+                    ),
+                ));
             }
             // What the trace shows of a completion: an opcode only in a success (elsewhere
             // it is undefined), a byte_len only where it is defined.

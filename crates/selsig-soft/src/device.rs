@@ -152,10 +152,10 @@ impl DeviceInner {
         // Pairs with the NIC's fence between setting `sleeping` and checking the queues:
         // either it sees our new index, or we see it sleeping.
         crate::sync::fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) {
-            if let Some(t) = self.engine_thread.get() {
-                t.unpark();
-            }
+        if self.sleeping.load(Ordering::Relaxed)
+            && let Some(t) = self.engine_thread.get()
+        {
+            t.unpark();
         }
     }
 
@@ -188,16 +188,16 @@ impl Drop for Engine {
         if let Some(t) = self.dev.engine_thread.get() {
             t.unpark();
         }
-        if let Some(handle) = self.thread.lock().take() {
-            if handle.join().is_err() {
-                // Not `eprintln!`, which panics (here, in a `Drop`) when stderr is closed.
-                use std::io::Write as _;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "selsig-soft: the NIC thread of {} panicked",
-                    self.dev.name
-                );
-            }
+        if let Some(handle) = self.thread.lock().take()
+            && handle.join().is_err()
+        {
+            // Not `eprintln!`, which panics (here, in a `Drop`) when stderr is closed.
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "selsig-soft: the NIC thread of {} panicked",
+                self.dev.name
+            );
         }
     }
 }

@@ -103,11 +103,11 @@ impl MrTable {
     /// Removes a region; the NIC cannot reach it once this returns.
     pub(crate) fn remove(&mut self, key: u32) {
         let index = (key >> TAG_BITS) as usize;
-        if let Some(entry) = self.entries.get_mut(index) {
-            if entry.as_ref().is_some_and(|mr| mr.key == key) {
-                *entry = None;
-                self.free.push_back(index);
-            }
+        if let Some(entry) = self.entries.get_mut(index)
+            && entry.as_ref().is_some_and(|mr| mr.key == key)
+        {
+            *entry = None;
+            self.free.push_back(index);
         }
     }
 

@@ -1565,16 +1565,16 @@ impl Device for VerbsDevice {
 
     fn reg_mr(&self, pd: &VerbsPd, len: usize, access: Access) -> Result<VerbsMr, ProviderError> {
         self.own("protection domain", &pd.inner.ctx)?;
-        if let Some(max) = self.limits.map(|l| l.max_mr_size) {
-            if len as u64 > max {
-                return Err(ProviderError::Invalid {
-                    what: "region length",
-                    why: format!(
-                        "{len} bytes: {} registers at most {max} (max_mr_size)",
-                        self.ctx.name
-                    ),
-                });
-            }
+        if let Some(max) = self.limits.map(|l| l.max_mr_size)
+            && len as u64 > max
+        {
+            return Err(ProviderError::Invalid {
+                what: "region length",
+                why: format!(
+                    "{len} bytes: {} registers at most {max} (max_mr_size)",
+                    self.ctx.name
+                ),
+            });
         }
         let layout =
             region_layout(len, rustix::param::page_size()).map_err(|e| ProviderError::Invalid {
@@ -1616,16 +1616,16 @@ impl Device for VerbsDevice {
     }
 
     fn create_cq(&self, min_entries: u32) -> Result<VerbsCq, ProviderError> {
-        if let Some(max) = self.limits.map(|l| l.max_cqe) {
-            if min_entries == 0 || min_entries > max {
-                return Err(ProviderError::Invalid {
-                    what: "CQ size",
-                    why: format!(
-                        "{min_entries} entries: {} supports 1 to {max} (max_cqe)",
-                        self.ctx.name
-                    ),
-                });
-            }
+        if let Some(max) = self.limits.map(|l| l.max_cqe)
+            && (min_entries == 0 || min_entries > max)
+        {
+            return Err(ProviderError::Invalid {
+                what: "CQ size",
+                why: format!(
+                    "{min_entries} entries: {} supports 1 to {max} (max_cqe)",
+                    self.ctx.name
+                ),
+            });
         }
         let cqe = c_int::try_from(min_entries).map_err(|_| ProviderError::Invalid {
             what: "CQ size",

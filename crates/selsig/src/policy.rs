@@ -215,7 +215,7 @@ impl fmt::Display for DisplayDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ns = self.0.as_nanos();
         for (unit, per) in [("s", 1_000_000_000u128), ("ms", 1_000_000), ("us", 1_000)] {
-            if ns >= per && ns % per == 0 {
+            if ns >= per && ns.is_multiple_of(per) {
                 return write!(f, "{}{unit}", ns / per);
             }
         }

@@ -1275,34 +1275,32 @@ impl<D: Device, U> SignaledQueue<D, U> {
         staging.armed = false;
         drop(staging);
         let count = self.staged.len();
-        if count > 0 {
-            if let Err(e) = self.submit(&inline) {
-                // An index at or beyond the end of the list: the provider took every work
-                // request and failed after (rxe's doorbell). They stay outstanding: their
-                // completions (or the flushes of a drain) retire them.
-                let mut returned: Vec<_> = match self.staged.get(e.index) {
-                    // The work requests from `first` on were staged by this call and are
-                    // outstanding, so the rollback is accepted.
-                    Some(failed) => {
-                        match self.tracker.rollback(Seq(failed.wr_id & !SEND_WR_ID_BIT)) {
-                            Ok(items) => items.collect(),
-                            Err(_) => Vec::new(),
-                        }
-                    }
-                    None => Vec::new(),
-                };
-                // The work request refused before the post comes after them.
-                match refused {
-                    Some(QueuePostError::Refused(e)) => returned.push(e.into_payload()),
-                    Some(QueuePostError::Invalid { work, .. }) => returned.push(work),
-                    Some(QueuePostError::Provider { returned: r, .. }) => returned.extend(r),
-                    None => {}
-                }
-                return Err(QueuePostError::Provider {
-                    returned,
-                    source: e,
-                });
+        if count > 0
+            && let Err(e) = self.submit(&inline)
+        {
+            // An index at or beyond the end of the list: the provider took every work
+            // request and failed after (rxe's doorbell). They stay outstanding: their
+            // completions (or the flushes of a drain) retire them.
+            let mut returned: Vec<_> = match self.staged.get(e.index) {
+                // The work requests from `first` on were staged by this call and are
+                // outstanding, so the rollback is accepted.
+                Some(failed) => match self.tracker.rollback(Seq(failed.wr_id & !SEND_WR_ID_BIT)) {
+                    Ok(items) => items.collect(),
+                    Err(_) => Vec::new(),
+                },
+                None => Vec::new(),
+            };
+            // The work request refused before the post comes after them.
+            match refused {
+                Some(QueuePostError::Refused(e)) => returned.push(e.into_payload()),
+                Some(QueuePostError::Invalid { work, .. }) => returned.push(work),
+                Some(QueuePostError::Provider { returned: r, .. }) => returned.extend(r),
+                None => {}
             }
+            return Err(QueuePostError::Provider {
+                returned,
+                source: e,
+            });
         }
         match refused {
             Some(e) => Err(e),

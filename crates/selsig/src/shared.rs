@@ -174,10 +174,10 @@ impl<D: Device> SharedCq<D> {
     pub(crate) fn unregister(&self, qp_num: u32, left_in_cq: bool) -> VecDeque<WorkCompletion> {
         let mut inboxes = self.inboxes();
         let mut reserved = self.receives();
-        if let Some(slots) = reserved.by_qp.remove(&qp_num) {
-            if left_in_cq {
-                reserved.kept = reserved.kept.saturating_add(slots);
-            }
+        if let Some(slots) = reserved.by_qp.remove(&qp_num)
+            && left_in_cq
+        {
+            reserved.kept = reserved.kept.saturating_add(slots);
         }
         inboxes.remove(&qp_num).unwrap_or_default()
     }

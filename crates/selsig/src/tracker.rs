@@ -1126,13 +1126,13 @@ impl<T> SendTracker<T> {
     }
 
     fn check_completion(&self, wc: &WorkCompletion) -> Result<u64, CompletionError> {
-        if let Some(expected) = self.qp_num {
-            if wc.qp_num != expected {
-                return Err(CompletionError::WrongQueue {
-                    expected,
-                    got: wc.qp_num,
-                });
-            }
+        if let Some(expected) = self.qp_num
+            && wc.qp_num != expected
+        {
+            return Err(CompletionError::WrongQueue {
+                expected,
+                got: wc.qp_num,
+            });
         }
         let seq = wc.wr_id;
         let wr_id = seq;

@@ -865,10 +865,10 @@ impl StateMachineTest for Sut {
         // in order, with the outcome the NIC gave it.
         let mut collected: Vec<(u64, u64, Outcome, bool)> = Vec::new();
         for w in &m.wrs {
-            if w.delivered {
-                if let Some(id) = w.id {
-                    collected.push((0, id, w.outcome.unwrap(), false));
-                }
+            if w.delivered
+                && let Some(id) = w.id
+            {
+                collected.push((0, id, w.outcome.unwrap(), false));
             }
         }
         for round in 0..3 {

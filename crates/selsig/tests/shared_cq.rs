@@ -98,11 +98,10 @@ proptest! {
                 }
                 Op::Execute { queue, n } => {
                     for _ in 0..n {
-                        if let Some((seq, signaled)) = queues[queue].sq.pop_front() {
-                            if signaled {
+                        if let Some((seq, signaled)) = queues[queue].sq.pop_front()
+                            && signaled {
                                 cq.push_back(WorkCompletion::new(seq, WcStatus::Success, queue as u32));
                             }
-                        }
                     }
                 }
                 Op::Poll(n) => {
