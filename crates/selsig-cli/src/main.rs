@@ -188,10 +188,10 @@ impl Created {
 
     /// Takes the path out of `list` (the locked [`CREATED`]) now.
     fn forget(&mut self, list: &mut Vec<PathBuf>) {
-        if let Some(path) = self.0.take() {
-            if let Some(i) = list.iter().position(|p| *p == path) {
-                list.swap_remove(i);
-            }
+        if let Some(path) = self.0.take()
+            && let Some(i) = list.iter().position(|p| *p == path)
+        {
+            list.swap_remove(i);
         }
     }
 }
@@ -341,27 +341,18 @@ impl OutputFile {
     }
 
     /// Writes `text`: to a FIFO or device directly; for a regular file, into a temporary
-    /// file beside it (links resolved, in [`CREATED`] until renamed), returned with the
-    /// file it is to replace.
-    #[allow(clippy::type_complexity)]
-    fn stage(
-        &self,
-        text: &str,
-    ) -> Result<Option<(tempfile::NamedTempFile, PathBuf, Created)>, Failure> {
+    /// file beside it (links resolved, in [`CREATED`] until renamed), to replace the file;
+    /// where the folder cannot take one, not yet: the file is written over in place, by
+    /// [`write_in_place`](Self::write_in_place), once everything else is staged.
+    fn stage(&self, text: &str) -> Result<Staged, Failure> {
         use std::io::Write as _;
         let meta = self.file.metadata().map_err(|e| self.cannot_write(e))?;
-        let in_place = |truncate: bool| -> Result<(), Failure> {
+        if !meta.is_file() {
             let mut file = &self.file;
-            if truncate {
-                file.set_len(0).map_err(|e| self.cannot_write(e))?;
-            }
             file.write_all(text.as_bytes())
                 .and_then(|()| file.flush())
-                .map_err(|e| self.cannot_write(e))
-        };
-        if !meta.is_file() {
-            in_place(false)?;
-            return Ok(None);
+                .map_err(|e| self.cannot_write(e))?;
+            return Ok(Staged::Written);
         }
         // The file standard output or error was sent to (`--trace /dev/stdout >> log`):
         // written where that stream writes (appended, with `>>`), never replaced, which
@@ -379,7 +370,7 @@ impl OutputFile {
                 }
             };
             written.map_err(|e| self.cannot_write(e))?;
-            return Ok(None);
+            return Ok(Staged::Written);
         }
         let target = std::fs::canonicalize(&self.path).map_err(|e| self.cannot_write(e))?;
         let dir = target.parent().unwrap_or(Path::new("."));
@@ -388,17 +379,53 @@ impl OutputFile {
             .suffix(".tmp")
             .tempfile_in(dir)
         else {
-            // A folder this user cannot add to: the file itself is written over.
-            in_place(true)?;
-            return Ok(None);
+            // A folder this user cannot add to: the file itself is written over, last.
+            return Ok(Staged::InPlace);
         };
         let staged = Created::new(tmp.path().to_path_buf());
         tmp.write_all(text.as_bytes())
             .and_then(|()| tmp.flush())
             .and_then(|()| tmp.as_file().set_permissions(meta.permissions()))
             .map_err(|e| self.cannot_write(e))?;
-        Ok(Some((tmp, target, staged)))
+        Ok(Staged::Temporary(tmp, target, staged))
     }
+
+    /// Writes `text` over the file itself, and, if that fails part-way (a full disk, a
+    /// quota, a size limit), puts back what it held (up to 64 MiB of it: a larger file is
+    /// left cut off).
+    fn write_in_place(&self, text: &str) -> Result<(), Failure> {
+        use std::io::{Seek as _, Write as _};
+        const KEPT: u64 = 64 << 20;
+        let old = std::fs::metadata(&self.path)
+            .ok()
+            .filter(|m| m.len() <= KEPT)
+            .and_then(|_| std::fs::read(&self.path).ok());
+        let write = |bytes: &[u8]| -> std::io::Result<()> {
+            let mut file = &self.file;
+            file.set_len(0)?;
+            file.seek(std::io::SeekFrom::Start(0))?;
+            file.write_all(bytes)?;
+            file.flush()
+        };
+        write(text.as_bytes()).map_err(|e| {
+            if let Some(old) = &old {
+                // Best effort: the failed write is the error to report.
+                let _ = write(old);
+            }
+            self.cannot_write(e)
+        })
+    }
+}
+
+/// How [`OutputFile::stage`] left an output.
+enum Staged {
+    /// Written where it goes: a FIFO, a device, a standard stream.
+    Written,
+    /// In a temporary file, to replace the file (its resolved path) once every output is
+    /// staged.
+    Temporary(tempfile::NamedTempFile, PathBuf, Created),
+    /// To be written over in place (its folder cannot take a temporary file).
+    InPlace,
 }
 
 /// A standard stream an output file turned out to be.
@@ -410,13 +437,22 @@ enum StdStream {
 
 /// Writes each text to its file, all or nothing as far as regular files go: each is
 /// written to a temporary file beside it, and those replace the files only once every
-/// text was written (FIFOs and devices take their text as it comes).
+/// text was written (FIFOs and devices take their text as it comes; a file whose folder
+/// cannot take a temporary file is written over in place, after the others are staged).
 fn write_outputs(mut outputs: Vec<(OutputFile, String)>) -> Result<(), Failure> {
     let mut staged = Vec::new();
+    let mut in_place = Vec::new();
     for (file, text) in &outputs {
-        if let Some(tmp) = file.stage(text)? {
-            staged.push((file, tmp));
+        match file.stage(text)? {
+            Staged::Written => {}
+            Staged::Temporary(tmp, target, created) => staged.push((file, (tmp, target, created))),
+            Staged::InPlace => in_place.push((file, text)),
         }
+    }
+    // Files whose folder takes no temporary file are written over last: a failure to stage
+    // another output leaves them as they were (and a failure here puts back what they held).
+    for (file, text) in in_place {
+        file.write_in_place(text)?;
     }
     // The renames, under the lock of the created files: a signal waits for them, and then
     // finds neither the temporary files (renamed) nor the outputs (complete) to remove.
@@ -492,14 +528,14 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         }
     }
     // One file named two ways (the same path, relative and absolute, or through a link).
-    if let (Some(json), Some(svg)) = (&json_file, &svg_file) {
-        if json.is(svg) {
-            return Err(Failure::Input(anyhow::anyhow!(
-                "--json {} and --svg {}: the same file, which would keep only one of them",
-                json.path.display(),
-                svg.path.display()
-            )));
-        }
+    if let (Some(json), Some(svg)) = (&json_file, &svg_file)
+        && json.is(svg)
+    {
+        return Err(Failure::Input(anyhow::anyhow!(
+            "--json {} and --svg {}: the same file, which would keep only one of them",
+            json.path.display(),
+            svg.path.display()
+        )));
     }
     let report = bench::bench(args, &plan).map_err(Failure::of_run)?;
     // Both are rendered before anything is written: a failure leaves every file as it was.
@@ -514,37 +550,48 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         None => None,
     };
     let mut files = Vec::new();
+    let mut to_stdout = None;
     for (text, file) in [(json, json_file), (svg, svg_file)] {
         match (text, file) {
             (Some(text), Some(file)) => files.push((file, text)),
-            (Some(text), None) => print_out(&text)?,
+            (Some(text), None) => to_stdout = Some(text),
             _ => {}
         }
     }
-    write_outputs(files)?;
-    if json_to_stdout || svg_to_stdout {
-        // The table, which would carry it, is not printed.
-        if let Some(warnings) = bench::load_warning(&report) {
-            for warning in warnings.lines() {
-                say!("selsig bench: {warning}");
+    // Standard output first: if it cannot be written, the files are left as they were.
+    match to_stdout {
+        Some(text) => {
+            print_out(&text)?;
+            // The table, which would carry it, is not printed.
+            if let Some(warnings) = bench::load_warning(&report) {
+                for warning in warnings.lines() {
+                    say!("selsig bench: {warning}");
+                }
             }
         }
-    } else {
-        print_out(&bench::render(&report))?;
-        if plan.perftest {
-            print_out(&format!("\n{}", bench::render_perftest(&report)))?;
+        None => {
+            print_out(&bench::render(&report))?;
+            if plan.perftest {
+                print_out(&format!("\n{}", bench::render_perftest(&report)))?;
+            }
         }
     }
+    write_outputs(files)?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Whether two output paths name one file: the same path, or one existing file (links
-/// resolved).
+/// Whether two paths name one file: the same path, one existing file (links resolved), or
+/// one regular file under two names (hard links).
 fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
     a == b
         || matches!(
             (std::fs::canonicalize(a), std::fs::canonicalize(b)),
             (Ok(x), Ok(y)) if x == y
+        )
+        || matches!(
+            (std::fs::metadata(a), std::fs::metadata(b)),
+            (Ok(x), Ok(y)) if x.is_file() && (x.dev(), x.ino()) == (y.dev(), y.ino())
         )
 }
 

@@ -476,6 +476,111 @@ fn an_output_file_written_over_keeps_its_permissions() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Where the folder cannot take a temporary file (the user may write the file, not the
+/// folder), the file is written over in place: last, once every other output is staged, and
+/// put back as it was when that write fails part-way (a full disk, a quota; here a file-size
+/// limit), so a failed run leaves it as it was. (Run as `nobody` when the tests run as root,
+/// whom no folder's mode stops.)
+#[test]
+fn a_file_written_over_in_place_is_left_as_it_was_when_the_run_fails() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    use std::os::unix::process::CommandExt as _;
+    let dir = scratch("selsig-in-place");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let root = std::fs::metadata(&dir).unwrap().uid() == 0;
+    let locked = dir.join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    let json = locked.join("out.json");
+    let svg = dir.join("out.svg");
+    let old_json = "{\"old\": true}\n";
+    // The bench's JSON is about 1.5 kB and its SVG about 17 kB: a limit of 512 bytes fails
+    // the JSON, one of 4 kB the SVG only.
+    for (limit_blocks, with_svg) in [(1, false), (8, true)] {
+        std::fs::write(&json, old_json).unwrap();
+        std::fs::write(&svg, "<old/>").unwrap();
+        if root {
+            std::os::unix::fs::chown(&json, Some(65534), Some(65534)).unwrap();
+            std::os::unix::fs::chown(&svg, Some(65534), Some(65534)).unwrap();
+        }
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+        // SIGXFSZ ignored: a write past the limit fails with EFBIG instead of killing.
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!(
+                "trap '' XFSZ; ulimit -f {limit_blocks}; exec \"$0\" \"$@\""
+            ))
+            .arg(env!("CARGO_BIN_EXE_selsig"))
+            .args([
+                "bench", "-s", "64", "-e", "1", "-t", "8", "-n", "8", "--json",
+            ])
+            .arg(&json);
+        if with_svg {
+            cmd.arg("--svg").arg(&svg);
+        }
+        if root {
+            cmd.uid(65534).gid(65534);
+        }
+        let o = cmd.output().unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        let failed = if with_svg { &svg } else { &json };
+        assert!(
+            err.contains(&format!("{}: cannot write the file", failed.display())),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&json).unwrap(),
+            old_json,
+            "limit {limit_blocks} blocks: the JSON as it was"
+        );
+        assert_eq!(std::fs::read_to_string(&svg).unwrap(), "<old/>");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The table is written before the files: where standard output cannot be written, the
+/// run fails and the files named by `--json` and `--svg` are left as they were.
+#[test]
+fn bench_files_are_left_as_they_were_when_standard_output_fails() {
+    let dir = scratch("selsig-full-stdout");
+    let json = dir.join("it.json");
+    let svg = dir.join("it.svg");
+    for (json_arg, svg_arg) in [("FILE", "FILE"), ("-", "FILE"), ("FILE", "-")] {
+        std::fs::write(&json, "old").unwrap();
+        std::fs::write(&svg, "old").unwrap();
+        let pick = |arg: &str, path: &Path| match arg {
+            "-" => "-".to_string(),
+            _ => path.to_str().unwrap().to_string(),
+        };
+        let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+            .args(["bench", "-s", "64", "-e", "1", "-t", "8", "-n", "8"])
+            .args([
+                "--json",
+                &pick(json_arg, &json),
+                "--svg",
+                &pick(svg_arg, &svg),
+            ])
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{json_arg} {svg_arg}: {err}");
+        assert!(err.contains("cannot write to standard output"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(&json).unwrap(),
+            "old",
+            "{json_arg} {svg_arg}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&svg).unwrap(),
+            "old",
+            "{json_arg} {svg_arg}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bench_writes_json_to_a_file_name_that_is_not_utf8() {
     use std::os::unix::ffi::OsStrExt as _;
@@ -3455,9 +3560,18 @@ fn the_trace_file_may_not_be_the_scenario() {
     std::fs::write(&path, &seed).unwrap();
     let link = dir.join("link.toml");
     std::os::unix::fs::symlink(&path, &link).unwrap();
+    // A hard link: another path, the same file (written over in place where its folder
+    // cannot take a temporary file).
+    let hard = dir.join("hard.toml");
+    std::fs::hard_link(&path, &hard).unwrap();
     let same = path.to_str().unwrap();
     let dotted = format!("{}/./self.toml", dir.display());
-    for trace in [same, dotted.as_str(), link.to_str().unwrap()] {
+    for trace in [
+        same,
+        dotted.as_str(),
+        link.to_str().unwrap(),
+        hard.to_str().unwrap(),
+    ] {
         let o = selsig(&["run", "-q", same, "--trace", trace]);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{trace}: {err}");
