@@ -16,8 +16,22 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Err(e) = scenario::parse("fuzz.toml", "fuzz", text) {
-        // A position, when given, lies in the text: lines from 1, columns from 1.
-        assert!(e.line <= text.lines().count() + 1, "line {} beyond the text", e.line);
         assert!(!e.message.is_empty(), "an error without a message");
+        // A position, when given, lies in the text: lines from 1, columns (characters)
+        // from 1, at most one past the line's end; line 0 is about the whole file.
+        if e.line == 0 {
+            assert_eq!(e.column, 0, "a column without a line");
+        } else {
+            let line = text.split('\n').nth(e.line - 1);
+            let Some(line) = line else {
+                panic!("line {} beyond the text", e.line);
+            };
+            assert!(
+                (1..=line.chars().count() + 1).contains(&e.column),
+                "column {} outside line {} ({line:?})",
+                e.column,
+                e.line
+            );
+        }
     }
 });

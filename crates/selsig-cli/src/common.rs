@@ -171,9 +171,14 @@ pub fn cq_entries(depth: u32) -> Result<u32> {
         })
 }
 
-/// A device name: not empty.
+/// A device name: not empty, and no control characters (it is printed, and written into
+/// the bench's SVG, where XML allows none of them).
 fn parse_device(text: &str) -> std::result::Result<String, String> {
-    not_blank(text, "a device name cannot be empty")
+    let name = not_blank(text, "a device name cannot be empty")?;
+    match name.chars().any(char::is_control) {
+        true => Err("a device name cannot hold control characters".to_string()),
+        false => Ok(name),
+    }
 }
 
 /// `selsig serve`'s address for `--connect`: not empty, and a port (if any) a number.
@@ -214,9 +219,9 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
         })?
     };
     match exact_bytes(number, unit) {
-        Exact::Whole(n) => u64::try_from(n).map_err(|_| invalid(&"more than 2^64 bytes")),
+        Exact::Whole(n) => u64::try_from(n).map_err(|_| invalid(&"2^64 bytes or more")),
         Exact::Fraction(exact) => Err(invalid(&format!("{exact} is not a whole number of bytes"))),
-        Exact::TooLarge => Err(invalid(&"more than 2^64 bytes")),
+        Exact::TooLarge => Err(invalid(&"2^64 bytes or more")),
     }
 }
 
@@ -378,6 +383,12 @@ mod tests {
         let e = parse_size("lots").unwrap_err();
         assert!(e.contains("\"lots\"") && e.contains("4K"), "{e}");
         assert!(parse_size("-1").is_err());
+        // The largest: 2^64 - 1; 2^64 itself (16 EiB) is one too many.
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        for text in ["16E", "18446744073709551616", "1e30"] {
+            let e = parse_size(text).unwrap_err();
+            assert!(e.contains("2^64 bytes or more"), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -312,14 +312,18 @@ fn excerpt(text: &str) -> String {
 /// does).
 pub(crate) fn host_and_port(host: &str) -> Result<(String, u16)> {
     let host = host.trim();
-    let port = |p: &str| {
-        p.parse::<u16>()
-            .map_err(|_| anyhow::anyhow!("{p:?} is not a port (0 to 65535)"))
+    // Digits only (`u16`'s parser takes a sign), and not 0 (no server listens there).
+    let port = |p: &str| match p.parse::<u16>() {
+        Ok(n) if n != 0 && p.bytes().all(|b| b.is_ascii_digit()) => Ok(n),
+        _ => Err(anyhow::anyhow!("{p:?} is not a port (1 to 65535)")),
     };
     if let Some(rest) = host.strip_prefix('[') {
         let Some((name, after)) = rest.split_once(']') else {
             bail!("no ']' after the IPv6 address");
         };
+        if name.is_empty() {
+            bail!("no address between '[' and ']'");
+        }
         return match after {
             "" => Ok((name.to_string(), DEFAULT_PORT)),
             _ => match after.strip_prefix(':') {
@@ -330,6 +334,7 @@ pub(crate) fn host_and_port(host: &str) -> Result<(String, u16)> {
     }
     match host.rsplit_once(':') {
         // Two colons or more: a bare IPv6 address.
+        Some(("", _)) => bail!("no host before the ':PORT'"),
         Some((name, p)) if !name.contains(':') => Ok((name.to_string(), port(p)?)),
         _ => Ok((host.to_string(), DEFAULT_PORT)),
     }
@@ -981,11 +986,17 @@ mod tests {
         assert_eq!(split("[fe80::1%eth0]"), "[fe80::1%eth0]:18515");
         assert_eq!(split("fe80::1%eth0"), "[fe80::1%eth0]:18515");
         for (host, why) in [
-            ("target:port", "\"port\" is not a port (0 to 65535)"),
-            ("target:70000", "\"70000\" is not a port (0 to 65535)"),
-            ("[::1]:x", "\"x\" is not a port (0 to 65535)"),
+            ("target:port", "\"port\" is not a port (1 to 65535)"),
+            ("target:70000", "\"70000\" is not a port (1 to 65535)"),
+            ("target:0", "\"0\" is not a port (1 to 65535)"),
+            ("target:+80", "\"+80\" is not a port (1 to 65535)"),
+            ("target:", "\"\" is not a port (1 to 65535)"),
+            ("[::1]:x", "\"x\" is not a port (1 to 65535)"),
             ("[::1", "no ']' after the IPv6 address"),
             ("[::1]9000", "':PORT' or nothing may follow the ']'"),
+            (":80", "no host before the ':PORT'"),
+            ("[]", "no address between '[' and ']'"),
+            ("[]:80", "no address between '[' and ']'"),
         ] {
             let err = host_and_port(host).expect_err(host).to_string();
             assert_eq!(err, why);

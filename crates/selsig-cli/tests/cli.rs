@@ -364,6 +364,10 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             "invalid value '' for '--device <DEVICE>': a device name cannot be empty",
         ),
         (
+            vec!["bench", "-d", "a\u{1}b"],
+            "for '--device <DEVICE>': a device name cannot hold control characters",
+        ),
+        (
             vec!["run", seed, "-q", "-x", "1"],
             "--gid-index is for the verbs provider",
         ),
@@ -405,7 +409,7 @@ fn demo_bad_input_is_an_error_not_a_panic() {
         // A port that is not one, before anything is resolved.
         (
             vec!["bench", "--connect", "target:port"],
-            "invalid value 'target:port' for '--connect <HOST>': \"port\" is not a port (0 to 65535)",
+            "invalid value 'target:port' for '--connect <HOST>': \"port\" is not a port (1 to 65535)",
         ),
         (
             vec!["demo", "--connect", "[::1]9000"],
