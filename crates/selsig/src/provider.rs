@@ -402,7 +402,8 @@ pub enum PostFailure {
 /// (and the doorbell rung), the one at `index` and all after it were not. An `index` equal
 /// to the batch's length means the provider took every work request and failed after (rxe
 /// queues them all, then returns the errno of its doorbell `write()`): none comes back,
-/// and whether they run before the next doorbell is unknown.
+/// and whether they run before the next doorbell is unknown. `index` is never beyond the
+/// batch's length, and [`PostFailure::AfterPosting`] comes only with `index` equal to it.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", describe_post_error(*.index, .failure))]
 pub struct PostWrError {
@@ -630,21 +631,38 @@ pub trait MemoryRegion: Send + Sync + fmt::Debug + 'static {
 }
 
 /// A completion queue.
+///
+/// The type is the CQ itself, not a handle that can be cloned: the driver tells CQs apart
+/// by the `Arc` it is given ([`SignaledQueue`](crate::SignaledQueue) refuses a second queue
+/// on the same `Arc`, not on a clone of a handle wrapped in another one).
+///
+/// What the driver relies on the completions for (as every verbs provider does them,
+/// SEMANTICS.md): a successful work request makes a completion only when signaled (or
+/// `sq_sig_all`); a failed one makes one, signaled or not, and moves the QP to the error
+/// state; in the error state every outstanding work request, signaled or not, gets its own
+/// flush completion ([`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr)); and the
+/// completions of one send queue come in posting order.
 pub trait CompletionQueue: Send + Sync + 'static {
     /// The real number of entries (read back at creation).
     fn capacity(&self) -> u32;
     /// Moves up to `out.len()` completions into `out`, oldest first; returns how many.
+    /// Never waits: 0 when none is there. An error is reported once per cause where it
+    /// passes (a poll after it goes on), or on every poll where it lasts
+    /// ([`CqError::Overrun`]); completions polled before it are not lost (they come first,
+    /// or with the next poll). Fields a completion does not define are given as 0 or
+    /// `None` (see [`WorkCompletion`]).
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError>;
 
     /// What tells this CQ from the others while it lives: the value
-    /// [`QueuePair::send_cq_identity`] gives for the QPs whose send queues report to it.
-    /// The default, `None`, cannot tell.
+    /// [`QueuePair::send_cq_identity`] gives for the QPs whose send queues report to it
+    /// (distinct among the device's live CQs). The default, `None`, cannot tell.
     fn identity(&self) -> Option<usize> {
         None
     }
 }
 
-/// An RC queue pair.
+/// An RC queue pair: the QP itself, not a handle that can be cloned (dropping it destroys
+/// the QP, and a queue that owns it relies on that).
 pub trait QueuePair: Send + Sync + 'static {
     /// The QP number.
     fn qp_num(&self) -> u32;
@@ -658,9 +676,15 @@ pub trait QueuePair: Send + Sync + 'static {
     fn endpoint(&self, options: &ConnectOptions) -> Result<Endpoint, ProviderError>;
     /// Moves the QP through INIT, RTR and RTS, connected to `remote`.
     fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<(), ProviderError>;
-    /// Moves the QP to the error state: outstanding work requests are flushed.
+    /// Moves the QP to the error state: every outstanding work request, signaled or not,
+    /// is flushed with a completion of its own.
     fn to_error(&self) -> Result<(), ProviderError>;
-    /// Posts send work requests; on failure, reports the first one not posted.
+    /// Posts send work requests; on failure, reports the first one not posted: the
+    /// error's [`index`](PostWrError::index) is what the driver goes by (those before it
+    /// are posted, whatever the failure's kind says). In the error state a provider may
+    /// take work requests and flush them (mlx5, rxe) or refuse them (bnxt_re, ionic, which
+    /// take posts only in RTS and SQD): a drain then waits for the flushes without its
+    /// marker.
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError>;
     /// Posts receive work requests; on failure, reports the first one not posted.
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError>;

@@ -11,7 +11,7 @@ use crate::credits::{CqBudget, CqCredits};
 use crate::policy::Policy;
 use crate::provider::{
     CompletionQueue, CqError, Device, Local, MemoryRegion, Opcode, PostWrError, ProviderError,
-    QueuePair, RemoteAddr, SendWr, Sge,
+    QpState, QueuePair, RemoteAddr, SendWr, Sge,
 };
 use crate::shared::SharedCq;
 use crate::tracker::{
@@ -1412,7 +1412,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
 
     /// The sequence number of the work request `wc` completes, if it is a completion of
     /// one of this queue's sends: this QP's number, bit 63 of the `wr_id` set
-    /// ([`SEND_WR_ID_BIT`]) and not a receive opcode. Everything else (another QP's
+    /// ([`SEND_WR_ID_BIT`]) and, for a successful completion, not a receive opcode (an
+    /// error's opcode is undefined and not read). Everything else (another QP's
     /// completion, a receive's, a send posted on the QP around the queue with bit 63 of its
     /// `wr_id` clear) is `None`.
     ///
@@ -1423,9 +1424,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// pointers; arm64's tagged pointers, such as Android's heap pointers, may not be).
     #[inline]
     pub fn send_seq(&self, wc: &WorkCompletion) -> Option<Seq> {
+        // The opcode only of a successful completion: an error's is undefined (a provider
+        // may pass on whatever the NIC left there).
         (wc.qp_num == self.qp.qp_num()
             && wc.wr_id & SEND_WR_ID_BIT != 0
-            && !wc.opcode.is_some_and(|o| o.is_recv()))
+            && !(wc.status.is_success() && wc.opcode.is_some_and(|o| o.is_recv())))
         .then_some(Seq(wc.wr_id & !SEND_WR_ID_BIT))
     }
 
@@ -1541,6 +1544,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// To give up on work a peer will never answer (a peer gone, on rxe, which retries for
     /// ever at a retry count of 7), move the QP to the error state first
     /// (`queue.qp().to_error()`): the drain then retires everything as flushed at once.
+    /// Where the provider takes no post in the error state (bnxt_re, ionic), the marker is
+    /// refused and the drain waits for the flushes alone.
     ///
     /// On a CQ shared with other queues, completions of theirs that this drain polls wait
     /// for them (in [`take_unclaimed`](Self::take_unclaimed), or on a [`SharedCq`] until
@@ -1561,10 +1566,20 @@ impl<D: Device, U> SignaledQueue<D, U> {
         let mut own_progress = start;
         loop {
             if !marker_posted {
-                marker_posted = !matches!(
-                    self.post_drain_marker().map_err(DrainError::Marker)?,
-                    DrainMarker::NoRoom
-                );
+                let marker = match self.post_drain_marker() {
+                    Ok(marker) => marker,
+                    // A provider that takes no post in the error state (bnxt_re and ionic
+                    // take posts only in RTS and SQD) refused the marker, which is not
+                    // outstanding: the NIC flushes every outstanding work request all the
+                    // same, so the drain waits for those flushes.
+                    Err(QueuePostError::Provider { source, .. })
+                        if source.index == 0 && self.qp.state() == QpState::Err =>
+                    {
+                        DrainMarker::NotNeeded
+                    }
+                    Err(e) => return Err(DrainError::Marker(e)),
+                };
+                marker_posted = !matches!(marker, DrainMarker::NoRoom);
                 // No credit of a shared pool (with a slot free: a slot only this queue's
                 // own completions give back), no completion of this queue on its way to
                 // give a credit back (a signaled work request outstanding, or in the error

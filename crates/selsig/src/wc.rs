@@ -204,9 +204,10 @@ impl WcOpcode {
 
 /// One completion read from a completion queue (the fields of `ibv_wc` selsig uses).
 ///
-/// In an error completion only `wr_id`, `status`, `qp_num` and `vendor_err` are valid. The
-/// providers give 0 (`None`) in the fields a completion does not define, so that two
-/// completions compare equal when what they define is equal.
+/// In an error completion only `wr_id`, `status`, `qp_num` and `vendor_err` are valid. A
+/// provider gives 0 (`None`) in the fields a completion does not define (both of selsig's
+/// do), so that two completions compare equal when what they define is equal; the driver
+/// reads no field of an error completion beyond those four.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkCompletion {
     /// The `wr_id` of the work request (on a [`SignaledQueue`](crate::SignaledQueue)'s

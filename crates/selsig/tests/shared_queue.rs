@@ -12,7 +12,7 @@ use selsig::{
     Access, CompletionQueue, ConfigError, ConnectOptions, CqBudget, CqCredits, CqError, Device,
     DrainError, Endpoint, MemoryRegion, Opcode, Outcome, Policy, PostFailure, PostWrError,
     ProviderError, QpCaps, QpInit, QpState, QueueConfig, QueuePair, QueueState, RecvWr, RemoteAddr,
-    SendWr, Seq, SharedCq, SignaledQueue, WcStatus, Work, WorkCompletion, send_wr_id,
+    SendWr, Seq, SharedCq, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion, send_wr_id,
 };
 
 /// A region of this many bytes (none of them held: reads and writes do nothing).
@@ -106,6 +106,11 @@ struct FakeQp {
     sig_all: bool,
     /// What was posted.
     posted: Mutex<Vec<Posted>>,
+    /// The QP is in the error state (`to_error`, or set by a test for an error completion).
+    in_error: std::sync::atomic::AtomicBool,
+    /// Posts in the error state are refused (bnxt_re and ionic take posts only in RTS and
+    /// SQD), where mlx5 and rxe take them and flush them.
+    refuses_in_error: bool,
 }
 
 impl QueuePair for FakeQp {
@@ -123,7 +128,10 @@ impl QueuePair for FakeQp {
         self.sig_all
     }
     fn state(&self) -> QpState {
-        QpState::Rts
+        match self.in_error.load(std::sync::atomic::Ordering::Relaxed) {
+            true => QpState::Err,
+            false => QpState::Rts,
+        }
     }
     fn endpoint(&self, _: &ConnectOptions) -> Result<Endpoint, ProviderError> {
         unreachable!()
@@ -132,9 +140,18 @@ impl QueuePair for FakeQp {
         Ok(())
     }
     fn to_error(&self) -> Result<(), ProviderError> {
+        self.in_error
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError> {
+        if self.refuses_in_error && self.state() == QpState::Err {
+            return Err(PostWrError {
+                index: 0,
+                failure: PostFailure::State(QpState::Err),
+                source: None,
+            });
+        }
         match self.fail_next.lock().unwrap().take() {
             Some((index, failure)) => Err(PostWrError {
                 index,
@@ -203,6 +220,8 @@ fn qp(num: u32, depth: u32) -> FakeQp {
         fail_next: Mutex::new(None),
         sig_all: false,
         posted: Mutex::new(Vec::new()),
+        in_error: std::sync::atomic::AtomicBool::new(false),
+        refuses_in_error: false,
     }
 }
 
@@ -339,6 +358,103 @@ fn credits_given_back_twice_by_the_caller_do_not_fail_a_poll() {
         shared.credits().available(),
         16,
         "never beyond the capacity"
+    );
+}
+
+/// A provider that takes no post in the error state (bnxt_re, ionic) refuses the drain's
+/// marker; the NIC flushes every outstanding work request all the same, so the drain waits
+/// for those flushes instead of failing: after an error completion, and after the caller
+/// moved the QP to the error state with an unsignaled tail.
+#[test]
+fn a_drain_waits_for_the_flushes_where_the_provider_takes_no_post_in_the_error_state() {
+    // WR3 of 4 fails.
+    let cq = FakeCq::new(16);
+    let mut q = Queue::new(
+        FakeQp {
+            refuses_in_error: true,
+            ..qp(1, 8)
+        },
+        Arc::clone(&cq),
+        Policy::Every(2),
+    )
+    .unwrap();
+    let remote = RemoteAddr::default();
+    for i in 1..=4 {
+        q.post(Work::write_empty(remote, i)).unwrap();
+    }
+    cq.complete(2, WcStatus::Success, 1);
+    cq.complete(3, WcStatus::RemAccessErr, 1);
+    q.qp().to_error().unwrap();
+    cq.complete(4, WcStatus::WrFlushErr, 1);
+    let mut done = Vec::new();
+    q.drain(Duration::from_secs(5), &mut done).unwrap();
+    assert_eq!(
+        outcomes(&done),
+        [
+            (1, Outcome::Completed),
+            (2, Outcome::Completed),
+            (3, Outcome::Failed(WcStatus::RemAccessErr)),
+            (4, Outcome::Flushed),
+        ]
+    );
+    // An unsignaled tail, the QP moved to the error state by the caller.
+    let cq = FakeCq::new(16);
+    let mut q = Queue::new(
+        FakeQp {
+            refuses_in_error: true,
+            ..qp(1, 8)
+        },
+        Arc::clone(&cq),
+        Policy::Never,
+    )
+    .unwrap();
+    for i in 1..=3 {
+        q.post(Work::write_empty(remote, i)).unwrap();
+    }
+    q.qp().to_error().unwrap();
+    for seq in 1..=3 {
+        cq.complete(seq, WcStatus::WrFlushErr, 1);
+    }
+    let mut done = Vec::new();
+    q.drain(Duration::from_secs(5), &mut done).unwrap();
+    assert_eq!(
+        outcomes(&done),
+        [
+            (1, Outcome::Flushed),
+            (2, Outcome::Flushed),
+            (3, Outcome::Flushed)
+        ]
+    );
+}
+
+/// An error completion's opcode is undefined (`ibv_poll_cq(3)`): a provider that passes on
+/// whatever the NIC left there (a receive's opcode, say) does not hide a send's error or
+/// flushes from its queue, which tells them by the `wr_id`.
+#[test]
+fn an_error_completion_is_a_send_s_whatever_opcode_it_carries() {
+    let cq = FakeCq::new(16);
+    let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Every(4)).unwrap();
+    let remote = RemoteAddr::default();
+    for i in 1..=4 {
+        q.post(Work::write_empty(remote, i)).unwrap();
+    }
+    let with_recv_opcode = |seq, status| {
+        WorkCompletion::new(send_wr_id(Seq(seq)), status, 1).with_opcode(WcOpcode::Recv)
+    };
+    cq.push(with_recv_opcode(2, WcStatus::RemAccessErr));
+    cq.push(with_recv_opcode(3, WcStatus::WrFlushErr));
+    cq.push(with_recv_opcode(4, WcStatus::WrFlushErr));
+    let mut done = Vec::new();
+    poll_while(&mut q, &mut done, |q| q.outstanding() > 0);
+    assert!(q.take_unclaimed().is_empty());
+    assert_eq!(
+        outcomes(&done),
+        [
+            (1, Outcome::Completed),
+            (2, Outcome::Failed(WcStatus::RemAccessErr)),
+            (3, Outcome::Flushed),
+            (4, Outcome::Flushed),
+        ]
     );
 }
 
