@@ -1341,8 +1341,14 @@ impl QueuePair for VerbsQp {
             });
         }
         if let Some((bad, failure)) = refused_up_front(wrs, self.caps.max_inline_data) {
-            // What comes before it is posted, as a provider's `bad_wr` would leave it.
-            self.post_send(&wrs[..bad])?;
+            // What comes before it is posted, as a provider's `bad_wr` would leave it. If
+            // that post took them all and failed after (rxe's doorbell), they are posted
+            // all the same: the refusal at `bad` is the error to report.
+            if let Err(e) = self.post_send(&wrs[..bad])
+                && e.index < bad
+            {
+                return Err(e);
+            }
             return Err(PostWrError {
                 index: bad,
                 failure,
