@@ -1328,7 +1328,7 @@ pub fn render(report: &Report) -> String {
     };
     let _ = writeln!(
         out,
-        "selsig bench: {} provider, {device}{}; RDMA WRITE, one RC QP, send queue depth {} (capacity {}), {} per post{}, {run}",
+        "selsig bench: {} provider, {device}{}; RDMA WRITE, one RC QP, send queue depth {} (capacity {}), up to {} per post{}, {run}",
         report.provider,
         s.remote
             .as_ref()
