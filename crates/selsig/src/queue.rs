@@ -298,7 +298,14 @@ pub enum QueuePostError<T> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PollError {
-    /// The completion queue failed.
+    /// The completion queue failed. After [`CqError::Overrun`] completions were lost:
+    /// outstanding work requests may never get an outcome (a drain ends with this error,
+    /// or, where the overrun shows only as an event, in [`DrainError::Timeout`]), and only
+    /// dropping the queue (destroying its QP) ends them.
+    /// A queue's budget never lets its own completions overrun a CQ; one shared with work
+    /// outside selsig's accounting can. Some NICs report an overrun only as an
+    /// asynchronous event ([`AsyncEvent::CqErr`](crate::AsyncEvent::CqErr), through
+    /// [`Device::poll_async_event`]).
     #[error(transparent)]
     Cq(#[from] CqError),
     /// A completion of this queue's QP was impossible; the others of the same poll were
