@@ -660,7 +660,11 @@ pub fn validate(args: &ServeArgs) -> Result<()> {
         args.provider.provider == crate::common::ProviderKind::Verbs,
         "selsig serve needs --provider verbs (the soft NIC connects queue pairs of one process only)"
     );
-    (args.bind.as_str(), args.port)
+    ensure!(
+        !args.bind.trim().is_empty(),
+        "--bind '': no address given (a name or an IP address of this host)"
+    );
+    (bind_host(&args.bind), args.port)
         .to_socket_addrs()
         .with_context(|| {
             format!(
@@ -672,11 +676,19 @@ pub fn validate(args: &ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--bind`'s address, an IPv6 address taken with or without brackets (`[::1]`, as
+/// `--connect` writes it).
+fn bind_host(bind: &str) -> &str {
+    bind.strip_prefix('[')
+        .and_then(|b| b.strip_suffix(']'))
+        .unwrap_or(bind)
+}
+
 impl OnDevice for &ServeArgs {
     type Output = bool;
 
     fn run<D: Device>(self, dev: &D, info: &DeviceInfo) -> Result<bool> {
-        let listener = TcpListener::bind((self.bind.as_str(), self.port)).map_err(|e| {
+        let listener = TcpListener::bind((bind_host(&self.bind), self.port)).map_err(|e| {
             let not_ours = e.kind() == std::io::ErrorKind::AddrNotAvailable;
             let e = anyhow::Error::new(e)
                 .context(format!("cannot listen on {}:{}", self.bind, self.port));
@@ -1001,6 +1013,25 @@ mod tests {
             let err = host_and_port(host).expect_err(host).to_string();
             assert_eq!(err, why);
         }
+    }
+
+    #[test]
+    fn bind_takes_an_ipv6_address_with_or_without_brackets() {
+        assert_eq!(bind_host("[::1]"), "::1");
+        assert_eq!(bind_host("::1"), "::1");
+        assert_eq!(bind_host("0.0.0.0"), "0.0.0.0");
+        assert_eq!(bind_host("[::1"), "[::1");
+        let addrs: Vec<_> = (bind_host("[::1]"), 9000)
+            .to_socket_addrs()
+            .unwrap()
+            .collect();
+        assert_eq!(
+            addrs,
+            [std::net::SocketAddr::from((
+                [0u16, 0, 0, 0, 0, 0, 0, 1],
+                9000
+            ))]
+        );
     }
 
     /// A link-local address with a scope name (the loopback's, which every host has) and

@@ -352,6 +352,10 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             "--bind 0.0.0.0:9: not an address of this host (a name or an IP address, no port",
         ),
         (
+            vec!["serve", "--provider", "verbs", "--bind", ""],
+            "--bind '': no address given",
+        ),
+        (
             vec!["demo", "--provider", "verbs", "--personality", "rxe"],
             "--personality is for the soft provider",
         ),
