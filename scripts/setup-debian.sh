@@ -30,7 +30,9 @@ fi
 root="$(cd "$(dirname "$0")/.." && pwd)"
 channel=$(sed -n 's/^channel = "\(.*\)"/\1/p' "$root/rust-toolchain.toml")
 [ -n "$channel" ] || { echo "setup: no channel in $root/rust-toolchain.toml" >&2; exit 1; }
-rustup="$HOME/.cargo/bin/rustup"
+# (rustup's home for its binaries: CARGO_HOME where set, as in the official Rust images.)
+bin="${CARGO_HOME:-$HOME/.cargo}/bin"
+rustup=$(PATH="$bin:$PATH" command -v rustup || echo "$bin/rustup")
 if [ ! -x "$rustup" ]; then
   echo "setup: installing Rust $channel (rustup)" >&2
   curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
@@ -41,9 +43,9 @@ fi
 if ! "$rustup" run "$channel" rustfmt --version >/dev/null 2>&1 \
   || ! "$rustup" run "$channel" cargo-clippy --version >/dev/null 2>&1; then
   echo "setup: installing Rust $channel with rustfmt and clippy (rustup)" >&2
-  "$rustup" toolchain install "$channel" --profile minimal -c rustfmt,clippy >&2
+  "$rustup" toolchain install "$channel" --profile minimal -c rustfmt,clippy --no-self-update >&2
 fi
-have=$(cd "$root" && PATH="$HOME/.cargo/bin:$PATH" cargo --version 2>/dev/null || true)
+have=$(cd "$root" && PATH="$bin:$HOME/.cargo/bin:$PATH" cargo --version 2>/dev/null || true)
 case "$have" in
   "cargo $channel "*) ;;
   *) echo "setup: cargo in $root is '${have:-missing}', not Rust $channel" >&2; exit 1;;

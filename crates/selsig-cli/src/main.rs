@@ -343,7 +343,7 @@ impl OutputFile {
     /// Writes `text`: to a FIFO or device directly; for a regular file, into a temporary
     /// file beside it (links resolved, in [`CREATED`] until renamed), to replace the file;
     /// where the folder cannot take one, not yet: the file is written over in place, by
-    /// [`write_in_place`](Self::write_in_place), once everything else is staged.
+    /// [`write_outputs`], once everything else is staged.
     fn stage(&self, text: &str) -> Result<Staged, Failure> {
         use std::io::Write as _;
         let meta = self.file.metadata().map_err(|e| self.cannot_write(e))?;
@@ -390,30 +390,25 @@ impl OutputFile {
         Ok(Staged::Temporary(tmp, target, staged))
     }
 
-    /// Writes `text` over the file itself, and, if that fails part-way (a full disk, a
-    /// quota, a size limit), puts back what it held (up to 64 MiB of it: a larger file is
-    /// left cut off).
-    fn write_in_place(&self, text: &str) -> Result<(), Failure> {
-        use std::io::{Seek as _, Write as _};
+    /// What the file holds, to put back with [`overwrite`](Self::overwrite) if the command
+    /// fails after writing over it: up to 64 MiB, and only what this user may read (`None`
+    /// otherwise: such a file is left as the failure leaves it).
+    fn old_contents(&self) -> Option<Vec<u8>> {
         const KEPT: u64 = 64 << 20;
-        let old = std::fs::metadata(&self.path)
+        std::fs::metadata(&self.path)
             .ok()
             .filter(|m| m.len() <= KEPT)
-            .and_then(|_| std::fs::read(&self.path).ok());
-        let write = |bytes: &[u8]| -> std::io::Result<()> {
-            let mut file = &self.file;
-            file.set_len(0)?;
-            file.seek(std::io::SeekFrom::Start(0))?;
-            file.write_all(bytes)?;
-            file.flush()
-        };
-        write(text.as_bytes()).map_err(|e| {
-            if let Some(old) = &old {
-                // Best effort: the failed write is the error to report.
-                let _ = write(old);
-            }
-            self.cannot_write(e)
-        })
+            .and_then(|_| std::fs::read(&self.path).ok())
+    }
+
+    /// Writes `bytes` over the file itself, from its start, and cuts it there.
+    fn overwrite(&self, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::{Seek as _, Write as _};
+        let mut file = &self.file;
+        file.set_len(0)?;
+        file.seek(std::io::SeekFrom::Start(0))?;
+        file.write_all(bytes)?;
+        file.flush()
     }
 }
 
@@ -450,9 +445,23 @@ fn write_outputs(mut outputs: Vec<(OutputFile, String)>) -> Result<(), Failure> 
         }
     }
     // Files whose folder takes no temporary file are written over last: a failure to stage
-    // another output leaves them as they were (and a failure here puts back what they held).
+    // another output leaves them as they were, and a failure from here on puts back what
+    // each one written over held.
+    let mut written_over = Vec::new();
+    let put_back = |written_over: &[(&OutputFile, Option<Vec<u8>>)]| {
+        for (file, old) in written_over {
+            if let Some(old) = old {
+                // Best effort: the failure is the error to report.
+                let _ = file.overwrite(old);
+            }
+        }
+    };
     for (file, text) in in_place {
-        file.write_in_place(text)?;
+        written_over.push((file, file.old_contents()));
+        if let Err(e) = file.overwrite(text.as_bytes()) {
+            put_back(&written_over);
+            return Err(file.cannot_write(e));
+        }
     }
     // The renames, under the lock of the created files: a signal waits for them, and then
     // finds neither the temporary files (renamed) nor the outputs (complete) to remove.
@@ -464,6 +473,9 @@ fn write_outputs(mut outputs: Vec<(OutputFile, String)>) -> Result<(), Failure> 
     let mut result = Ok(());
     for (file, (tmp, target, _)) in staged {
         if let Err(e) = tmp.persist(&target) {
+            // (Files already renamed stay replaced: a rename in a folder that took the
+            // temporary file does not fail short of the disk going away.)
+            put_back(&written_over);
             result = Err(file.cannot_write(e.error));
             break;
         }

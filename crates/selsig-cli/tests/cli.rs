@@ -496,19 +496,29 @@ fn a_file_written_over_in_place_is_left_as_it_was_when_the_run_fails() {
     let dir = scratch("selsig-in-place");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let root = std::fs::metadata(&dir).unwrap().uid() == 0;
+    // A copy of the binary that nobody may run (the build may sit in a folder only its
+    // owner enters, as a clone in /root does).
+    let bin = dir.join("selsig");
+    std::fs::copy(env!("CARGO_BIN_EXE_selsig"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let locked = dir.join("locked");
     std::fs::create_dir(&locked).unwrap();
     let json = locked.join("out.json");
-    let svg = dir.join("out.svg");
     let old_json = "{\"old\": true}\n";
     // The bench's JSON is about 1.5 kB and its SVG about 17 kB: a limit of 512 bytes fails
-    // the JSON, one of 4 kB the SVG only.
-    for (limit_blocks, with_svg) in [(1, false), (8, true)] {
+    // the JSON, one of 4 kB the SVG only (staged beside it, or written over in place after
+    // the JSON was).
+    let beside = dir.join("out.svg");
+    let in_place = locked.join("out.svg");
+    for (limit_blocks, svg) in [(1, None), (8, Some(&beside)), (8, Some(&in_place))] {
         std::fs::write(&json, old_json).unwrap();
-        std::fs::write(&svg, "<old/>").unwrap();
+        for path in [&beside, &in_place] {
+            std::fs::write(path, "<old/>").unwrap();
+        }
         if root {
-            std::os::unix::fs::chown(&json, Some(65534), Some(65534)).unwrap();
-            std::os::unix::fs::chown(&svg, Some(65534), Some(65534)).unwrap();
+            for path in [&json, &beside, &in_place] {
+                std::os::unix::fs::chown(path, Some(65534), Some(65534)).unwrap();
+            }
         }
         std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
         // SIGXFSZ ignored: a write past the limit fails with EFBIG instead of killing.
@@ -517,13 +527,13 @@ fn a_file_written_over_in_place_is_left_as_it_was_when_the_run_fails() {
             .arg(format!(
                 "trap '' XFSZ; ulimit -f {limit_blocks}; exec \"$0\" \"$@\""
             ))
-            .arg(env!("CARGO_BIN_EXE_selsig"))
+            .arg(&bin)
             .args([
                 "bench", "-s", "64", "-e", "1", "-t", "8", "-n", "8", "--json",
             ])
             .arg(&json);
-        if with_svg {
-            cmd.arg("--svg").arg(&svg);
+        if let Some(svg) = svg {
+            cmd.arg("--svg").arg(svg);
         }
         if root {
             cmd.uid(65534).gid(65534);
@@ -532,7 +542,7 @@ fn a_file_written_over_in_place_is_left_as_it_was_when_the_run_fails() {
         std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(1), "{err}");
-        let failed = if with_svg { &svg } else { &json };
+        let failed = svg.unwrap_or(&json);
         assert!(
             err.contains(&format!("{}: cannot write the file", failed.display())),
             "{err}"
@@ -540,9 +550,11 @@ fn a_file_written_over_in_place_is_left_as_it_was_when_the_run_fails() {
         assert_eq!(
             std::fs::read_to_string(&json).unwrap(),
             old_json,
-            "limit {limit_blocks} blocks: the JSON as it was"
+            "limit {limit_blocks} blocks, --svg {svg:?}: the JSON as it was"
         );
-        assert_eq!(std::fs::read_to_string(&svg).unwrap(), "<old/>");
+        for path in [&beside, &in_place] {
+            assert_eq!(std::fs::read_to_string(path).unwrap(), "<old/>", "{svg:?}");
+        }
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -328,7 +328,8 @@ pub enum DrainMarker {
     /// A marker with this sequence number was posted.
     Posted(Seq),
     /// Nothing is outstanding, or the last outstanding work request is signaled (in the
-    /// error state: it is the last sequence number, so no marker can follow it).
+    /// error state: it is the last sequence number, so no marker can follow it), or, in the
+    /// error state, the provider takes no post (the flushes retire everything).
     NotNeeded,
     /// No slot or CQ credit yet: poll and try again.
     NoRoom,
@@ -1573,20 +1574,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
         let mut own_progress = start;
         loop {
             if !marker_posted {
-                let marker = match self.post_drain_marker() {
-                    Ok(marker) => marker,
-                    // A provider that takes no post in the error state (bnxt_re and ionic
-                    // take posts only in RTS and SQD) refused the marker, which is not
-                    // outstanding: the NIC flushes every outstanding work request all the
-                    // same, so the drain waits for those flushes.
-                    Err(QueuePostError::Provider { source, .. })
-                        if source.index == 0 && self.qp.state() == QpState::Err =>
-                    {
-                        DrainMarker::NotNeeded
-                    }
-                    Err(e) => return Err(DrainError::Marker(e)),
-                };
-                marker_posted = !matches!(marker, DrainMarker::NoRoom);
+                marker_posted = !matches!(
+                    self.post_drain_marker().map_err(DrainError::Marker)?,
+                    DrainMarker::NoRoom
+                );
                 // No credit of a shared pool (with a slot free: a slot only this queue's
                 // own completions give back), no completion of this queue on its way to
                 // give a credit back (a signaled work request outstanding, or in the error
@@ -1641,7 +1632,23 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// every outstanding work request (its flush retires everything before it, like
     /// `ib_drain_sq`), otherwise a confirm marker if the tail is unsignaled. On
     /// [`DrainMarker::NoRoom`], poll and call again.
+    ///
+    /// A provider that takes no post in the error state (bnxt_re and ionic take posts only
+    /// in RTS and SQD) refuses the marker: that is [`DrainMarker::NotNeeded`], as the NIC
+    /// flushes every outstanding work request all the same.
     pub fn post_drain_marker(&mut self) -> Result<DrainMarker, QueuePostError<()>> {
+        match self.try_drain_marker() {
+            // The marker was rolled back (index 0): it is not outstanding.
+            Err(QueuePostError::Provider { source, .. })
+                if source.index == 0 && self.qp.state() == QpState::Err =>
+            {
+                Ok(DrainMarker::NotNeeded)
+            }
+            other => other,
+        }
+    }
+
+    fn try_drain_marker(&mut self) -> Result<DrainMarker, QueuePostError<()>> {
         if self.tracker.is_idle() {
             return Ok(DrainMarker::NotNeeded);
         }

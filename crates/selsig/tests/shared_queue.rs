@@ -384,9 +384,17 @@ fn a_drain_waits_for_the_flushes_where_the_provider_takes_no_post_in_the_error_s
     }
     cq.complete(2, WcStatus::Success, 1);
     cq.complete(3, WcStatus::RemAccessErr, 1);
+    // (The NIC moved the QP to the error state with WR3's error.)
     q.qp().to_error().unwrap();
-    cq.complete(4, WcStatus::WrFlushErr, 1);
     let mut done = Vec::new();
+    poll_while(&mut q, &mut done, |q| q.outstanding() > 1);
+    assert!(matches!(q.state(), QueueState::Error { .. }));
+    assert_eq!(
+        q.post_drain_marker().unwrap(),
+        selsig::DrainMarker::NotNeeded,
+        "the provider refuses the marker: the flushes retire the rest"
+    );
+    cq.complete(4, WcStatus::WrFlushErr, 1);
     q.drain(Duration::from_secs(5), &mut done).unwrap();
     assert_eq!(
         outcomes(&done),
