@@ -101,11 +101,19 @@ impl Default for SoftConfig {
     }
 }
 
+/// The largest CQ rxe takes: `max_cqe` of the kernel's rxe (Linux 6.1's rxe0 reports
+/// 32767 and refuses a CQ of more).
+pub const RXE_MAX_CQE: u32 = 32767;
+
 impl SoftConfig {
-    /// The defaults with another personality.
+    /// The defaults with another personality (and its largest CQ: [`RXE_MAX_CQE`] for rxe).
     pub fn with_personality(personality: Personality) -> Self {
         SoftConfig {
             personality,
+            max_cqe: match personality {
+                Personality::Mlx5 => MAX_CQE,
+                Personality::Rxe => RXE_MAX_CQE,
+            },
             ..SoftConfig::default()
         }
     }

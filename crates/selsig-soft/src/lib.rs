@@ -82,5 +82,6 @@ mod times;
 
 #[cfg(not(loom))]
 pub use device::{
-    MAX_CQE, MAX_QP_WR, Personality, SoftConfig, SoftCq, SoftDevice, SoftMr, SoftPd, SoftQp,
+    MAX_CQE, MAX_QP_WR, Personality, RXE_MAX_CQE, SoftConfig, SoftCq, SoftDevice, SoftMr, SoftPd,
+    SoftQp,
 };

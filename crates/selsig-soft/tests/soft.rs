@@ -1325,6 +1325,17 @@ fn a_send_waiting_for_a_receive_fails_once_the_responder_fails() {
     assert_eq!(b.state(), QpState::Err);
 }
 
+/// rxe takes a CQ of at most 32767 entries (rxe0's `max_cqe`, Linux 6.1), mlx5 far more.
+#[test]
+fn rxe_refuses_a_cq_beyond_its_max_cqe() {
+    let rxe = SoftDevice::open(SoftConfig::with_personality(Personality::Rxe)).unwrap();
+    assert!(rxe.create_cq(selsig_soft::RXE_MAX_CQE).is_ok());
+    let err = rxe.create_cq(selsig_soft::RXE_MAX_CQE + 1).unwrap_err();
+    assert!(err.to_string().contains("supports 1 to 32767"), "{err}");
+    let mlx5 = SoftDevice::open(SoftConfig::with_personality(Personality::Mlx5)).unwrap();
+    assert!(mlx5.create_cq(selsig_soft::RXE_MAX_CQE + 1).is_ok());
+}
+
 /// rxe rounds a receive queue up to 2^k - 1 slots, as its send queue, and takes that many.
 #[test]
 fn rxe_takes_receives_up_to_its_rounded_queue() {
