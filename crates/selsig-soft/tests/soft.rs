@@ -211,6 +211,14 @@ fn a_queue_on_a_cq_its_sends_do_not_report_to_is_refused() {
         .unwrap();
 }
 
+/// Eight 64-byte buffers of one region of `p`'s device, and a remote region for them.
+fn eight_buffers(p: &Pair) -> (Vec<Buffer<SoftMr>>, SoftMr) {
+    let local = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE));
+    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (bufs, _) = local.split_into(8, 64).unwrap();
+    (bufs, remote)
+}
+
 #[test]
 fn seed_example_through_the_signaled_queue() {
     let p = pair();
@@ -525,9 +533,7 @@ fn bad_rkey_on_wr3_fails_it_and_flushes_the_rest() {
 #[test]
 fn bad_rkey_outcomes_through_the_driver() {
     let p = pair();
-    let local = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE));
-    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let (bufs, _) = local.split_into(8, 64).unwrap();
+    let (bufs, remote) = eight_buffers(&p);
     let mut q: SignaledQueue<SoftDevice, u64> =
         SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(8)).unwrap();
     for (i, buf) in bufs.into_iter().enumerate() {
@@ -562,9 +568,7 @@ fn bad_rkey_outcomes_through_the_driver() {
 #[test]
 fn poll_with_hands_back_every_outcome_in_order() {
     let p = pair();
-    let local = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE));
-    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let (bufs, _) = local.split_into(8, 64).unwrap();
+    let (bufs, remote) = eight_buffers(&p);
     let mut q: SignaledQueue<SoftDevice, u64> =
         SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
     for (i, buf) in bufs.into_iter().enumerate() {
@@ -605,9 +609,7 @@ fn poll_with_hands_back_every_outcome_in_order() {
 #[test]
 fn a_panic_in_poll_with_leaves_the_rest_for_the_next_poll() {
     let p = pair();
-    let local = Buffer::new(p.mr(8 * 64, Access::LOCAL_WRITE));
-    let remote = p.mr(8 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let (bufs, _) = local.split_into(8, 64).unwrap();
+    let (bufs, remote) = eight_buffers(&p);
     let mut q: SignaledQueue<SoftDevice, u64> =
         SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(8)).unwrap();
     for (i, buf) in bufs.into_iter().enumerate() {

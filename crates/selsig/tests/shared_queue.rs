@@ -361,6 +361,15 @@ fn credits_given_back_twice_by_the_caller_do_not_fail_a_poll() {
     );
 }
 
+/// A queue of QP 1 on `cq` whose provider refuses posts in the error state.
+fn refusing_posts_in_error(cq: &Arc<FakeCq>, policy: Policy) -> Queue {
+    let qp = FakeQp {
+        refuses_in_error: true,
+        ..qp(1, 8)
+    };
+    Queue::new(qp, Arc::clone(cq), policy).unwrap()
+}
+
 /// A provider that takes no post in the error state (bnxt_re, ionic) refuses the drain's
 /// marker; the NIC flushes every outstanding work request all the same, so the drain waits
 /// for those flushes instead of failing: after an error completion, and after the caller
@@ -369,15 +378,7 @@ fn credits_given_back_twice_by_the_caller_do_not_fail_a_poll() {
 fn a_drain_waits_for_the_flushes_where_the_provider_takes_no_post_in_the_error_state() {
     // WR3 of 4 fails.
     let cq = FakeCq::new(16);
-    let mut q = Queue::new(
-        FakeQp {
-            refuses_in_error: true,
-            ..qp(1, 8)
-        },
-        Arc::clone(&cq),
-        Policy::Every(2),
-    )
-    .unwrap();
+    let mut q = refusing_posts_in_error(&cq, Policy::Every(2));
     let remote = RemoteAddr::default();
     for i in 1..=4 {
         q.post(Work::write_empty(remote, i)).unwrap();
@@ -407,15 +408,7 @@ fn a_drain_waits_for_the_flushes_where_the_provider_takes_no_post_in_the_error_s
     );
     // An unsignaled tail, the QP moved to the error state by the caller.
     let cq = FakeCq::new(16);
-    let mut q = Queue::new(
-        FakeQp {
-            refuses_in_error: true,
-            ..qp(1, 8)
-        },
-        Arc::clone(&cq),
-        Policy::Never,
-    )
-    .unwrap();
+    let mut q = refusing_posts_in_error(&cq, Policy::Never);
     for i in 1..=3 {
         q.post(Work::write_empty(remote, i)).unwrap();
     }
