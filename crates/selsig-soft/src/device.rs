@@ -333,6 +333,9 @@ impl SoftDevice {
 
 /// QP numbers are 24 bits.
 const QPN_MASK: u32 = 0x00ff_ffff;
+/// The port's active MTU in bytes: the largest the IB MTUs allow, as on rxe0 over a link
+/// of 4500 bytes.
+pub(crate) const ACTIVE_MTU: u32 = 4096;
 
 /// A protection domain.
 #[derive(Debug)]
@@ -599,6 +602,9 @@ pub(crate) struct QpInner {
     pub(crate) rnr_retry: AtomicU8,
     /// The transport retry count (rxe retries forever at 7).
     pub(crate) retry_cnt: AtomicU8,
+    /// The path MTU in bytes: messages longer than this travel as several packets, which
+    /// the responder handles one at a time (set when the QP connects).
+    pub(crate) path_mtu: AtomicU32,
     pub(crate) peer: Mutex<Option<Weak<QpInner>>>,
     /// Slots are freed when completions are polled (mlx5), not when WQEs execute (rxe).
     pub(crate) free_on_poll: bool,
@@ -789,8 +795,8 @@ impl QueuePair for SoftQp {
             psn: random_u32() & 0x00ff_ffff,
             lid: 0,
             gid: self.dev.gid,
-            // Nothing is split into packets.
-            mtu: 0,
+            // The largest IB MTU is the port's active MTU (as rxe0's on a link of 4500).
+            mtu: options.mtu.min(ACTIVE_MTU),
             // Not limited: the soft NIC serves every READ at once (only soft QPs connect
             // to it, and they do not read this).
             rd_atomic: 0,
@@ -846,6 +852,17 @@ impl QueuePair for SoftQp {
         qp.access.store(options.access.bits(), Ordering::Release);
         qp.rnr_retry.store(options.rnr_retry, Ordering::Release);
         qp.retry_cnt.store(options.retry_cnt, Ordering::Release);
+        // The smallest of what this side asks for, its port's and the remote side's (0:
+        // not limited).
+        let remote_mtu = if remote.mtu == 0 {
+            u32::MAX
+        } else {
+            remote.mtu
+        };
+        qp.path_mtu.store(
+            options.mtu.min(ACTIVE_MTU).min(remote_mtu),
+            Ordering::Release,
+        );
         *qp.peer.lock() = Some(peer);
         if !qp.transition(QpState::Init, QpState::Rtr) || !qp.transition(QpState::Rtr, QpState::Rts)
         {
@@ -1185,6 +1202,7 @@ impl Device for SoftDevice {
             access: AtomicU32::new(0),
             rnr_retry: AtomicU8::new(7),
             retry_cnt: AtomicU8::new(7),
+            path_mtu: AtomicU32::new(ACTIVE_MTU),
             peer: Mutex::new(None),
             free_on_poll: personality == Personality::Mlx5,
             post: Padded(Mutex::new(Producer::default())),

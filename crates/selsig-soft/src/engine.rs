@@ -482,8 +482,58 @@ fn source<'a>(qp: &'a QpInner, wqe: &Wqe, index: u64, mrs: &'a MrTable) -> Optio
 }
 
 fn copy(src: &Source<'_>, dst: &[std::sync::atomic::AtomicU64], dst_off: usize, len: u32) {
-    if let Source::Memory(words, off) = src {
-        mem::copy(words, *off, dst, dst_off, len as usize);
+    copy_part(src, 0, dst, dst_off, len);
+}
+
+/// Copies bytes `[from, from + len)` of a message to the destination at `dst_off`, the
+/// start of the message there.
+fn copy_part(
+    src: &Source<'_>,
+    from: u32,
+    dst: &[std::sync::atomic::AtomicU64],
+    dst_off: usize,
+    len: u32,
+) {
+    if let Source::Memory(words, off) = src
+        && len > 0
+    {
+        let from = from as usize;
+        mem::copy(words, *off + from, dst, dst_off + from, len as usize);
+    }
+}
+
+/// Where the last packet of a message of `len` bytes starts, with packets of `mtu` bytes
+/// (0 for a message of one packet, an empty one included).
+fn last_packet(len: u32, mtu: u32) -> u32 {
+    len.saturating_sub(1) / mtu * mtu
+}
+
+/// A message that does not fit the receive `rqe` (too long, or beyond its region, or
+/// under a key the responder cannot write with): its packets arrive one after the other,
+/// and those that fit whole in both the receive and its region are placed before the one
+/// that fails. A SEND's length is known only at its last packet, so any responder places
+/// the first ones as they come (seen on rxe0: 4096 of 8192 bytes into a receive of 5000).
+fn place_packets_that_fit(
+    mrs: &MrTable,
+    responder: &QpInner,
+    rqe: &crate::ring::Rqe,
+    src: &Source<'_>,
+    mtu: u32,
+) {
+    let Some(mr) = mrs
+        .get(rqe.lkey)
+        .filter(|mr| mr.pd == responder.pd && mr.access.contains(Access::LOCAL_WRITE))
+    else {
+        return;
+    };
+    let Some(off) = rqe.addr.checked_sub(mr.addr) else {
+        return;
+    };
+    let room = (mr.len as u64).saturating_sub(off).min(u64::from(rqe.len));
+    // Less than the message: it did not fit.
+    let fits = (room / u64::from(mtu) * u64::from(mtu)) as u32;
+    if fits > 0 {
+        copy(src, &mr.words, off as usize, fits);
     }
 }
 
@@ -572,9 +622,21 @@ fn execute(
             if rxe && !qp_allows(peer, Access::REMOTE_WRITE) {
                 return invalid_request();
             }
-            // rxe looks for the receive of a WRITE with immediate before it checks the key.
+            let imm = wqe.opcode == op::WRITE_IMM;
+            // Where the last packet starts: a message longer than the path MTU travels as
+            // several packets. The first carries the key and the length, which the
+            // responder checks for the whole message; only the last, with the immediate
+            // data, needs a receive. (Not computed for a WRITE without immediate, whose
+            // packets all go the same way.)
+            let last = if imm {
+                last_packet(len, qp.path_mtu.load(Ordering::Relaxed))
+            } else {
+                0
+            };
+            // rxe looks for the receive of a WRITE with immediate of one packet before it
+            // checks the key (`rxe_resp.c`: `check_resource` comes before `check_rkey`).
             let mut rqe = None;
-            if rxe && wqe.opcode == op::WRITE_IMM {
+            if rxe && imm && last == 0 {
                 match peek_recv(peer) {
                     Some(r) => rqe = Some(r),
                     None => return no_receive(qp),
@@ -614,14 +676,21 @@ fn execute(
                     }
                 }
             };
-            if !rxe && wqe.opcode == op::WRITE_IMM {
+            // The packets before the last are placed as they arrive, whether a receive
+            // waits or not.
+            let mut placed = 0;
+            if imm && rqe.is_none() {
+                if let Some((mr, off)) = dst {
+                    copy_part(&src, 0, &mr.words, off, last);
+                    placed = last;
+                }
                 match peek_recv(peer) {
                     Some(r) => rqe = Some(r),
                     None => return no_receive(qp),
                 }
             }
             if let Some((mr, off)) = dst {
-                copy(&src, &mr.words, off, len);
+                copy_part(&src, placed, &mr.words, off, len - placed);
             }
             if let Some(rqe) = rqe {
                 consume_recv(peer);
@@ -708,10 +777,13 @@ fn execute(
             };
             consume_recv(peer);
             let imm = (wqe.opcode == op::SEND_IMM).then(|| qp.sq.imm(index));
+            let mtu = qp.path_mtu.load(Ordering::Relaxed);
             if len > rqe.len {
                 // The receive is too small: the responder's receive fails and it goes to
                 // the error state; the requester learns of an invalid request (mlx5), or
-                // of a remote operation error after a malformed receive (rxe).
+                // of a remote operation error after a malformed receive (rxe). The
+                // packets that fit were placed before the one that does not.
+                place_packets_that_fit(mrs, peer, &rqe, &src, mtu);
                 let (theirs, ours) = if rxe {
                     (WcStatus::LocQpOpErr, WcStatus::RemOpErr)
                 } else {
@@ -732,7 +804,9 @@ fn execute(
                     Some((mr, off)) => copy(&src, &mr.words, off, len),
                     None => {
                         // A receive the NIC cannot write into: a local protection error on
-                        // mlx5; rxe finds the receive malformed, as one too short.
+                        // mlx5; rxe finds the receive malformed, as one too short. The
+                        // packets before the first it cannot place were placed.
+                        place_packets_that_fit(mrs, peer, &rqe, &src, mtu);
                         let theirs = if rxe {
                             WcStatus::LocQpOpErr
                         } else {

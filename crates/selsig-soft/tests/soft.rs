@@ -2258,6 +2258,117 @@ fn destroying_a_qp_removes_its_unpolled_completions_on_mlx5() {
     }
 }
 
+/// On the mlx5 personality too, a message longer than the path MTU is taken one packet
+/// at a time (any RC responder does: a SEND's length is known only at its last packet,
+/// and only the last packet of a WRITE with immediate needs a receive): the packets that
+/// fit are placed before the one that fails, and a WRITE with immediate waiting for a
+/// receive has placed all but its last. mlx5 checks the key of a WRITE with immediate
+/// before it looks for a receive whatever the length.
+#[test]
+fn mlx5_personality_places_a_message_packet_by_packet() {
+    use QpState::{Err, Rts};
+    use WcStatus::*;
+    use support::rxe_errors::{Case, Seen};
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let base = Case {
+        name: "",
+        qp_access: all,
+        local_access: Access::LOCAL_WRITE,
+        opcode: Opcode::RdmaWriteWithImm,
+        len: 8192,
+        bad_rkey: false,
+        recv: false,
+        recv_len: 16,
+        inbox_len: 16,
+        inbox_access: Access::LOCAL_WRITE,
+        mtu: 4096,
+    };
+    // mlx5 raises IBV_EVENT_QP_ACCESS_ERR for the responder of a remote access error.
+    let seen = |requester, a, b, responder: &[WcStatus], placed| Seen {
+        requester,
+        a,
+        b,
+        responder: responder.to_vec(),
+        events: if a == Err && b == Err && requester == Some(RemAccessErr) {
+            vec!["qp_access_err"]
+        } else {
+            Vec::new()
+        },
+        placed,
+    };
+    let cases = [
+        (
+            Case {
+                name: "WRITE with immediate of two packets, no receive",
+                ..base
+            },
+            seen(None, Rts, Rts, &[], 4096),
+        ),
+        (
+            Case {
+                name: "WRITE with immediate of 3000 bytes, path MTU 1024, no receive",
+                len: 3000,
+                mtu: 1024,
+                ..base
+            },
+            seen(None, Rts, Rts, &[], 2048),
+        ),
+        (
+            Case {
+                name: "WRITE with immediate of one packet, no receive",
+                len: 4096,
+                ..base
+            },
+            seen(None, Rts, Rts, &[], 0),
+        ),
+        (
+            Case {
+                name: "WRITE with immediate of one packet, bad key, no receive",
+                len: 16,
+                bad_rkey: true,
+                ..base
+            },
+            seen(Some(RemAccessErr), Err, Err, &[], 0),
+        ),
+        (
+            Case {
+                name: "WRITE with immediate of two packets, bad key, a receive",
+                bad_rkey: true,
+                recv: true,
+                ..base
+            },
+            seen(Some(RemAccessErr), Err, Err, &[WrFlushErr], 0),
+        ),
+        (
+            Case {
+                name: "SEND of two packets into a receive of 5000 bytes",
+                opcode: Opcode::Send,
+                recv: true,
+                recv_len: 5000,
+                inbox_len: 5000,
+                ..base
+            },
+            seen(Some(RemInvReqErr), Err, Err, &[LocLenErr], 4096),
+        ),
+        (
+            Case {
+                name: "SEND of two packets into a receive of 8192 bytes in a region of 5000",
+                opcode: Opcode::Send,
+                recv: true,
+                recv_len: 8192,
+                inbox_len: 5000,
+                ..base
+            },
+            seen(Some(RemOpErr), Err, Err, &[LocProtErr], 4096),
+        ),
+    ];
+    for (case, expected) in cases {
+        let seen = support::rxe_errors::run(&dev, None, &case);
+        assert_eq!(seen, expected, "{}", case.name);
+    }
+}
+
 /// The rxe personality refuses, fails and overruns as the kernel's rxe does (the same
 /// cases run on rxe0 in `selsig-verbs/tests/rxe.rs`).
 #[test]

@@ -1,6 +1,7 @@
 //! What the kernel's Soft-RoCE (rxe, Linux 6.1) does when a responder refuses a request,
-//! a READ's destination cannot be written, a SEND overflows its receive, or a CQ has no
-//! room: the cases, and a runner generic over the provider. The soft NIC's rxe
+//! a READ's destination cannot be written, a SEND overflows its receive, a message of
+//! several packets meets a responder that cannot take all of it, or a CQ has no room: the
+//! cases, and a runner generic over the provider. The soft NIC's rxe
 //! personality runs them in `tests/soft.rs`; the verbs provider on the real rxe0 runs the
 //! same cases in `selsig-verbs/tests/rxe.rs` (in the project's VM), so the two cannot drift.
 
@@ -23,10 +24,15 @@ pub struct Case {
     pub len: u32,
     /// The remote key is wrong.
     pub bad_rkey: bool,
-    /// b has a receive of 16 bytes posted.
+    /// b has a receive of `recv_len` bytes posted.
     pub recv: bool,
+    pub recv_len: u32,
+    /// The size of the region b's receive points into (it may be less than the receive).
+    pub inbox_len: u32,
     /// The access of the region b's receive points into.
     pub inbox_access: Access,
+    /// The path MTU asked for (messages longer travel as several packets).
+    pub mtu: u32,
 }
 
 /// What came of it.
@@ -40,6 +46,10 @@ pub struct Seen {
     pub responder: Vec<WcStatus>,
     /// The device's asynchronous events, by name.
     pub events: Vec<&'static str>,
+    /// How many bytes of the message reached their destination (the remote region of a
+    /// WRITE, the receive of a SEND, the local region of a READ): the length of the
+    /// destination's prefix that holds the source's bytes.
+    pub placed: usize,
 }
 
 const ALL: Access = Access::LOCAL_WRITE
@@ -57,7 +67,10 @@ fn case(name: &'static str, qp_access: Access, opcode: Opcode, len: u32) -> Case
         len,
         bad_rkey: false,
         recv: false,
+        recv_len: 16,
+        inbox_len: 16,
         inbox_access: Access::LOCAL_WRITE,
+        mtu: 4096,
     }
 }
 
@@ -71,7 +84,9 @@ pub fn cases() -> Vec<(Case, Seen)> {
         b,
         responder: responder.to_vec(),
         events: Vec::new(),
+        placed: 0,
     };
+    let placed = |placed, seen: Seen| Seen { placed, ..seen };
     // The responder checks that its QP allows the operation before anything else
     // (rxe_resp.c check_op_valid): an invalid request whatever the length or the key,
     // and both QPs in the error state.
@@ -220,6 +235,113 @@ pub fn cases() -> Vec<(Case, Seen)> {
             },
             seen(Some(Success), Rts, Rts, &[Success]),
         ),
+        // A message longer than the path MTU travels as several packets, and the
+        // responder takes them one at a time. A WRITE with immediate carries its key in
+        // the first packet and needs a receive only at the last (rxe_resp.c: only the
+        // last has RXE_RWR_MASK): the key fails it first, receive or not; the receive
+        // b had is flushed, not completed in error.
+        (
+            Case {
+                bad_rkey: true,
+                ..case(
+                    "WRITE with immediate of two packets, bad key, no receive",
+                    ALL,
+                    Opcode::RdmaWriteWithImm,
+                    8192,
+                )
+            },
+            seen(Some(RemAccessErr), Err, Err, &[]),
+        ),
+        (
+            Case {
+                bad_rkey: true,
+                recv: true,
+                ..case(
+                    "WRITE with immediate of two packets, bad key, a receive",
+                    ALL,
+                    Opcode::RdmaWriteWithImm,
+                    8192,
+                )
+            },
+            seen(Some(RemAccessErr), Err, Err, &[WrFlushErr]),
+        ),
+        // Without a receive it waits (RNR, retried for ever), its first packet placed.
+        (
+            case(
+                "WRITE with immediate of two packets, no receive",
+                ALL,
+                Opcode::RdmaWriteWithImm,
+                8192,
+            ),
+            placed(4096, seen(None, Rts, Rts, &[])),
+        ),
+        (
+            Case {
+                mtu: 1024,
+                ..case(
+                    "WRITE with immediate of 3000 bytes, path MTU 1024, no receive",
+                    ALL,
+                    Opcode::RdmaWriteWithImm,
+                    3000,
+                )
+            },
+            placed(2048, seen(None, Rts, Rts, &[])),
+        ),
+        // A SEND's packets are placed as they come, until one does not fit the receive,
+        // or its region.
+        (
+            Case {
+                recv: true,
+                recv_len: 5000,
+                inbox_len: 5000,
+                ..case(
+                    "SEND of two packets into a receive of 5000 bytes",
+                    ALL,
+                    Opcode::Send,
+                    8192,
+                )
+            },
+            placed(4096, seen(Some(RemOpErr), Err, Err, &[LocQpOpErr])),
+        ),
+        (
+            Case {
+                recv: true,
+                recv_len: 8192,
+                inbox_len: 5000,
+                ..case(
+                    "SEND of two packets into a receive of 8192 bytes in a region of 5000",
+                    ALL,
+                    Opcode::Send,
+                    8192,
+                )
+            },
+            placed(4096, seen(Some(RemOpErr), Err, Err, &[LocQpOpErr])),
+        ),
+        (
+            Case {
+                recv: true,
+                recv_len: 2100,
+                inbox_len: 4096,
+                mtu: 1024,
+                ..case(
+                    "SEND of 3000 bytes into a receive of 2100, path MTU 1024",
+                    ALL,
+                    Opcode::Send,
+                    3000,
+                )
+            },
+            placed(2048, seen(Some(RemOpErr), Err, Err, &[LocQpOpErr])),
+        ),
+        // What fits is all placed.
+        (
+            Case {
+                recv: true,
+                recv_len: 8192,
+                inbox_len: 8192,
+                ..case("SEND of two packets that fits", ALL, Opcode::Send, 8192)
+            },
+            placed(8192, seen(Some(Success), Rts, Rts, &[Success])),
+        ),
     ]
 }
 
@@ -263,6 +385,7 @@ pub fn run<D: Device>(dev: &D, gid_index: Option<u8>, case: &Case) -> Seen {
     let options = ConnectOptions {
         gid_index,
         access: case.qp_access,
+        mtu: case.mtu,
         ..ConnectOptions::default()
     };
     let Pair {
@@ -272,13 +395,25 @@ pub fn run<D: Device>(dev: &D, gid_index: Option<u8>, case: &Case) -> Seen {
         cq_b,
         pd,
     } = pair(dev, 16, (8, 4), &options);
-    let local = dev.reg_mr(&pd, 4096, case.local_access).unwrap();
-    let remote = dev.reg_mr(&pd, 4096, ALL).unwrap();
-    let inbox = dev.reg_mr(&pd, 16, case.inbox_access).unwrap();
+    let size = (case.len as usize).max(4096);
+    let local = dev.reg_mr(&pd, size, case.local_access).unwrap();
+    let remote = dev.reg_mr(&pd, size, ALL).unwrap();
+    let inbox = dev
+        .reg_mr(&pd, case.inbox_len as usize, case.inbox_access)
+        .unwrap();
+    // The source holds a pattern with no zero byte, the destinations zeros.
+    let pattern: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8 + 1).collect();
+    let (src, dst): (&dyn MemoryRegion, &dyn MemoryRegion) = match case.opcode {
+        Opcode::RdmaRead => (&remote, &local),
+        Opcode::Send | Opcode::SendWithImm => (&local, &inbox),
+        _ => (&local, &remote),
+    };
+    src.write(0, &pattern).unwrap();
+    dst.fill(0, dst.len(), 0).unwrap();
     if case.recv {
         b.post_recv(&[RecvWr {
             wr_id: 77,
-            sge: Some(inbox.sge(0, 16)),
+            sge: Some(inbox.sge(0, case.recv_len)),
         }])
         .unwrap();
     }
@@ -315,12 +450,19 @@ pub fn run<D: Device>(dev: &D, gid_index: Option<u8>, case: &Case) -> Seen {
     while let Some(e) = dev.poll_async_event() {
         events.push(e.as_str());
     }
+    let mut landed = vec![0; dst.len()];
+    dst.read(0, &mut landed).unwrap();
     Seen {
         requester,
         a: a.state(),
         b: b.state(),
         responder: buf[..n].iter().map(|w| w.status).collect(),
         events,
+        placed: landed
+            .iter()
+            .zip(&pattern)
+            .take_while(|(d, p)| d == p)
+            .count(),
     }
 }
 
