@@ -906,6 +906,7 @@ impl QueuePair for SoftQp {
         }
         let limit = qp.sq.limit();
         let mut result = Ok(());
+        let mut posting = qp.sq.posting(wrs.len());
         for (i, wr) in wrs.iter().enumerate() {
             let (inline, len, local_addr, lkey) = match wr.local {
                 Local::Empty => (&[][..], 0, 0, 0),
@@ -959,11 +960,11 @@ impl QueuePair for SoftQp {
                 rkey: wr.remote.rkey,
                 remote_addr: wr.remote.addr,
             };
-            qp.sq.write(p.head, &wqe, wr.wr_id, wr.imm_data, inline);
+            posting.write(p.head, &wqe, wr.wr_id, wr.imm_data, inline);
             p.head += 1;
         }
         // The doorbell: publish what was written, even if a later WR failed (as mlx5).
-        qp.sq.publish(p.head);
+        posting.publish(p.head);
         drop(p);
         self.dev.ring_doorbell();
         result

@@ -1,7 +1,8 @@
 //! Multi-threaded stress of the software NIC through `SignaledQueue`: several application
 //! threads, each with its own connected QP pair on one device (one NIC thread serves them
-//! all), post millions of RDMA WRITEs of random sizes, buffered and inline, under random
-//! signaling policies, and verify every byte that lands.
+//! all), post millions of RDMA WRITEs of random sizes, buffered and inline, one at a time
+//! and in post lists of up to 127 (the long ones streamed into the send queue, see
+//! `ring.rs`), under random signaling policies, and verify every byte that lands.
 //!
 //! The number of work requests per thread is `SELSIG_STRESS_WRS` (default 700 000, so
 //! about two million in all); the valgrind run (`scripts/valgrind-stress.sh`) sets a
@@ -18,7 +19,9 @@ use selsig_soft::{Personality, SoftConfig, SoftDevice, SoftMr};
 
 const THREADS: u64 = 3;
 const SLOT: usize = 2048;
-const BUFFERS: usize = 96;
+const BUFFERS: usize = 160;
+/// The shortest post list the soft NIC streams (`ring::STREAM_MIN`).
+const LONG_LIST: usize = 64;
 
 /// xorshift64*: random enough for choosing sizes and policies, and reproducible.
 struct Rng(u64);
@@ -60,7 +63,7 @@ fn run_thread(dev: SoftDevice, thread: u64, total: u64) -> (u64, u64) {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (thread + 1).wrapping_mul(0x1234_5678_9abc));
     let pd = dev.alloc_pd().expect("pd");
     let cq = Arc::new(dev.create_cq(256).expect("cq"));
-    let depth = [8u32, 32, 64][thread as usize % 3];
+    let depth = [8u32, 32, 128][thread as usize % 3];
     let init = QpInit {
         caps: QpCaps {
             max_send_wr: depth,
@@ -105,6 +108,37 @@ fn run_thread(dev: SoftDevice, thread: u64, total: u64) -> (u64, u64) {
     let start = Instant::now();
     while retired < total {
         while posted < total && queue.available() > 0 {
+            // A queue deep enough for long lists alternates phases of 4096 work requests
+            // posted one at a time and in lists, for which it waits for room.
+            let lists = depth as usize >= 2 * LONG_LIST
+                && (posted / 4096) % 2 == 1
+                && total - posted >= LONG_LIST as u64;
+            if lists {
+                let room = (queue.available() as usize).min(free.len());
+                if room < LONG_LIST {
+                    break;
+                }
+                // A post list of buffered WRITEs, long enough to be streamed.
+                let n = room
+                    .min(LONG_LIST + rng.below(LONG_LIST as u64) as usize)
+                    .min((total - posted) as usize);
+                let mut works = Vec::with_capacity(n);
+                for seq in posted..posted + n as u64 {
+                    let len = 1 + rng.below(SLOT as u64) as usize;
+                    let mut buf = free.pop().expect("room counts the free buffers");
+                    let slot = buf.offset() / SLOT;
+                    buf.write(0, &pattern(thread, seq, len)).expect("fill");
+                    let (head, rest) = buf.split_at(len).expect("len <= SLOT");
+                    rests.push(rest);
+                    let target = remote.remote(slot * SLOT);
+                    works.push(Work::write(head, target, Sent { slot, seq, len }));
+                }
+                let mut works = works.into_iter();
+                let count = queue.post_batch(&mut works).expect("post list");
+                assert_eq!(count, n, "thread {thread}: the whole list is posted");
+                posted += n as u64;
+                continue;
+            }
             let seq = posted;
             let max = if rng.below(4) == 0 { SLOT as u64 } else { 256 };
             let len = 1 + rng.below(max) as usize;
