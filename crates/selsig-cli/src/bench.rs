@@ -10,7 +10,7 @@
 //! outstanding, completions polled 16 at a time, bandwidth over the time from the first
 //! post to the last completion, in perftest's units.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::IsTerminal as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -824,13 +824,21 @@ fn thread_cpu() -> Duration {
 
 /// What the bench keeps of the WRITEs it gets back: their buffers for reuse, the
 /// confirmation lag, and the first that did not complete.
+///
+/// Post times are kept per post (a batch shares one clock reading), by sequence number,
+/// not with each WRITE: the queue's context is `()`, so nothing is carried per WRITE
+/// beyond its buffer.
 struct Tally<M> {
     free: Vec<Buffer<M>>,
     lag: Histogram<u64>,
     /// Whether lag is measured (not in perftest mode).
     timed: bool,
-    /// The post time shared by the current run of retired WRITEs (a batch shares one),
-    /// how many, and when the poll that retired them saw them.
+    /// Of each post not yet fully retired, oldest first: the sequence number after its
+    /// last WRITE, and its time.
+    posts: VecDeque<(u64, Instant)>,
+    /// The post of the current run of retired WRITEs: where it ends, its time, how many
+    /// of its WRITEs the run has, and when the poll that retired them saw them.
+    run_end: u64,
     run_posted: Instant,
     run_len: u64,
     seen: Instant,
@@ -839,12 +847,14 @@ struct Tally<M> {
 }
 
 impl<M> Tally<M> {
-    fn new(timed: bool, free: Vec<Buffer<M>>) -> Self {
+    fn new(timed: bool, free: Vec<Buffer<M>>, depth: usize) -> Self {
         let now = Instant::now();
         Tally {
             free,
             lag: new_histogram(),
             timed,
+            posts: VecDeque::with_capacity(depth + 1),
+            run_end: 0,
             run_posted: now,
             run_len: 0,
             seen: now,
@@ -853,24 +863,43 @@ impl<M> Tally<M> {
         }
     }
 
-    /// A WRITE retired by a poll that saw it at `now` (its context is its post time).
-    #[inline]
-    fn take(&mut self, c: selsig::Completion<M, Instant>, now: Instant) {
+    /// WRITEs up to sequence number `end` (exclusive) were posted at `at`.
+    fn posted(&mut self, end: u64, at: Instant) {
+        if self.timed {
+            self.posts.push_back((end, at));
+        }
+    }
+
+    /// A WRITE retired by a poll that saw it at `now`; returns its post time (when timed).
+    #[inline(always)]
+    fn take(&mut self, c: selsig::Completion<M, ()>, now: Instant) -> Instant {
         if c.outcome != Outcome::Completed && self.failed.is_none() {
             self.failed = Some((c.seq.0, c.outcome));
         }
-        // A batch shares one post time: record its lags as one run.
-        if c.user == self.run_posted {
-            self.run_len += 1;
-        } else {
-            self.end_poll();
-            (self.run_posted, self.run_len) = (c.user, 1);
-        }
-        self.seen = now;
         if let Some(buf) = c.buffer {
             self.free.push(buf);
         }
         self.retired += 1;
+        if !self.timed {
+            return now;
+        }
+        // A post shares one time: record its lags as one run.
+        if c.seq.0 < self.run_end {
+            self.run_len += 1;
+        } else {
+            self.end_poll();
+            // WRITEs retire in posting order: the posts before this one's are done.
+            while let Some(&(end, at)) = self.posts.front() {
+                if c.seq.0 < end {
+                    (self.run_end, self.run_posted) = (end, at);
+                    break;
+                }
+                self.posts.pop_front();
+            }
+            self.run_len = 1;
+        }
+        self.seen = now;
+        self.run_posted
     }
 
     /// Records the lag of the last run.
@@ -1022,8 +1051,7 @@ fn run_point<D: Device>(
     };
     let timed = !plan.perftest;
     let first_seq = config.first_seq;
-    let mut queue: SignaledQueue<D, Instant> =
-        SignaledQueue::with_config(qp, Arc::clone(&cq), config)?;
+    let mut queue: SignaledQueue<D, ()> = SignaledQueue::with_config(qp, Arc::clone(&cq), config)?;
     let adaptive = matches!(policy, Policy::Adaptive { .. });
     let cap = if plan.inline || plan.perftest {
         depth
@@ -1032,7 +1060,7 @@ fn run_point<D: Device>(
     };
     let mut done = Vec::with_capacity(depth as usize);
     let mut gap = new_histogram();
-    let mut tally = Tally::new(timed, free);
+    let mut tally = Tally::new(timed, free, depth as usize);
     // The lowest the free list got (the buffers below it were never written).
     let mut lowest_free = tally.free.len();
     let mut to_nic = new_histogram();
@@ -1070,50 +1098,68 @@ fn run_point<D: Device>(
             let count = {
                 let free = &mut tally.free;
                 let data = inline_data.as_slice();
-                // WRITE `index` (from 0) of the run.
-                let mut work = |index: u64| {
-                    let work = if plan.perftest {
-                        let at = perftest_offset(index, size, plan.geometry);
-                        match &fixed {
-                            Some(mr) => Work::raw(
-                                Opcode::RdmaWrite,
-                                Some(mr.sge(at as usize, size as u32)),
-                                target.offset(at),
-                                now,
-                            ),
-                            None => Work::write_inline(data, target.offset(at), now),
-                        }
-                    } else if plan.inline {
-                        let at = (index % u64::from(buffers)) * size;
-                        Work::write_inline(data, target.offset(at), now)
-                    } else {
-                        let buf = free.pop()?;
+                let result = if !plan.perftest && !plan.inline && room > 1 {
+                    // A sweep's list: the top `room` buffers of the free list (there are
+                    // as many as the queue has room for), taken in one drain.
+                    let at = free.len().saturating_sub(room as usize);
+                    let first = posted;
+                    let mut works = free.drain(at..).enumerate().map(|(k, buf)| {
                         let at = buf.offset() as u64;
-                        Work::write(buf, target.offset(at), now)
-                    };
-                    // perftest signals the last WRITE of a counted run.
-                    Some(if index + 1 == last {
-                        work.signal(selsig::Signal::Force)
-                    } else {
-                        work
-                    })
-                };
-                let result = if room == 1 {
-                    // One at a time (perftest's default): the queue's single-post path.
-                    match work(posted) {
-                        Some(w) => queue.post(w).map(|_| 1),
-                        None => Ok(0),
-                    }
-                } else {
-                    let mut k = 0u64;
-                    let mut works = std::iter::from_fn(|| {
-                        if k == room {
-                            return None;
+                        let work = Work::write(buf, target.offset(at), ());
+                        // perftest signals the last WRITE of a counted run.
+                        if first + k as u64 + 1 == last {
+                            work.signal(selsig::Signal::Force)
+                        } else {
+                            work
                         }
-                        k += 1;
-                        work(posted + k - 1)
                     });
                     queue.post_batch(&mut works)
+                } else {
+                    // WRITE `index` (from 0) of the run.
+                    let mut work = |index: u64| {
+                        let work = if plan.perftest {
+                            let at = perftest_offset(index, size, plan.geometry);
+                            match &fixed {
+                                Some(mr) => Work::raw(
+                                    Opcode::RdmaWrite,
+                                    Some(mr.sge(at as usize, size as u32)),
+                                    target.offset(at),
+                                    (),
+                                ),
+                                None => Work::write_inline(data, target.offset(at), ()),
+                            }
+                        } else if plan.inline {
+                            let at = (index % u64::from(buffers)) * size;
+                            Work::write_inline(data, target.offset(at), ())
+                        } else {
+                            let buf = free.pop()?;
+                            let at = buf.offset() as u64;
+                            Work::write(buf, target.offset(at), ())
+                        };
+                        // perftest signals the last WRITE of a counted run.
+                        Some(if index + 1 == last {
+                            work.signal(selsig::Signal::Force)
+                        } else {
+                            work
+                        })
+                    };
+                    if room == 1 {
+                        // One at a time (perftest's default): the queue's single-post path.
+                        match work(posted) {
+                            Some(w) => queue.post(w).map(|_| 1),
+                            None => Ok(0),
+                        }
+                    } else {
+                        let mut k = 0u64;
+                        let mut works = std::iter::from_fn(|| {
+                            if k == room {
+                                return None;
+                            }
+                            k += 1;
+                            work(posted + k - 1)
+                        });
+                        queue.post_batch(&mut works)
+                    }
                 };
                 match result {
                     Ok(n) => n as u64,
@@ -1126,6 +1172,7 @@ fn run_point<D: Device>(
             // Work requests the queue had no room for stay in `works`; with room
             // computed from `outstanding` that cannot happen.
             ensure!(count == room, "posted {count} of {room} WRITEs");
+            tally.posted(queue.tracker().next_seq().0, now);
             lowest_free = lowest_free.min(tally.free.len());
             posted += count;
             posts = posts.wrapping_add(1);
@@ -1163,13 +1210,14 @@ fn run_point<D: Device>(
             if !done.is_empty() {
                 let now = Instant::now();
                 for c in done.drain(..) {
-                    if let Some(at) = queue.qp().executed_at(c.seq.0 - first_seq) {
+                    let seq = c.seq.0;
+                    let posted_at = tally.take(c, now);
+                    if let Some(at) = queue.qp().executed_at(seq - first_seq) {
                         gap.saturating_record(now.saturating_duration_since(at).as_nanos() as u64);
                         to_nic.saturating_record(
-                            at.saturating_duration_since(c.user).as_nanos() as u64
+                            at.saturating_duration_since(posted_at).as_nanos() as u64,
                         );
                     }
-                    tally.take(c, now);
                 }
             }
         } else {
@@ -2116,11 +2164,12 @@ mod tests {
     #[test]
     fn the_tally_keeps_the_first_failure() {
         let now = Instant::now();
-        let mut tally: Tally<()> = Tally::new(true, Vec::new());
+        let mut tally: Tally<()> = Tally::new(true, Vec::new(), 8);
+        tally.posted(7, now);
         let done = |seq, outcome| selsig::Completion {
             seq: selsig::Seq(seq),
             buffer: None,
-            user: now,
+            user: (),
             outcome,
             signaled: false,
         };
@@ -2137,6 +2186,40 @@ mod tests {
         );
         assert_eq!(tally.retired, 3);
         assert_eq!(tally.lag.len(), 3);
+    }
+
+    /// Each WRITE's lag runs from the post it went out in, whichever poll retires it; a
+    /// marker's sequence number between posts (never handed back) is skipped.
+    #[test]
+    fn the_tally_times_each_write_from_its_post() {
+        let t0 = Instant::now();
+        let (t1, seen) = (
+            t0 + Duration::from_micros(10),
+            t0 + Duration::from_micros(50),
+        );
+        let mut tally: Tally<()> = Tally::new(true, Vec::new(), 8);
+        // WRITEs 0..3 at t0, a marker 3, WRITEs 4..6 at t1.
+        tally.posted(3, t0);
+        tally.posted(6, t1);
+        let done = |seq| selsig::Completion {
+            seq: selsig::Seq(seq),
+            buffer: None,
+            user: (),
+            outcome: Outcome::Completed,
+            signaled: false,
+        };
+        assert_eq!(tally.take(done(0), seen), t0);
+        assert_eq!(tally.take(done(1), seen), t0);
+        tally.end_poll();
+        assert_eq!(tally.take(done(2), seen), t0);
+        assert_eq!(tally.take(done(4), seen), t1);
+        assert_eq!(tally.take(done(5), seen), t1);
+        tally.end_poll();
+        assert_eq!(tally.retired, 5);
+        assert_eq!(tally.lag.len(), 5);
+        assert_eq!(tally.lag.count_between(49_000, 50_999), 3, "posted at t0");
+        assert_eq!(tally.lag.count_between(39_000, 40_999), 2, "posted at t1");
+        assert!(tally.posts.len() <= 1, "retired posts are let go");
     }
 
     /// A point slow enough to show its Gb/s with three significant digits, as its rate.
