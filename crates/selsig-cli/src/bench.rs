@@ -1105,13 +1105,11 @@ fn run_point<D: Device>(
                     let first = posted;
                     let mut works = free.drain(at..).enumerate().map(|(k, buf)| {
                         let at = buf.offset() as u64;
-                        let work = Work::write(buf, target.offset(at), ());
-                        // perftest signals the last WRITE of a counted run.
-                        if first + k as u64 + 1 == last {
-                            work.signal(selsig::Signal::Force)
-                        } else {
-                            work
-                        }
+                        signal_last(
+                            Work::write(buf, target.offset(at), ()),
+                            first + k as u64,
+                            last,
+                        )
                     });
                     queue.post_batch(&mut works)
                 } else {
@@ -1136,12 +1134,7 @@ fn run_point<D: Device>(
                             let at = buf.offset() as u64;
                             Work::write(buf, target.offset(at), ())
                         };
-                        // perftest signals the last WRITE of a counted run.
-                        Some(if index + 1 == last {
-                            work.signal(selsig::Signal::Force)
-                        } else {
-                            work
-                        })
+                        Some(signal_last(work, index, last))
                     };
                     if room == 1 {
                         // One at a time (perftest's default): the queue's single-post path.
@@ -1296,6 +1289,21 @@ fn run_point<D: Device>(
         .then(|| (lowest_free as u32 + 1..=buffers).collect());
     finish(peer, written)?;
     Ok((point, sq_capacity, buffers, nic_times))
+}
+
+/// `work`, WRITE `index` (from 0) of a run that ends before WRITE `last`: signaled if it is
+/// the last one, as perftest signals the last WRITE of a counted run.
+#[inline(always)]
+fn signal_last<'a, M: MemoryRegion>(
+    work: Work<'a, M, ()>,
+    index: u64,
+    last: u64,
+) -> Work<'a, M, ()> {
+    if index + 1 == last {
+        work.signal(selsig::Signal::Force)
+    } else {
+        work
+    }
 }
 
 /// Ends a point; a server checks the slots `written` (1-based) hold their WRITE's pattern

@@ -192,7 +192,6 @@ impl SendRing {
         Posting {
             ring: self,
             stream: count >= STREAM_MIN,
-            streamed: false,
         }
     }
 
@@ -343,10 +342,8 @@ pub(crate) const STREAM_MIN: usize = 64;
 )]
 pub(crate) struct Posting<'a> {
     ring: &'a SendRing,
-    /// WQE words are stored non-temporally (a long post list).
+    /// WQE words are stored non-temporally (a long post list), until the fence.
     stream: bool,
-    /// Non-temporal stores were made since the last fence.
-    streamed: bool,
 }
 
 impl Posting<'_> {
@@ -395,7 +392,6 @@ impl Posting<'_> {
             slot.store(word, Ordering::Relaxed);
             return;
         }
-        self.streamed = true;
         // SAFETY: `as_ptr` of a live atomic is valid and 8-byte aligned for a write. No
         // other access to the word can race with the store until the fence: the NIC thread
         // reads a slot only after loading (acquire) a producer index that publishes it, and
@@ -414,11 +410,12 @@ impl Posting<'_> {
     }
 
     /// Orders the non-temporal stores made so far before every later store and load of
-    /// this thread (the producer index's release store among them).
+    /// this thread (the producer index's release store among them); once, from `publish`
+    /// or the drop, whichever comes first (no write follows either).
     #[inline(always)]
     fn fence(&mut self) {
         #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-        if std::mem::take(&mut self.streamed) {
+        if std::mem::take(&mut self.stream) {
             // SAFETY: `sfence` has no preconditions; SSE is part of x86-64's baseline.
             #[allow(unsafe_code)]
             unsafe {
