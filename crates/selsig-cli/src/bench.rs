@@ -13,6 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::IsTerminal as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -44,6 +45,15 @@ const PERFTEST_POLL_BATCH: usize = 16;
 const DEFAULT_DURATION: Duration = Duration::from_millis(500);
 /// Time the memcpy reference copies, per size.
 const MEMCPY_TIME: Duration = Duration::from_millis(200);
+/// The thread-to-thread yardstick ([`round_trip_ns`]) times at most this many round trips
+const ROUND_TRIPS: u64 = 20_000;
+/// ... and for at most about this long.
+const ROUND_TRIP_TIME: Duration = Duration::from_millis(20);
+/// The pause before [`round_trip_ns`] measures: the soft NIC's thread spins for a while
+/// after its last work before it sleeps, and would take a CPU from the two threads.
+const ROUND_TRIP_IDLE: Duration = Duration::from_millis(5);
+/// Round trips that vary over a run by more than this factor are flagged.
+const ROUND_TRIP_WARN: f64 = 2.0;
 /// The unmeasured run before the first point.
 const WARM_UP: Duration = Duration::from_millis(100);
 /// Below this CPU share of the posting thread a point's figures are flagged
@@ -601,6 +611,13 @@ pub struct Point {
     /// Time from a WRITE's post to the NIC finishing it (soft provider); null where
     /// [`nic_to_app`](Self::nic_to_app) is.
     pub post_to_nic: Option<Percentiles>,
+    /// The soft provider's second yardstick, just before and just after the point: the
+    /// round trip of a cache line between two threads of the bench, in nanoseconds
+    /// ([`round_trip_ns`]). A completion crosses from the NIC's core to the application's,
+    /// and the slot it frees back, so the points that signal often go at this speed; a
+    /// virtual machine's host can move its CPUs meanwhile and change it several-fold. Null
+    /// on other providers and in perftest mode.
+    pub round_trip_ns: Option<[f64; 2]>,
 }
 
 /// Everything `--json` writes.
@@ -699,9 +716,12 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
     for &size in &plan.sizes {
         for &policy in &plan.policies {
             bar.set_message(format!("{size} B, {policy}"));
-            let (point, cap, buffers, recorded) =
+            let yardstick = info.personality.is_some() && !plan.perftest;
+            let before = yardstick.then(round_trip_ns);
+            let (mut point, cap, buffers, recorded) =
                 run_point(plan, dev, info, &pd, size, policy, plan.stop)
                     .with_context(|| format!("{size}-byte WRITEs, {policy}"))?;
+            point.round_trip_ns = before.map(|b| [b, round_trip_ns()]);
             sq_capacity = cap;
             nic_times |= recorded;
             if !buffers_per_size.iter().any(|&(s, _)| s == size) {
@@ -769,6 +789,56 @@ fn memcpy_gbit(size: usize, buffers: usize) -> f64 {
         copied += (size * buffers) as u64;
     }
     gbit(copied as f64, start.elapsed().as_secs_f64())
+}
+
+/// A value on a cache line of its own.
+#[repr(align(128))]
+struct Line(AtomicU64);
+
+/// Nanoseconds a round trip of a cache line between this thread and another takes: this
+/// thread stores a number, the other, spinning, stores it back on another line, and this
+/// one waits for it ([`ROUND_TRIPS`] times, or for about [`ROUND_TRIP_TIME`], the first
+/// trip untimed). That is the soft NIC's cost of a completion (or a doorbell) crossing
+/// from one core to another, which the host's placement of the two CPUs sets. With one
+/// CPU for both threads each trip waits for the scheduler, and the figure says so. It
+/// first waits [`ROUND_TRIP_IDLE`], for the soft NIC's thread to go to sleep.
+fn round_trip_ns() -> f64 {
+    const STOP: u64 = u64::MAX;
+    std::thread::sleep(ROUND_TRIP_IDLE);
+    let (ping, pong) = (Line(AtomicU64::new(0)), Line(AtomicU64::new(0)));
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut seen = 0;
+            loop {
+                let n = ping.0.load(Ordering::Acquire);
+                if n == STOP {
+                    return;
+                }
+                if n != seen {
+                    seen = n;
+                    pong.0.store(n, Ordering::Release);
+                }
+                std::hint::spin_loop();
+            }
+        });
+        let trip = |n: u64| {
+            ping.0.store(n, Ordering::Release);
+            while pong.0.load(Ordering::Acquire) != n {
+                std::hint::spin_loop();
+            }
+        };
+        // Until the other thread runs.
+        trip(1);
+        let start = Instant::now();
+        let mut trips = 0;
+        while trips < ROUND_TRIPS && (trips % 16 != 0 || start.elapsed() < ROUND_TRIP_TIME) {
+            trips += 1;
+            trip(trips + 1);
+        }
+        let ns = start.elapsed().as_nanos() as f64 / trips as f64;
+        ping.0.store(STOP, Ordering::Release);
+        ns
+    })
 }
 
 /// Gigabits (10^9 bits) per second of `bytes` moved in `seconds`.
@@ -1280,6 +1350,7 @@ fn run_point<D: Device>(
         lag: Percentiles::of(&tally.lag),
         nic_to_app: Percentiles::of(&gap),
         post_to_nic: Percentiles::of(&to_nic),
+        round_trip_ns: None,
     };
     drop(queue);
     // In a sweep, buffer k (from 0) holds the pattern of WRITE k + 1 and is written to slot
@@ -1445,6 +1516,19 @@ pub fn render(report: &Report) -> String {
             refs.join(", ")
         );
     }
+    if let Some((min, max)) = round_trips(report) {
+        let range = if format!("{min:.0}") == format!("{max:.0}") {
+            format!("{min:.0} ns")
+        } else {
+            format!("{min:.0} to {max:.0} ns")
+        };
+        let _ = writeln!(
+            out,
+            "{}round trip of a cache line between two threads, before and after each point \
+             (what a completion crossing cores costs): {range}",
+            if report.memcpy.is_empty() { "\n" } else { "" }
+        );
+    }
     out.push_str(
         "\nMWR/s: million WRITEs per second; CQE/1000: completions per 1000 WRITEs; CPU/WR: CPU time \
          of the posting thread (posting and polling) per WRITE; lag: post to the application \
@@ -1491,7 +1575,33 @@ pub fn load_warning(report: &Report) -> Option<String> {
             above(WAIT_SHARE_WARN)
         ));
     }
+    if let Some((min, max)) = round_trips(report)
+        && max > min * ROUND_TRIP_WARN
+    {
+        lines.push(format!(
+            "warning: the round trip of a cache line between two threads ranged from {min:.0} to \
+             {max:.0} ns over the run ({:.1}x): the threads or their CPUs were moved meanwhile (by \
+             the scheduler, or a virtual machine's host), and the points that signal often ran \
+             at the speed of the round trip of their time; compare points with like round trips \
+             (`round_trip_ns` in the JSON), or run again",
+            max / min
+        ));
+    }
     (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// The fastest and the slowest round trip between two threads over the run, where measured
+/// ([`Point::round_trip_ns`]).
+fn round_trips(report: &Report) -> Option<(f64, f64)> {
+    report
+        .points
+        .iter()
+        .filter_map(|p| p.round_trip_ns)
+        .flatten()
+        .fold(None, |range, ns| match range {
+            None => Some((ns, ns)),
+            Some((lo, hi)) => Some((f64::min(lo, ns), f64::max(hi, ns))),
+        })
 }
 
 /// The points `value` flags (its share, where it does), shown as "42% of the time at 4KiB
@@ -1857,6 +1967,7 @@ mod tests {
             lag: None,
             nic_to_app: None,
             post_to_nic: None,
+            round_trip_ns: None,
         };
         Report {
             provider: "soft",
@@ -2165,6 +2276,47 @@ mod tests {
             table.contains("(the soft NIC's yardstick): 64KiB 12.3 Gb/s"),
             "{table}"
         );
+    }
+
+    /// The round trips before and after each point give one line under the table, their
+    /// range over the run; a range wider than twofold is flagged, and a steady one is not.
+    #[test]
+    fn round_trips_are_shown_and_a_wide_range_is_flagged() {
+        let mut report = report_of(&[1.0, 1.0, 1.0]);
+        assert!(!render(&report).contains("round trip"), "none measured");
+        let line = "round trip of a cache line between two threads, before and after each point";
+        report.points[0].round_trip_ns = Some([120.4, 119.6]);
+        report.points[2].round_trip_ns = Some([120.2, 120.0]);
+        let table = render(&report);
+        assert!(
+            table.contains(&format!(
+                "\n\n{line} (what a completion crossing cores costs): 120 ns\n"
+            )),
+            "a line of its own after the table: {table}"
+        );
+        assert_eq!(load_warning(&report), None);
+        report.points[1].round_trip_ns = Some([131.0, 239.0]);
+        assert_eq!(load_warning(&report), None, "2.0x is not flagged");
+        report.points[2].round_trip_ns = Some([520.7, 119.6]);
+        let table = render(&report);
+        assert!(table.contains("costs): 120 to 521 ns\n"), "{table}");
+        let warning = load_warning(&report).expect("a warning");
+        assert!(
+            warning.contains("ranged from 120 to 521 ns over the run (4.4x)"),
+            "{warning}"
+        );
+        assert!(table.trim_end().ends_with(&warning), "{table}");
+    }
+
+    /// The yardstick measures a time, and stops soon after its time limit, even where the
+    /// other thread waits for a CPU (tests run side by side).
+    #[test]
+    fn a_round_trip_between_threads_is_timed() {
+        let start = Instant::now();
+        let ns = round_trip_ns();
+        let took = start.elapsed();
+        assert!(ns.is_finite() && ns > 0.0, "{ns}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
     }
 
     /// The first WRITE that did not complete is the one a point reports, not a later one

@@ -1987,6 +1987,12 @@ fn bench_counts_exactly_the_completions_each_interval_implies() {
         let policy = p["policy"].as_str().unwrap();
         assert_eq!(p["wrs"], 2000, "{policy}");
         assert_eq!(p["forced"], 0, "{policy}");
+        // The thread-to-thread yardstick, before and after the point.
+        let trips = p["round_trip_ns"].as_array().expect("two round trips");
+        assert!(
+            trips.len() == 2 && trips.iter().all(|t| t.as_f64() > Some(0.0)),
+            "{policy}: {trips:?}"
+        );
         let cqes = p["cqes"].as_u64().unwrap();
         let markers = p["markers"].as_u64().unwrap();
         match p["interval"].as_u64() {
@@ -2180,6 +2186,10 @@ fn bench_perftest_mode_prints_perftest_figures() {
     );
     // perftest's memory, as ib_write_bw registers it: max(size, a page) on each side.
     assert_eq!(v["settings"]["region"], 4096);
+    assert!(
+        p["round_trip_ns"].is_null(),
+        "no yardstick between perftest's figures: {p}"
+    );
     assert!(
         p["lag"].is_null(),
         "perftest mode reads no clock while it runs: {p}"
