@@ -717,11 +717,11 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
         for &policy in &plan.policies {
             bar.set_message(format!("{size} B, {policy}"));
             let yardstick = info.personality.is_some() && !plan.perftest;
-            let before = yardstick.then(round_trip_ns);
+            let before = yardstick.then(round_trip_ns).flatten();
             let (mut point, cap, buffers, recorded) =
                 run_point(plan, dev, info, &pd, size, policy, plan.stop)
                     .with_context(|| format!("{size}-byte WRITEs, {policy}"))?;
-            point.round_trip_ns = before.map(|b| [b, round_trip_ns()]);
+            point.round_trip_ns = before.and_then(|b| Some([b, round_trip_ns()?]));
             sq_capacity = cap;
             nic_times |= recorded;
             if !buffers_per_size.iter().any(|&(s, _)| s == size) {
@@ -801,13 +801,14 @@ struct Line(AtomicU64);
 /// trip untimed). That is the soft NIC's cost of a completion (or a doorbell) crossing
 /// from one core to another, which the host's placement of the two CPUs sets. With one
 /// CPU for both threads each trip waits for the scheduler, and the figure says so. It
-/// first waits [`ROUND_TRIP_IDLE`], for the soft NIC's thread to go to sleep.
-fn round_trip_ns() -> f64 {
+/// first waits [`ROUND_TRIP_IDLE`], for the soft NIC's thread to go to sleep. `None` if the
+/// other thread cannot be started.
+fn round_trip_ns() -> Option<f64> {
     const STOP: u64 = u64::MAX;
     std::thread::sleep(ROUND_TRIP_IDLE);
     let (ping, pong) = (Line(AtomicU64::new(0)), Line(AtomicU64::new(0)));
     std::thread::scope(|scope| {
-        scope.spawn(|| {
+        let answer = std::thread::Builder::new().spawn_scoped(scope, || {
             let mut seen = 0;
             loop {
                 let n = ping.0.load(Ordering::Acquire);
@@ -821,6 +822,7 @@ fn round_trip_ns() -> f64 {
                 std::hint::spin_loop();
             }
         });
+        answer.ok()?;
         let trip = |n: u64| {
             ping.0.store(n, Ordering::Release);
             while pong.0.load(Ordering::Acquire) != n {
@@ -837,7 +839,7 @@ fn round_trip_ns() -> f64 {
         }
         let ns = start.elapsed().as_nanos() as f64 / trips as f64;
         ping.0.store(STOP, Ordering::Release);
-        ns
+        Some(ns)
     })
 }
 
@@ -2313,7 +2315,7 @@ mod tests {
     #[test]
     fn a_round_trip_between_threads_is_timed() {
         let start = Instant::now();
-        let ns = round_trip_ns();
+        let ns = round_trip_ns().expect("a thread");
         let took = start.elapsed();
         assert!(ns.is_finite() && ns > 0.0, "{ns}");
         assert!(took < Duration::from_secs(5), "{took:?}");
