@@ -614,7 +614,7 @@ pub struct Point {
     /// The soft provider's second yardstick, just before and just after the point: the
     /// round trip of a cache line between two threads of the bench, in nanoseconds
     /// ([`round_trip_ns`]). A completion crosses from the NIC's core to the application's,
-    /// and the slot it frees back, so the points that signal often go at this speed; a
+    /// and the slot it frees goes back, so the points that signal often go at this speed; a
     /// virtual machine's host can move its CPUs meanwhile and change it several-fold. Null
     /// on other providers and in perftest mode.
     pub round_trip_ns: Option<[f64; 2]>,
@@ -713,10 +713,11 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
         run_point(plan, dev, info, &pd, plan.sizes[0], plan.policies[0], warm)
             .context("warm-up run")?;
     }
+    // The soft NIC's round-trip yardstick, around each point of a sweep.
+    let yardstick = info.personality.is_some() && !plan.perftest;
     for &size in &plan.sizes {
         for &policy in &plan.policies {
             bar.set_message(format!("{size} B, {policy}"));
-            let yardstick = info.personality.is_some() && !plan.perftest;
             let before = yardstick.then(round_trip_ns).flatten();
             let (mut point, cap, buffers, recorded) =
                 run_point(plan, dev, info, &pd, size, policy, plan.stop)
