@@ -2633,7 +2633,7 @@ fn output_files_created_are_removed_when_stopped_or_failed() {
     let dir = scratch("selsig-cli-stopped");
     let (json, svg) = (dir.join("out.json"), dir.join("out.svg"));
     for name in ["INT", "TERM"] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        let mut child = interruptible(&mut Command::new(env!("CARGO_BIN_EXE_selsig")))
             .args(["bench", "-s", "64", "-e", "1", "-D", "60s", "--json"])
             .arg(&json)
             .arg("--svg")
@@ -2712,6 +2712,21 @@ fn output_files_created_are_removed_when_stopped_or_failed() {
         stderr(&o)
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `cmd` with SIGINT at its default action in the child, as a command started from a
+/// terminal has it. The tests may run as a shell's background job, which inherits SIGINT
+/// ignored, and the command then rightly leaves it ignored (as under `nohup`).
+fn interruptible(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: between fork and exec the hook only calls `signal`, which is
+    // async-signal-safe, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        })
+    }
 }
 
 /// Waits up to 30 s for `child` to end; kills it if it does not.
@@ -2813,7 +2828,7 @@ fn signals_stop_the_command_as_before_and_leave_no_temporary_file() {
         .open(&fifo)
         .unwrap();
     rustix::pipe::fcntl_setpipe_size(&reader, 4096).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_selsig"))
+    let mut child = interruptible(&mut Command::new(env!("CARGO_BIN_EXE_selsig")))
         .args(["bench", "-n", "100", "-s", "64", "-e", "1", "--json"])
         .arg(&json)
         .arg("--svg")
