@@ -713,16 +713,19 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
         run_point(plan, dev, info, &pd, plan.sizes[0], plan.policies[0], warm)
             .context("warm-up run")?;
     }
-    // The soft NIC's round-trip yardstick, around each point of a sweep.
+    // The soft NIC's round-trip yardstick, around each point of a sweep: measured once
+    // between two points, the one after a point is the one before the next.
     let yardstick = info.personality.is_some() && !plan.perftest;
+    let mut round_trip = yardstick.then(round_trip_ns).flatten();
     for &size in &plan.sizes {
         for &policy in &plan.policies {
             bar.set_message(format!("{size} B, {policy}"));
-            let before = yardstick.then(round_trip_ns).flatten();
             let (mut point, cap, buffers, recorded) =
                 run_point(plan, dev, info, &pd, size, policy, plan.stop)
                     .with_context(|| format!("{size}-byte WRITEs, {policy}"))?;
-            point.round_trip_ns = before.and_then(|b| Some([b, round_trip_ns()?]));
+            let before = round_trip;
+            round_trip = before.and_then(|_| round_trip_ns());
+            point.round_trip_ns = before.zip(round_trip).map(|(b, a)| [b, a]);
             sq_capacity = cap;
             nic_times |= recorded;
             if !buffers_per_size.iter().any(|&(s, _)| s == size) {
