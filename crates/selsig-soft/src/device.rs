@@ -728,6 +728,94 @@ impl SoftQp {
 }
 
 impl SoftQp {
+    /// Writes the work requests `wrs` yields (at most `max`) to their slots as they come
+    /// and publishes them (the doorbell) once `wrs` ends: a panic in `wrs` leaves the
+    /// written slots unpublished, to be written again by the next post.
+    #[inline(always)]
+    fn write_wqes<'a>(
+        &self,
+        max: usize,
+        wrs: impl Iterator<Item = SendWr<'a>>,
+    ) -> Result<usize, PostWrError> {
+        let qp = &self.qp;
+        let mut p = qp.post.lock();
+        let state = qp.state();
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(PostWrError {
+                index: 0,
+                failure: PostFailure::State(state),
+                source: None,
+            });
+        }
+        let limit = qp.sq.limit();
+        let mut result = Ok(());
+        let mut posting = qp.sq.posting(max);
+        let mut head = p.head;
+        for (i, wr) in wrs.take(max).enumerate() {
+            let (inline, len, local_addr, lkey) = match wr.local {
+                Local::Empty => (&[][..], 0, 0, 0),
+                Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
+                Local::Inline(data) => {
+                    if data.len() > qp.caps.max_inline_data as usize {
+                        result = Err(refused(
+                            i,
+                            PostFailure::InlineTooLong {
+                                len: data.len(),
+                                max: qp.caps.max_inline_data,
+                            },
+                        ));
+                        break;
+                    }
+                    (data, data.len() as u32, 0, 0)
+                }
+            };
+            if wr.opcode == Opcode::RdmaRead && matches!(wr.local, Local::Inline(_)) {
+                result = Err(invalid(i, "an RDMA READ cannot be inline"));
+                break;
+            }
+            if u64::from(len) > selsig::MAX_MESSAGE_LEN {
+                result = Err(invalid(i, "longer than the largest message (2 GiB)"));
+                break;
+            }
+            if head - p.freed >= limit {
+                p.freed = qp.freed();
+                if head - p.freed >= limit {
+                    result = Err(PostWrError {
+                        index: i,
+                        failure: PostFailure::Full,
+                        source: Some(std::io::Error::from_raw_os_error(12)),
+                    });
+                    break;
+                }
+            }
+            let wqe = Wqe {
+                opcode: match wr.opcode {
+                    Opcode::RdmaWrite => ring::op::WRITE,
+                    Opcode::RdmaWriteWithImm => ring::op::WRITE_IMM,
+                    Opcode::RdmaRead => ring::op::READ,
+                    Opcode::Send => ring::op::SEND,
+                    Opcode::SendWithImm => ring::op::SEND_IMM,
+                },
+                signaled: wr.signaled,
+                inline: matches!(wr.local, Local::Inline(_)),
+                len,
+                local_addr,
+                lkey,
+                rkey: wr.remote.rkey,
+                remote_addr: wr.remote.addr,
+            };
+            posting.write(head, &wqe, wr.wr_id, wr.imm_data, inline);
+            head += 1;
+        }
+        // The doorbell: publish what was written, even if a later WR failed (as mlx5).
+        let posted = head - p.head;
+        p.head = head;
+        posting.publish(head);
+        drop(p);
+        self.dev.ring_doorbell();
+        result.map(|()| posted as usize)
+    }
+
     fn transition_error(
         &self,
         from: QpState,
@@ -894,80 +982,26 @@ impl QueuePair for SoftQp {
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError> {
-        let qp = &self.qp;
-        let mut p = qp.post.lock();
-        let state = qp.state();
-        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(PostWrError {
-                index: 0,
-                failure: PostFailure::State(state),
-                source: None,
-            });
-        }
-        let limit = qp.sq.limit();
-        let mut result = Ok(());
-        let mut posting = qp.sq.posting(wrs.len());
-        for (i, wr) in wrs.iter().enumerate() {
-            let (inline, len, local_addr, lkey) = match wr.local {
-                Local::Empty => (&[][..], 0, 0, 0),
-                Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
-                Local::Inline(data) => {
-                    if data.len() > qp.caps.max_inline_data as usize {
-                        result = Err(refused(
-                            i,
-                            PostFailure::InlineTooLong {
-                                len: data.len(),
-                                max: qp.caps.max_inline_data,
-                            },
-                        ));
-                        break;
-                    }
-                    (data, data.len() as u32, 0, 0)
-                }
-            };
-            if wr.opcode == Opcode::RdmaRead && matches!(wr.local, Local::Inline(_)) {
-                result = Err(invalid(i, "an RDMA READ cannot be inline"));
-                break;
-            }
-            if u64::from(len) > selsig::MAX_MESSAGE_LEN {
-                result = Err(invalid(i, "longer than the largest message (2 GiB)"));
-                break;
-            }
-            if p.head - p.freed >= limit {
-                p.freed = qp.freed();
-                if p.head - p.freed >= limit {
-                    result = Err(PostWrError {
-                        index: i,
-                        failure: PostFailure::Full,
-                        source: Some(std::io::Error::from_raw_os_error(12)),
-                    });
-                    break;
-                }
-            }
-            let wqe = Wqe {
-                opcode: match wr.opcode {
-                    Opcode::RdmaWrite => ring::op::WRITE,
-                    Opcode::RdmaWriteWithImm => ring::op::WRITE_IMM,
-                    Opcode::RdmaRead => ring::op::READ,
-                    Opcode::Send => ring::op::SEND,
-                    Opcode::SendWithImm => ring::op::SEND_IMM,
-                },
-                signaled: wr.signaled,
-                inline: matches!(wr.local, Local::Inline(_)),
-                len,
-                local_addr,
-                lkey,
-                rkey: wr.remote.rkey,
-                remote_addr: wr.remote.addr,
-            };
-            posting.write(p.head, &wqe, wr.wr_id, wr.imm_data, inline);
-            p.head += 1;
-        }
-        // The doorbell: publish what was written, even if a later WR failed (as mlx5).
-        posting.publish(p.head);
-        drop(p);
-        self.dev.ring_doorbell();
-        result
+        self.write_wqes(wrs.len(), wrs.iter().copied()).map(|_| ())
+    }
+
+    /// Each work request is written to its slot as `wrs` yields it, under the QP's post
+    /// lock: a `wrs` that posts to this QP waits for itself.
+    fn post_send_iter<'a, I>(&self, max: usize, wrs: I) -> Result<usize, PostWrError>
+    where
+        I: Iterator<Item = SendWr<'a>>,
+    {
+        self.write_wqes(max, wrs)
+    }
+
+    /// From the length on which WQEs are streamed. The words of a shorter list are plain
+    /// stores, each waiting for its slot's line to come back from the NIC thread's core:
+    /// interleaved with the tracker's stores, fewer of those lines are requested at once
+    /// than when the list is written in one go (measured in `selsig bench`, every WRITE
+    /// signaled: about 12% slower). Streamed stores do not wait, and a long list written
+    /// as it comes saves its copy (every 64: about 15% faster).
+    fn post_send_iter_min(&self) -> usize {
+        ring::STREAM_MIN
     }
 
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError> {

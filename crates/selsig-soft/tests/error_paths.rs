@@ -485,6 +485,93 @@ fn a_batch_refused_twice_gives_every_payload_back() {
     assert_eq!(queue.outstanding(), 0);
 }
 
+/// A list long enough for the soft NIC to take as the tracker registers it
+/// (`post_send_iter`): the provider refuses WRITE 70 (inline data longer than the QP
+/// takes). The 70 before it run and complete; WRITE 70 comes back; the rest were never
+/// taken from the iterator.
+#[test]
+fn a_long_batch_refused_part_way_posts_what_came_before_and_leaves_the_rest() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = Arc::new(dev.create_cq(256).unwrap());
+    let peer_cq = dev.create_cq(16).unwrap();
+    let (a, _b) = connected(&dev, &pd, (&cq, &cq, &peer_cq), &init(128));
+    assert!(
+        a.post_send_iter_min() <= 100,
+        "the list is long for the soft NIC"
+    );
+    let remote = dev
+        .reg_mr(&pd, 100 * 8, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let mut queue: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::new(a, Arc::clone(&cq), Policy::Every(8)).unwrap();
+    let bytes: Vec<[u8; 8]> = (0..100u64).map(u64::to_le_bytes).collect();
+    let long = [7u8; 65];
+    let mut works = (0..100u32).map(|i| {
+        let data: &[u8] = if i == 70 { &long } else { &bytes[i as usize] };
+        Work::write_inline(data, remote.remote(i as usize * 8), i)
+    });
+    match queue.post_batch(&mut works) {
+        Err(selsig::QueuePostError::Provider { returned, source }) => {
+            assert_eq!(source.index, 70);
+            let users: Vec<u32> = returned.iter().map(|p| p.user).collect();
+            assert_eq!(
+                users,
+                [70],
+                "only the refused WRITE was taken and comes back"
+            );
+        }
+        other => panic!("expected the provider's refusal, got {other:?}"),
+    }
+    assert_eq!(works.next().map(|w| w.opcode()), Some(Opcode::RdmaWrite));
+    assert_eq!(
+        works.count(),
+        28,
+        "WRITEs 72 to 99 are still in the iterator"
+    );
+    assert_eq!(queue.outstanding(), 70);
+    let mut done = Vec::new();
+    queue.drain(WAIT, &mut done).unwrap();
+    let got: Vec<(u32, Outcome)> = done.iter().map(|c| (c.user, c.outcome)).collect();
+    let expected: Vec<(u32, Outcome)> = (0..70).map(|i| (i, Outcome::Completed)).collect();
+    assert_eq!(got, expected);
+    for (i, written) in bytes.iter().enumerate() {
+        let mut word = [0u8; 8];
+        remote.read(i * 8, &mut word).unwrap();
+        let want = if i < 70 { *written } else { [0; 8] };
+        assert_eq!(word, want, "word {i} of the target");
+    }
+}
+
+/// A long list on a queue pair that was never connected: the soft NIC refuses it before
+/// taking a work request, so all stay in the iterator and nothing is outstanding. A short
+/// one is taken whole, and every payload comes back in the error.
+#[test]
+fn a_batch_to_a_queue_pair_not_ready_loses_nothing_long_or_short() {
+    for (len, in_error, left) in [(100u32, 0usize, 100usize), (3, 3, 0)] {
+        let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = Arc::new(dev.create_cq(256).unwrap());
+        let qp = dev.create_qp(&pd, &cq, &cq, &init(128)).unwrap();
+        let mut queue: SignaledQueue<SoftDevice, u32> =
+            SignaledQueue::new(qp, cq, Policy::Every(4)).unwrap();
+        let remote = selsig::RemoteAddr::default();
+        let mut works = (0..len).map(|i| Work::write_empty(remote, i));
+        match queue.post_batch(&mut works) {
+            Err(selsig::QueuePostError::Provider { returned, source }) => {
+                assert_eq!(source.index, 0, "{len} WRITEs");
+                let users: Vec<u32> = returned.iter().map(|p| p.user).collect();
+                let expected: Vec<u32> = (0..in_error as u32).collect();
+                assert_eq!(users, expected, "{len} WRITEs");
+            }
+            other => panic!("expected the provider's refusal, got {other:?}"),
+        }
+        assert_eq!(works.count(), left, "{len} WRITEs");
+        assert_eq!(queue.outstanding(), 0, "{len} WRITEs");
+        assert_eq!(queue.stats().posted, 0, "{len} WRITEs");
+    }
+}
+
 /// Two queues share a CQ and its pool of credits. B's completion holds the last credit;
 /// A's drain polls it (it is B's to handle) and needs a credit for its marker: it says so
 /// at once instead of waiting out its time, and drains once the completion is routed.

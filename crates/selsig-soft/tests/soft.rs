@@ -650,10 +650,15 @@ fn a_panic_in_poll_with_leaves_the_rest_for_the_next_poll() {
 /// work requests it took before were never handed to the NIC, so they are not left
 /// outstanding, where the completions of later work requests would report them completed
 /// (every 4: their WRITEs never ran) or be refused as out of order (every 2: the second was
-/// to be signaled) and wedge the queue.
+/// to be signaled) and wedge the queue. Both ways of taking a list: one of up to 64 (the
+/// queue's slots) is long for the soft NIC, whose slots take each work request as it comes
+/// (those written must not be published); one of up to 3 is staged whole first.
 #[test]
 fn a_panic_in_post_batch_s_iterator_leaves_nothing_it_took_outstanding() {
-    for policy in [Policy::Every(2), Policy::Every(4)] {
+    let cases = [Policy::Every(2), Policy::Every(4)]
+        .into_iter()
+        .flat_map(|p| [(p, 64), (p, 3)]);
+    for (policy, bound) in cases {
         let p = pair();
         let remote = p.mr(4 * 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
         let (bufs, _) = Buffer::new(p.mr(4 * 64, Access::LOCAL_WRITE))
@@ -662,6 +667,7 @@ fn a_panic_in_post_batch_s_iterator_leaves_nothing_it_took_outstanding() {
         let mut bufs = bufs.into_iter();
         let mut q: SignaledQueue<SoftDevice, u64> =
             SignaledQueue::new(p.a, Arc::clone(&p.cq_a), policy).unwrap();
+        assert!(q.qp().post_send_iter_min() <= 64);
         let mut taken = 0u64;
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut works = std::iter::from_fn(|| {
@@ -674,13 +680,14 @@ fn a_panic_in_post_batch_s_iterator_leaves_nothing_it_took_outstanding() {
                     remote.remote((taken as usize - 1) * 64),
                     taken,
                 ))
-            });
+            })
+            .take(bound);
             q.post_batch(&mut works)
         }))
         .is_err();
         assert!(panicked);
-        assert_eq!(q.outstanding(), 0, "{policy}: nothing was posted");
-        assert_eq!(q.stats().posted, 0, "{policy}");
+        assert_eq!(q.outstanding(), 0, "{policy}, {bound}: nothing was posted");
+        assert_eq!(q.stats().posted, 0, "{policy}, {bound}");
         // The queue goes on: two WRITEs to the first two places.
         for wr in [11u64, 12] {
             let mut buf = bufs.next().unwrap();

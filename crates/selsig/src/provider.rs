@@ -686,6 +686,36 @@ pub trait QueuePair: Send + Sync + 'static {
     /// take posts only in RTS and SQD): a drain then waits for the flushes without its
     /// marker.
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError>;
+    /// Posts the send work requests `wrs` yields as one post list (one doorbell), at most
+    /// `max` of them; returns how many were posted. Nothing is posted until `wrs` ends:
+    /// if it panics, none of what it yielded is. On failure the error's
+    /// [`index`](PostWrError::index) counts the work requests `wrs` yielded, as
+    /// [`post_send`](Self::post_send)'s counts its slice: those before it are posted, the
+    /// one at it and any yielded after it are not.
+    ///
+    /// A provider that writes each work request to its send queue as it comes saves the
+    /// copy of the list, and says from which length on in
+    /// [`post_send_iter_min`](Self::post_send_iter_min); the default collects them and
+    /// calls `post_send`. A provider may refuse the list before taking a work request
+    /// from `wrs` (index 0, a queue pair not ready to send). `wrs` may run while the
+    /// provider holds its send queue: it must not post to the same queue pair.
+    fn post_send_iter<'a, I>(&self, max: usize, wrs: I) -> Result<usize, PostWrError>
+    where
+        Self: Sized,
+        I: Iterator<Item = SendWr<'a>>,
+    {
+        let wrs: Vec<SendWr<'a>> = wrs.take(max).collect();
+        self.post_send(&wrs).map(|()| wrs.len())
+    }
+    /// The shortest post list (by its bound, `post_send_iter`'s `max`) that
+    /// [`post_send_iter`](Self::post_send_iter) takes faster than `post_send` takes it
+    /// staged. A [`SignaledQueue`](crate::SignaledQueue) hands such lists to
+    /// `post_send_iter`, with the tracker registering each work request as the provider
+    /// takes it, and stages shorter ones for `post_send`. The default, `usize::MAX`:
+    /// always staged.
+    fn post_send_iter_min(&self) -> usize {
+        usize::MAX
+    }
     /// Posts receive work requests; on failure, reports the first one not posted.
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError>;
 
@@ -961,6 +991,74 @@ mod tests {
         assert_eq!(Bare.executed_at(0), None);
         assert_eq!(QpCaps::default().max_send_wr, 64);
         assert_eq!(ConnectOptions::default().mtu, 4096);
+    }
+
+    /// A queue pair that keeps the `wr_id`s of each list posted and refuses the work
+    /// request whose `wr_id` is 99 (those before it posted, as `bad_wr` says).
+    #[derive(Default)]
+    struct Lists(std::sync::Mutex<Vec<Vec<u64>>>);
+
+    impl QueuePair for Lists {
+        fn qp_num(&self) -> u32 {
+            unreachable!()
+        }
+        fn caps(&self) -> QpCaps {
+            unreachable!()
+        }
+        fn sq_sig_all(&self) -> bool {
+            unreachable!()
+        }
+        fn state(&self) -> QpState {
+            unreachable!()
+        }
+        fn endpoint(&self, _: &ConnectOptions) -> Result<Endpoint, ProviderError> {
+            unreachable!()
+        }
+        fn connect(&self, _: &Endpoint, _: &ConnectOptions) -> Result<(), ProviderError> {
+            unreachable!()
+        }
+        fn to_error(&self) -> Result<(), ProviderError> {
+            unreachable!()
+        }
+        fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError> {
+            let bad = wrs.iter().position(|w| w.wr_id == 99);
+            let posted = &wrs[..bad.unwrap_or(wrs.len())];
+            let ids = posted.iter().map(|w| w.wr_id).collect();
+            self.0.lock().unwrap().push(ids);
+            match bad {
+                Some(index) => Err(PostWrError {
+                    index,
+                    failure: PostFailure::Invalid("wr_id 99"),
+                    source: None,
+                }),
+                None => Ok(()),
+            }
+        }
+        fn post_recv(&self, _: &[RecvWr]) -> Result<(), PostWrError> {
+            unreachable!()
+        }
+    }
+
+    #[test]
+    fn the_default_iterator_post_is_one_list_of_at_most_max() {
+        let wr = |wr_id| SendWr {
+            wr_id,
+            opcode: Opcode::RdmaWrite,
+            local: Local::Empty,
+            remote: RemoteAddr::default(),
+            imm_data: 0,
+            signaled: false,
+        };
+        let qp = Lists::default();
+        assert_eq!(qp.post_send_iter_min(), usize::MAX, "always staged");
+        let mut wrs = (1..=5).map(wr);
+        assert_eq!(qp.post_send_iter(3, &mut wrs).unwrap(), 3);
+        assert_eq!(wrs.next().map(|w| w.wr_id), Some(4), "no more than 3 taken");
+        let e = qp
+            .post_send_iter(8, [7, 99, 8].into_iter().map(wr))
+            .unwrap_err();
+        assert_eq!(e.index, 1, "the index counts what the iterator yielded");
+        assert_eq!(*qp.0.lock().unwrap(), [vec![1, 2, 3], vec![7]]);
     }
 
     #[test]

@@ -182,6 +182,52 @@ fn local_of<M: MemoryRegion>(
     })
 }
 
+/// Registers `work` with the tracker (without its checks when `reserved`: one of the
+/// [`SendTracker::reserved_room`] work requests): the work request to post, or why it is
+/// refused, with its payload.
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+fn register<'a, M: MemoryRegion, U>(
+    tracker: &mut SendTracker<Payload<M, U>>,
+    work: Work<'a, M, U>,
+    reserved: bool,
+    now: Instant,
+    now_ns: u64,
+) -> Result<SendWr<'a>, QueuePostError<Payload<M, U>>> {
+    let Work {
+        opcode,
+        signal,
+        imm_data,
+        data,
+        remote,
+        user,
+    } = work;
+    let (local, buffer) = match local_of(data) {
+        Ok(local) => local,
+        Err((buffer, source)) => {
+            return Err(QueuePostError::Invalid {
+                work: Payload { buffer, user },
+                source,
+            });
+        }
+    };
+    let posted = if reserved {
+        tracker.push_reserved(Payload { buffer, user }, signal, now_ns)
+    } else {
+        tracker
+            .post(Payload { buffer, user }, signal, now)
+            .map_err(QueuePostError::Refused)?
+    };
+    Ok(SendWr {
+        wr_id: send_wr_id(posted.seq),
+        opcode,
+        local,
+        remote,
+        imm_data,
+        signaled: posted.signaled(),
+    })
+}
+
 /// What a queue keeps of a work request until it is retired.
 #[derive(Debug)]
 pub struct Payload<M, U> {
@@ -782,8 +828,8 @@ pub struct SignaledQueue<D: Device, U> {
     _claim: CqClaim,
     cq: Arc<D::Cq>,
     tracker: SendTracker<Payload<D::Mr, U>>,
-    /// The batch being posted; inline work requests are staged as `Local::Empty` and
-    /// patched with their bytes in `submit`.
+    /// A short batch being posted; inline work requests are staged as `Local::Empty` and
+    /// patched with their bytes for the post.
     staged: Vec<SendWr<'static>>,
     wcs: Vec<WorkCompletion>,
     unclaimed: Vec<WorkCompletion>,
@@ -1187,10 +1233,19 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// A work request the tracker refuses (error state, draining, or a full CQ budget:
     /// with a shared pool, other queues may take its credits while the batch is built;
     /// poll and post the rest again) comes back in the error (those before it are
-    /// posted). If the provider refuses one, the tracker forgets it and every later one,
-    /// and their payloads come back in the error's `returned`, followed by the one the
-    /// tracker refused, if any. A provider that took every work request and failed after
-    /// (the error's `index` is the batch's length) hands none back: they stay outstanding.
+    /// posted). If the provider refuses one, the tracker forgets it and every later one
+    /// taken from `works`, and their payloads come back in the error's `returned`,
+    /// followed by the one the tracker refused, if any. A provider that took every work
+    /// request and failed after (the error's `index` is the number taken) hands none
+    /// back: they stay outstanding.
+    ///
+    /// Short lists are taken from `works` whole and handed to the provider's
+    /// [`post_send`](QueuePair::post_send); lists that may be as long as the provider's
+    /// [`post_send_iter_min`](QueuePair::post_send_iter_min) (by `works`' size hint and the
+    /// room) go to its [`post_send_iter`](QueuePair::post_send_iter), which takes each
+    /// work request as the tracker registers it. There a provider that refuses the list
+    /// before taking any (a queue pair not ready to send) leaves every work request in
+    /// `works`, and `returned` is empty.
     ///
     /// If `works` panics, the work requests it yielded before are forgotten (none was
     /// posted; their payloads are dropped) and the queue is as it was. A provider whose
@@ -1203,100 +1258,110 @@ impl<D: Device, U> SignaledQueue<D, U> {
         I: Iterator<Item = Work<'a, D::Mr, U>>,
     {
         let now = self.now();
-        self.staged.clear();
-        // (index in `staged`, bytes) of inline work requests; empty in the common case.
-        let mut inline: Vec<(usize, &'a [u8])> = Vec::new();
-        let mut refused = None;
         // Room is read up front: slots only shrink by our own posts. A shared pool's
         // credits can also go to other queues meanwhile (the tracker then refuses with
         // `CqFull` part-way) or come back. With no room, the first work request is still
         // offered: the tracker says why it is refused, or takes it if credits came back.
         let room = self.tracker.available().max(1);
+        // The most this list can hold, by which the provider's way of taking it is chosen.
+        let max = works
+            .size_hint()
+            .1
+            .map_or(room as usize, |n| n.min(room as usize));
         // Work requests the tracker takes without a check (see `reserved_room`); the rest
         // go through `post`, which may refuse them.
         let reserved = self.tracker.reserved_room();
         let now_ns = self.tracker.nanos_of(now);
-        // The caller's iterator runs between the tracker's registrations: if it panics,
-        // the guard forgets the work requests registered so far.
+        let from = self.tracker.next_seq();
+        let mut refused = None;
+        // The caller's iterator runs between the tracker's registrations (and, with
+        // `post_send_iter`, between the provider's writes): if it panics, the guard
+        // forgets the work requests registered so far.
         let mut staging = Staging {
-            from: self.tracker.next_seq(),
+            from,
             tracker: &mut self.tracker,
             armed: true,
         };
-        for i in 0..room {
-            let Some(Work {
-                opcode,
-                signal,
-                imm_data,
-                data,
-                remote,
-                user,
-            }) = works.next()
-            else {
-                break;
-            };
-            // Inline bytes are staged apart (`submit` puts them back), once the tracker
-            // took the work request.
-            let mut inline_bytes = None;
-            let (local, buffer) = match local_of(data) {
-                Ok((Local::Inline(bytes), buffer)) => {
-                    inline_bytes = Some(bytes);
-                    (Local::Empty, buffer)
+        let mut taken = 0u32;
+        let result = if max >= self.qp.post_send_iter_min() {
+            let wrs = std::iter::from_fn(|| {
+                if taken == room || refused.is_some() {
+                    return None;
                 }
-                Ok((Local::Empty, buffer)) => (Local::Empty, buffer),
-                Ok((Local::Sge(sge), buffer)) => (Local::Sge(sge), buffer),
-                Err((buffer, source)) => {
-                    refused = Some(QueuePostError::Invalid {
-                        work: Payload { buffer, user },
-                        source,
-                    });
+                let registered = register(
+                    staging.tracker,
+                    works.next()?,
+                    taken < reserved,
+                    now,
+                    now_ns,
+                );
+                taken += 1;
+                registered.map_err(|e| refused = Some(e)).ok()
+            });
+            self.qp.post_send_iter(max, wrs)
+        } else {
+            // Staged whole, then posted: inline bytes apart (`staged` outlives the
+            // caller's), put back for the post.
+            self.staged.clear();
+            let mut inline: Vec<(usize, &'a [u8])> = Vec::new();
+            while taken < room {
+                let Some(work) = works.next() else {
                     break;
-                }
-            };
-            let posted = if i < reserved {
-                Ok(staging
-                    .tracker
-                    .push_reserved(Payload { buffer, user }, signal, now_ns))
-            } else {
-                staging.tracker.post(Payload { buffer, user }, signal, now)
-            };
-            match posted {
-                Ok(posted) => {
-                    if let Some(bytes) = inline_bytes {
-                        inline.push((self.staged.len(), bytes));
+                };
+                let wr = match register(staging.tracker, work, taken < reserved, now, now_ns) {
+                    Ok(wr) => wr,
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
                     }
-                    self.staged.push(SendWr {
-                        wr_id: send_wr_id(posted.seq),
-                        opcode,
-                        local,
-                        remote,
-                        imm_data,
-                        signaled: posted.signaled(),
-                    });
-                }
-                Err(e) => {
-                    refused = Some(QueuePostError::Refused(e));
-                    break;
+                };
+                taken += 1;
+                let local = match wr.local {
+                    Local::Empty => Local::Empty,
+                    Local::Sge(sge) => Local::Sge(sge),
+                    Local::Inline(bytes) => {
+                        inline.push((self.staged.len(), bytes));
+                        Local::Empty
+                    }
+                };
+                self.staged.push(SendWr {
+                    wr_id: wr.wr_id,
+                    opcode: wr.opcode,
+                    local,
+                    remote: wr.remote,
+                    imm_data: wr.imm_data,
+                    signaled: wr.signaled,
+                });
+            }
+            match self.staged.len() {
+                0 => Ok(0),
+                n if inline.is_empty() => self.qp.post_send(&self.staged).map(|()| n),
+                n => {
+                    // A batch with inline data borrows the caller's bytes for the post.
+                    let mut wrs: Vec<SendWr<'_>> = self.staged.clone();
+                    for &(i, bytes) in &inline {
+                        wrs[i].local = Local::Inline(bytes);
+                    }
+                    self.qp.post_send(&wrs).map(|()| n)
                 }
             }
-        }
+        };
         staging.armed = false;
+        let count = staging.tracker.next_seq().0 - from.0;
         drop(staging);
-        let count = self.staged.len();
-        if count > 0
-            && let Err(e) = self.submit(&inline)
-        {
-            // An index at or beyond the end of the list: the provider took every work
-            // request and failed after (rxe's doorbell). They stay outstanding: their
+        if let Err(e) = result {
+            // An index at or beyond the work requests registered: the provider took every
+            // one and failed after (rxe's doorbell). They stay outstanding: their
             // completions (or the flushes of a drain) retire them.
-            let mut returned: Vec<_> = match self.staged.get(e.index) {
-                // The work requests from `first` on were staged by this call and are
+            let mut returned: Vec<_> = if (e.index as u64) < count {
+                // The work requests from there on were registered by this call and are
                 // outstanding, so the rollback is accepted.
-                Some(failed) => match self.tracker.rollback(Seq(failed.wr_id & !SEND_WR_ID_BIT)) {
+                match self.tracker.rollback(Seq(from.0 + e.index as u64)) {
                     Ok(items) => items.collect(),
                     Err(_) => Vec::new(),
-                },
-                None => Vec::new(),
+                }
+            } else {
+                Vec::new()
             };
             // The work request refused before the post comes after them.
             match refused {
@@ -1312,20 +1377,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
         }
         match refused {
             Some(e) => Err(e),
-            None => Ok(count),
+            None => Ok(count as usize),
         }
-    }
-
-    fn submit(&mut self, inline: &[(usize, &[u8])]) -> Result<(), PostWrError> {
-        if inline.is_empty() {
-            return self.qp.post_send(&self.staged);
-        }
-        // A batch with inline data borrows the caller's bytes for the duration of the post.
-        let mut wrs: Vec<SendWr<'_>> = self.staged.clone();
-        for &(i, bytes) in inline {
-            wrs[i].local = Local::Inline(bytes);
-        }
-        self.qp.post_send(&wrs)
     }
 
     /// Polls the CQ once (up to the poll batch), retires what the completions cover and
