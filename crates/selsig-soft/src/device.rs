@@ -728,18 +728,11 @@ impl SoftQp {
 }
 
 impl SoftQp {
-    /// Writes the work requests `wrs` yields (at most `max`) to their slots as they come
-    /// and publishes them (the doorbell) once `wrs` ends: a panic in `wrs` leaves the
-    /// written slots unpublished, to be written again by the next post.
+    /// The post lock, if the QP's state takes sends (not before RTR moved on to RTS).
     #[inline(always)]
-    fn write_wqes<'a>(
-        &self,
-        max: usize,
-        wrs: impl Iterator<Item = SendWr<'a>>,
-    ) -> Result<usize, PostWrError> {
-        let qp = &self.qp;
-        let mut p = qp.post.lock();
-        let state = qp.state();
+    fn lock_for_posting(&self) -> Result<parking_lot::MutexGuard<'_, Producer>, PostWrError> {
+        let p = self.qp.post.lock();
+        let state = self.qp.state();
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(PostWrError {
                 index: 0,
@@ -747,73 +740,71 @@ impl SoftQp {
                 source: None,
             });
         }
-        let limit = qp.sq.limit();
-        let mut result = Ok(());
-        let mut posting = qp.sq.posting(max);
-        let mut head = p.head;
-        for (i, wr) in wrs.take(max).enumerate() {
-            let (inline, len, local_addr, lkey) = match wr.local {
-                Local::Empty => (&[][..], 0, 0, 0),
-                Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
-                Local::Inline(data) => {
-                    if data.len() > qp.caps.max_inline_data as usize {
-                        result = Err(refused(
-                            i,
-                            PostFailure::InlineTooLong {
-                                len: data.len(),
-                                max: qp.caps.max_inline_data,
-                            },
-                        ));
-                        break;
-                    }
-                    (data, data.len() as u32, 0, 0)
+        Ok(p)
+    }
+
+    /// Checks work request `i` of a list and writes it to slot `head`, if that slot is free
+    /// (the caller holds the post lock, `p`, and publishes the slots written).
+    #[inline(always)]
+    fn write_wqe(
+        &self,
+        p: &mut Producer,
+        posting: &mut ring::Posting<'_>,
+        head: u64,
+        (i, wr): (usize, &SendWr<'_>),
+    ) -> Result<(), PostWrError> {
+        let qp = &self.qp;
+        let (inline, len, local_addr, lkey) = match wr.local {
+            Local::Empty => (&[][..], 0, 0, 0),
+            Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
+            Local::Inline(data) => {
+                if data.len() > qp.caps.max_inline_data as usize {
+                    return Err(refused(
+                        i,
+                        PostFailure::InlineTooLong {
+                            len: data.len(),
+                            max: qp.caps.max_inline_data,
+                        },
+                    ));
                 }
-            };
-            if wr.opcode == Opcode::RdmaRead && matches!(wr.local, Local::Inline(_)) {
-                result = Err(invalid(i, "an RDMA READ cannot be inline"));
-                break;
+                (data, data.len() as u32, 0, 0)
             }
-            if u64::from(len) > selsig::MAX_MESSAGE_LEN {
-                result = Err(invalid(i, "longer than the largest message (2 GiB)"));
-                break;
-            }
-            if head - p.freed >= limit {
-                p.freed = qp.freed();
-                if head - p.freed >= limit {
-                    result = Err(PostWrError {
-                        index: i,
-                        failure: PostFailure::Full,
-                        source: Some(std::io::Error::from_raw_os_error(12)),
-                    });
-                    break;
-                }
-            }
-            let wqe = Wqe {
-                opcode: match wr.opcode {
-                    Opcode::RdmaWrite => ring::op::WRITE,
-                    Opcode::RdmaWriteWithImm => ring::op::WRITE_IMM,
-                    Opcode::RdmaRead => ring::op::READ,
-                    Opcode::Send => ring::op::SEND,
-                    Opcode::SendWithImm => ring::op::SEND_IMM,
-                },
-                signaled: wr.signaled,
-                inline: matches!(wr.local, Local::Inline(_)),
-                len,
-                local_addr,
-                lkey,
-                rkey: wr.remote.rkey,
-                remote_addr: wr.remote.addr,
-            };
-            posting.write(head, &wqe, wr.wr_id, wr.imm_data, inline);
-            head += 1;
+        };
+        if wr.opcode == Opcode::RdmaRead && matches!(wr.local, Local::Inline(_)) {
+            return Err(invalid(i, "an RDMA READ cannot be inline"));
         }
-        // The doorbell: publish what was written, even if a later WR failed (as mlx5).
-        let posted = head - p.head;
-        p.head = head;
-        posting.publish(head);
-        drop(p);
-        self.dev.ring_doorbell();
-        result.map(|()| posted as usize)
+        if u64::from(len) > selsig::MAX_MESSAGE_LEN {
+            return Err(invalid(i, "longer than the largest message (2 GiB)"));
+        }
+        let limit = qp.sq.limit();
+        if head - p.freed >= limit {
+            p.freed = qp.freed();
+            if head - p.freed >= limit {
+                return Err(PostWrError {
+                    index: i,
+                    failure: PostFailure::Full,
+                    source: Some(std::io::Error::from_raw_os_error(12)),
+                });
+            }
+        }
+        let wqe = Wqe {
+            opcode: match wr.opcode {
+                Opcode::RdmaWrite => ring::op::WRITE,
+                Opcode::RdmaWriteWithImm => ring::op::WRITE_IMM,
+                Opcode::RdmaRead => ring::op::READ,
+                Opcode::Send => ring::op::SEND,
+                Opcode::SendWithImm => ring::op::SEND_IMM,
+            },
+            signaled: wr.signaled,
+            inline: matches!(wr.local, Local::Inline(_)),
+            len,
+            local_addr,
+            lkey,
+            rkey: wr.remote.rkey,
+            remote_addr: wr.remote.addr,
+        };
+        posting.write(head, &wqe, wr.wr_id, wr.imm_data, inline);
+        Ok(())
     }
 
     fn transition_error(
@@ -982,16 +973,49 @@ impl QueuePair for SoftQp {
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError> {
-        self.write_wqes(wrs.len(), wrs.iter().copied()).map(|_| ())
+        let mut p = self.lock_for_posting()?;
+        let mut result = Ok(());
+        let mut posting = self.qp.sq.posting(wrs.len());
+        for wr in wrs.iter().enumerate() {
+            let head = p.head;
+            result = self.write_wqe(&mut p, &mut posting, head, wr);
+            if result.is_err() {
+                break;
+            }
+            p.head += 1;
+        }
+        // The doorbell: publish what was written, even if a later WR failed (as mlx5).
+        posting.publish(p.head);
+        drop(p);
+        self.dev.ring_doorbell();
+        result
     }
 
     /// Each work request is written to its slot as `wrs` yields it, under the QP's post
-    /// lock: a `wrs` that posts to this QP waits for itself.
+    /// lock (a `wrs` that posts to this QP waits for itself), and the slots published once
+    /// `wrs` ends: if `wrs` panics, the slots it filled stay unpublished, to be written
+    /// again by the next post.
     fn post_send_iter<'a, I>(&self, max: usize, wrs: I) -> Result<usize, PostWrError>
     where
         I: Iterator<Item = SendWr<'a>>,
     {
-        self.write_wqes(max, wrs)
+        let mut p = self.lock_for_posting()?;
+        let mut result = Ok(());
+        let mut posting = self.qp.sq.posting(max);
+        let mut head = p.head;
+        for (i, wr) in wrs.take(max).enumerate() {
+            result = self.write_wqe(&mut p, &mut posting, head, (i, &wr));
+            if result.is_err() {
+                break;
+            }
+            head += 1;
+        }
+        let posted = head - p.head;
+        p.head = head;
+        posting.publish(head);
+        drop(p);
+        self.dev.ring_doorbell();
+        result.map(|()| posted as usize)
     }
 
     /// From the length on which WQEs are streamed. The words of a shorter list are plain

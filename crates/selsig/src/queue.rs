@@ -183,17 +183,16 @@ fn local_of<M: MemoryRegion>(
 }
 
 /// Registers `work` with the tracker (without its checks when `reserved`: one of the
-/// [`SendTracker::reserved_room`] work requests): the work request to post, or why it is
-/// refused, with its payload.
+/// [`SendTracker::reserved_room`] work requests): the work request to post, or `None`
+/// with why it is refused, and its payload, in `refused`.
 #[inline(always)]
-#[allow(clippy::type_complexity)]
 fn register<'a, M: MemoryRegion, U>(
     tracker: &mut SendTracker<Payload<M, U>>,
     work: Work<'a, M, U>,
     reserved: bool,
-    now: Instant,
-    now_ns: u64,
-) -> Result<SendWr<'a>, QueuePostError<Payload<M, U>>> {
+    (now, now_ns): (Instant, u64),
+    refused: &mut Option<QueuePostError<Payload<M, U>>>,
+) -> Option<SendWr<'a>> {
     let Work {
         opcode,
         signal,
@@ -205,20 +204,25 @@ fn register<'a, M: MemoryRegion, U>(
     let (local, buffer) = match local_of(data) {
         Ok(local) => local,
         Err((buffer, source)) => {
-            return Err(QueuePostError::Invalid {
+            *refused = Some(QueuePostError::Invalid {
                 work: Payload { buffer, user },
                 source,
             });
+            return None;
         }
     };
     let posted = if reserved {
         tracker.push_reserved(Payload { buffer, user }, signal, now_ns)
     } else {
-        tracker
-            .post(Payload { buffer, user }, signal, now)
-            .map_err(QueuePostError::Refused)?
+        match tracker.post(Payload { buffer, user }, signal, now) {
+            Ok(posted) => posted,
+            Err(e) => {
+                *refused = Some(QueuePostError::Refused(e));
+                return None;
+            }
+        }
     };
-    Ok(SendWr {
+    Some(SendWr {
         wr_id: send_wr_id(posted.seq),
         opcode,
         local,
@@ -1288,15 +1292,15 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 if taken == room || refused.is_some() {
                     return None;
                 }
-                let registered = register(
+                let wr = register(
                     staging.tracker,
                     works.next()?,
                     taken < reserved,
-                    now,
-                    now_ns,
+                    (now, now_ns),
+                    &mut refused,
                 );
                 taken += 1;
-                registered.map_err(|e| refused = Some(e)).ok()
+                wr
             });
             self.qp.post_send_iter(max, wrs)
         } else {
@@ -1308,12 +1312,15 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 let Some(work) = works.next() else {
                     break;
                 };
-                let wr = match register(staging.tracker, work, taken < reserved, now, now_ns) {
-                    Ok(wr) => wr,
-                    Err(e) => {
-                        refused = Some(e);
-                        break;
-                    }
+                let unchecked = taken < reserved;
+                let Some(wr) = register(
+                    staging.tracker,
+                    work,
+                    unchecked,
+                    (now, now_ns),
+                    &mut refused,
+                ) else {
+                    break;
                 };
                 taken += 1;
                 let local = match wr.local {
