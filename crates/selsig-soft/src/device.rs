@@ -728,7 +728,7 @@ impl SoftQp {
 }
 
 impl SoftQp {
-    /// The post lock, if the QP's state takes sends (not before RTR moved on to RTS).
+    /// The post lock, unless the QP is in a state that takes no sends (RESET, INIT, RTR).
     #[inline(always)]
     fn lock_for_posting(&self) -> Result<parking_lot::MutexGuard<'_, Producer>, PostWrError> {
         let p = self.qp.post.lock();

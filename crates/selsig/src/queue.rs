@@ -1356,6 +1356,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
         staging.armed = false;
         let count = staging.tracker.next_seq().0 - from.0;
         drop(staging);
+        if let Ok(posted) = result {
+            debug_assert_eq!(posted as u64, count, "the provider posted what it took");
+        }
         if let Err(e) = result {
             // An index at or beyond the work requests registered: the provider took every
             // one and failed after (rxe's doorbell). They stay outstanding: their
