@@ -1023,7 +1023,8 @@ impl QueuePair for SoftQp {
     /// interleaved with the tracker's stores, fewer of those lines are requested at once
     /// than when the list is written in one go (measured in `selsig bench`, every WRITE
     /// signaled: about 12% slower). Streamed stores do not wait, and a long list written
-    /// as it comes saves its copy (every 64: about 15% faster).
+    /// as it comes saves its copy (every 64, depth 8192, lists of 512: 58.3 to 66.3 M
+    /// WR/s, medians of eight alternating runs on a 2-vCPU Xeon guest).
     fn post_send_iter_min(&self) -> usize {
         ring::STREAM_MIN
     }
