@@ -251,6 +251,25 @@ mod tests {
         assert_eq!(contents(&d, 200), expected);
     }
 
+    /// Runs `copy` on memories of `src` and `dst` and compares them with the same copy of
+    /// plain bytes.
+    fn copy_like_bytes(
+        src: &[u8],
+        so: usize,
+        dst: &[u8],
+        d_o: usize,
+        len: usize,
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        let s = memory(src);
+        let d = memory(dst);
+        copy(&s, so, &d, d_o, len);
+        let mut expected = dst.to_vec();
+        expected[d_o..d_o + len].copy_from_slice(&src[so..so + len]);
+        prop_assert_eq!(contents(&d, dst.len()), expected);
+        prop_assert_eq!(contents(&s, src.len()), src, "the source is untouched");
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 16 } else { 2048 }))]
 
@@ -267,13 +286,7 @@ mod tests {
             let d_o = b.index(dst.len() + 1);
             let max = (src.len() - so).min(dst.len() - d_o);
             let len = if max == 0 { 0 } else { l.index(max + 1) };
-            let s = memory(&src);
-            let d = memory(&dst);
-            copy(&s, so, &d, d_o, len);
-            let mut expected = dst.clone();
-            expected[d_o..d_o + len].copy_from_slice(&src[so..so + len]);
-            prop_assert_eq!(contents(&d, dst.len()), expected);
-            prop_assert_eq!(contents(&s, src.len()), src, "the source is untouched");
+            copy_like_bytes(&src, so, &dst, d_o, len)?;
         }
 
         /// The same for whole words at word offsets, the path taken without head or tail
@@ -292,13 +305,7 @@ mod tests {
             let d_o = 8 * b.index(dw + 1);
             let max = (sw - so / 8).min(dw - d_o / 8);
             let len = 8 * l.index(max + 1);
-            let s = memory(&src);
-            let d = memory(&dst);
-            copy(&s, so, &d, d_o, len);
-            let mut expected = dst.clone();
-            expected[d_o..d_o + len].copy_from_slice(&src[so..so + len]);
-            prop_assert_eq!(contents(&d, dst.len()), expected);
-            prop_assert_eq!(contents(&s, src.len()), src, "the source is untouched");
+            copy_like_bytes(&src, so, &dst, d_o, len)?;
         }
 
         #[test]
