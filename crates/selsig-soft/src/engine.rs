@@ -174,6 +174,7 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
     // Fetch a group of WQEs first, then execute them: the fetches are independent loads,
     // so their cache misses (the lines come from the poster's core) overlap.
     let mut group = [EMPTY_WQE; FETCH];
+    let mut found = Found::default();
     'fetch: while exec < end {
         let n = (end - exec).min(FETCH as u64) as usize;
         for (k, slot) in group[..n].iter_mut().enumerate() {
@@ -182,6 +183,9 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
         // Start bringing in the next group while this one executes.
         qp.sq.touch(exec + n as u64, (exec + 2 * n as u64).min(end));
         dev.step();
+        // The responder's state is read once a group: the NIC's own moves of it to the
+        // error state come with the requester's, which flushes the rest of the group.
+        let answering = peer.filter(|p| listens(p));
         let recording = qp.times.on();
         let mut stamped = exec;
         let mut unstamped_bytes = 0u64;
@@ -190,7 +194,7 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
             let cqe = if state == QpState::Err {
                 Some(error_cqe(qp, exec, WcStatus::WrFlushErr))
             } else {
-                match execute(dev, qp, peer, wqe, exec, mrs) {
+                match execute(dev, qp, answering, wqe, exec, mrs, &mut found) {
                     Exec::Done { opcode, byte_len } => {
                         (wqe.signaled || qp.sq_sig_all).then(|| Cqe {
                             wr_id: qp.sq.wr_id(exec),
@@ -435,18 +439,23 @@ fn local(
     len: u32,
     need: Access,
 ) -> Option<(&MrInner, usize)> {
-    let mr = mrs.get(lkey)?;
-    if mr.pd != pd || !mr.access.contains(need) {
-        return None;
-    }
+    let mr = region(mrs, pd, lkey, need)?;
     Some((mr, mr.offset_of(addr, len)?))
+}
+
+/// The region of `key`, if current, of protection domain `pd` and granting `need`.
+fn region(mrs: &MrTable, pd: u64, key: u32, need: Access) -> Option<&MrInner> {
+    mrs.get(key)
+        .filter(|mr| mr.pd == pd && mr.access.contains(need))
 }
 
 /// The responder's region of `[addr, addr + len)` under `rkey`: the key is current, the
 /// region is of the responder QP's protection domain, both the region and the QP grant
 /// `need`, the range is inside the region.
+/// `slot` is the [`Found`] role of `need` at this responder.
 fn remote<'m>(
     mrs: &'m MrTable,
+    slot: &mut Option<&'m MrInner>,
     responder: &QpInner,
     rkey: u32,
     addr: u64,
@@ -456,29 +465,65 @@ fn remote<'m>(
     if !qp_allows(responder, need) {
         return None;
     }
-    let mr = mrs.get(rkey)?;
-    if mr.pd != responder.pd || !mr.access.contains(need) {
-        return None;
-    }
+    let mr = remembered(slot, rkey, || region(mrs, responder.pd, rkey, need))?;
     Some((mr, mr.offset_of(addr, len)?))
 }
 
-fn source<'a>(qp: &'a QpInner, wqe: &Wqe, index: u64, mrs: &'a MrTable) -> Option<Source<'a>> {
+/// The regions a pass over one QP's WQEs found, by role, with the checks of the role
+/// passed: the WQEs of a stream mostly name the same few regions, and a key equal to the
+/// last one found for its role skips the table and those checks. The table does not
+/// change during a pass (it is read-locked), nor does a region's PD or access, nor the
+/// pass's QP and peer: what was checked once holds for the whole pass.
+#[derive(Default)]
+struct Found<'m> {
+    /// The last region read as the QP's local source (of its PD; any access reads).
+    source: Option<&'m MrInner>,
+    /// The last region an RDMA WRITE wrote at the responder (of the peer's PD, granting
+    /// remote write).
+    written: Option<&'m MrInner>,
+    /// The last region an RDMA READ read at the responder (of the peer's PD, granting
+    /// remote read).
+    read: Option<&'m MrInner>,
+}
+
+/// The region in `slot` if its key is `key`, else the one `find` checks (then kept in
+/// `slot`).
+#[inline(always)]
+fn remembered<'m>(
+    slot: &mut Option<&'m MrInner>,
+    key: u32,
+    find: impl FnOnce() -> Option<&'m MrInner>,
+) -> Option<&'m MrInner> {
+    if let Some(mr) = *slot
+        && mr.key == key
+    {
+        return Some(mr);
+    }
+    let mr = find()?;
+    *slot = Some(mr);
+    Some(mr)
+}
+
+fn source<'a>(
+    qp: &'a QpInner,
+    wqe: &Wqe,
+    index: u64,
+    mrs: &'a MrTable,
+    found: &mut Found<'a>,
+) -> Option<Source<'a>> {
     if wqe.inline {
         return Some(Source::Memory(qp.sq.inline_words(index), 0));
     }
     if wqe.len == 0 {
         return Some(Source::Empty);
     }
-    let (mr, off) = local(
-        mrs,
-        qp.pd,
-        wqe.lkey,
-        wqe.local_addr,
-        wqe.len,
-        Access::empty(),
-    )?;
-    Some(Source::Memory(&mr.words, off))
+    let mr = remembered(&mut found.source, wqe.lkey, || {
+        region(mrs, qp.pd, wqe.lkey, Access::empty())
+    })?;
+    Some(Source::Memory(
+        &mr.words,
+        mr.offset_of(wqe.local_addr, wqe.len)?,
+    ))
 }
 
 fn copy(src: &Source<'_>, dst: &[std::sync::atomic::AtomicU64], dst_off: usize, len: u32) {
@@ -601,22 +646,24 @@ fn no_answer(qp: &QpInner, rxe: bool) -> Exec {
     }
 }
 
-fn execute(
+/// Executes WQE `index` of `qp`. `peer` is the responder if it answers (in RTR or RTS).
+fn execute<'m>(
     dev: &DeviceInner,
-    qp: &QpInner,
+    qp: &'m QpInner,
     peer: Option<&QpInner>,
     wqe: &Wqe,
     index: u64,
-    mrs: &MrTable,
+    mrs: &'m MrTable,
+    found: &mut Found<'m>,
 ) -> Exec {
     let rxe = dev.config.personality == Personality::Rxe;
-    let Some(peer) = peer.filter(|p| listens(p)) else {
+    let Some(peer) = peer else {
         return no_answer(qp, rxe);
     };
     let len = wqe.len;
     match wqe.opcode {
         op::WRITE | op::WRITE_IMM => {
-            let Some(src) = source(qp, wqe, index, mrs) else {
+            let Some(src) = source(qp, wqe, index, mrs, found) else {
                 return local_source_error(rxe);
             };
             if rxe && !qp_allows(peer, Access::REMOTE_WRITE) {
@@ -649,6 +696,7 @@ fn execute(
             } else {
                 match remote(
                     mrs,
+                    &mut found.written,
                     peer,
                     wqe.rkey,
                     wqe.remote_addr,
@@ -744,6 +792,7 @@ fn execute(
             } else {
                 match remote(
                     mrs,
+                    &mut found.read,
                     peer,
                     wqe.rkey,
                     wqe.remote_addr,
@@ -769,7 +818,7 @@ fn execute(
             }
         }
         op::SEND | op::SEND_IMM => {
-            let Some(src) = source(qp, wqe, index, mrs) else {
+            let Some(src) = source(qp, wqe, index, mrs, found) else {
                 return local_source_error(rxe);
             };
             let Some(rqe) = peek_recv(peer) else {

@@ -845,6 +845,93 @@ fn remote_checks_bounds_access_pd_and_deregistration() {
     );
 }
 
+/// Posts `wrs` in one list (so one pass of the NIC thread executes them, with the
+/// regions it found for the earlier ones in hand) and returns every completion's status.
+fn one_list(p: &Pair, wrs: &[SendWr<'_>]) -> Vec<(u64, WcStatus)> {
+    p.a.post_send(wrs).unwrap();
+    let wcs = poll_n(&p.cq_a, wrs.len());
+    assert_no_more(&p.cq_a);
+    statuses(&wcs)
+}
+
+#[test]
+fn every_key_and_range_is_checked_after_the_same_key_passed_in_the_same_pass() {
+    use WcStatus::{LocProtErr, RemAccessErr, Success, WrFlushErr};
+    let ok = |n: u64| (1..=n).map(|wr| (wr, Success));
+    // A remote range out of bounds, under the key of the WRITEs before it; a region in
+    // between, so that the two alternate.
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let (r1, r2) = (
+        p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+    );
+    local.write(0, &pattern(1, 64)).unwrap();
+    let got = one_list(
+        &p,
+        &[
+            write(1, &local, 0, 8, r1.remote(0), true),
+            write(2, &local, 8, 8, r2.remote(8), true),
+            write(3, &local, 16, 8, r1.remote(16), true),
+            write(4, &local, 0, 8, r1.remote(60), true),
+            write(5, &local, 0, 8, r1.remote(0), true),
+        ],
+    );
+    let mut expected: Vec<_> = ok(3).collect();
+    expected.extend([(4, RemAccessErr), (5, WrFlushErr)]);
+    assert_eq!(got, expected);
+    let (mut a, mut b, mut c) = (vec![0; 8], vec![0; 8], vec![0; 8]);
+    r1.read(0, &mut a).unwrap();
+    r2.read(8, &mut b).unwrap();
+    r1.read(16, &mut c).unwrap();
+    assert_eq!(
+        [a, b, c],
+        [0..8, 8..16, 16..24].map(|r| pattern(1, 64)[r].to_vec())
+    );
+    // A region of another protection domain after one of the responder's.
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let other_pd = p.dev.alloc_pd().unwrap();
+    let foreign = p
+        .dev
+        .reg_mr(&other_pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let got = one_list(
+        &p,
+        &[
+            write(1, &local, 0, 8, remote.remote(0), true),
+            write(2, &local, 0, 8, foreign.remote(0), true),
+        ],
+    );
+    assert_eq!(got, [(1, Success), (2, RemAccessErr)]);
+    // A local range out of bounds, under the key of the WRITE before it.
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let got = one_list(
+        &p,
+        &[
+            write(1, &local, 0, 8, remote.remote(0), true),
+            write(2, &local, 60, 8, remote.remote(8), true),
+        ],
+    );
+    assert_eq!(got, [(1, Success), (2, LocProtErr)]);
+    // A key read as a local source does not pass as a remote key: its region does not
+    // grant remote write.
+    let p = pair();
+    let local = p.mr(64, Access::LOCAL_WRITE);
+    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let got = one_list(
+        &p,
+        &[
+            write(1, &local, 0, 8, remote.remote(0), true),
+            write(2, &local, 0, 8, local.remote(8), true),
+        ],
+    );
+    assert_eq!(got, [(1, Success), (2, RemAccessErr)]);
+}
+
 #[test]
 fn the_responder_qp_access_flags_are_checked() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
