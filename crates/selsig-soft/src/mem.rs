@@ -90,16 +90,25 @@ pub(crate) fn copy(
     }
 }
 
-/// Copies `src` into `dst`, of the same length.
+/// Copies `src` into `dst`, of the same length: four words a step up to [`LONG`] words,
+/// eight a step from there.
+///
+/// Four loads, then four stores, let the CPU overlap them and need no register that a
+/// function must save; a 64-byte copy then runs 56 instructions, against 61 at eight a
+/// step, which saves and restores four registers on every call. Long copies keep going
+/// eight a step, out of line, where the saves are paid once for many words (on 4 KiB
+/// WRITEs, criterion `write_4KiB/raw`, four a step and eight measured the same within
+/// this host's noise).
 #[inline(always)]
 fn copy_words(src: &[AtomicU64], dst: &[AtomicU64]) {
     debug_assert_eq!(src.len(), dst.len());
+    if src.len() >= LONG {
+        copy_long_words(src, dst);
+        return;
+    }
     let mut d = dst.chunks_exact(4);
     let mut s = src.chunks_exact(4);
     for (d4, s4) in (&mut d).zip(&mut s) {
-        // Four loads, then four stores: lets the CPU overlap them. (Four, not eight:
-        // eight take registers the callee must save, and a short copy then pays for
-        // saving and restoring them.)
         let v = [
             s4[0].load(Relaxed),
             s4[1].load(Relaxed),
@@ -107,6 +116,34 @@ fn copy_words(src: &[AtomicU64], dst: &[AtomicU64]) {
             s4[3].load(Relaxed),
         ];
         for (w, x) in d4.iter().zip(v) {
+            w.store(x, Relaxed);
+        }
+    }
+    for (w, x) in d.remainder().iter().zip(s.remainder()) {
+        w.store(x.load(Relaxed), Relaxed);
+    }
+}
+
+/// Words from which [`copy_words`] goes eight a step.
+const LONG: usize = 32;
+
+/// [`copy_words`] of [`LONG`] words or more.
+#[inline(never)]
+fn copy_long_words(src: &[AtomicU64], dst: &[AtomicU64]) {
+    let mut d = dst.chunks_exact(8);
+    let mut s = src.chunks_exact(8);
+    for (d8, s8) in (&mut d).zip(&mut s) {
+        let v = [
+            s8[0].load(Relaxed),
+            s8[1].load(Relaxed),
+            s8[2].load(Relaxed),
+            s8[3].load(Relaxed),
+            s8[4].load(Relaxed),
+            s8[5].load(Relaxed),
+            s8[6].load(Relaxed),
+            s8[7].load(Relaxed),
+        ];
+        for (w, x) in d8.iter().zip(v) {
             w.store(x, Relaxed);
         }
     }
@@ -273,11 +310,12 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 16 } else { 2048 }))]
 
-        /// `copy` equals `copy_within`/slice copies on plain bytes, for every alignment.
+        /// `copy` equals `copy_within`/slice copies on plain bytes, for every alignment
+        /// (and lengths on both sides of `LONG` words).
         #[test]
         fn copy_matches_a_byte_model(
-            src in prop::collection::vec(any::<u8>(), 0..200),
-            dst in prop::collection::vec(any::<u8>(), 1..200),
+            src in prop::collection::vec(any::<u8>(), 0..600),
+            dst in prop::collection::vec(any::<u8>(), 1..600),
             a in any::<prop::sample::Index>(),
             b in any::<prop::sample::Index>(),
             l in any::<prop::sample::Index>(),
@@ -294,8 +332,8 @@ mod tests {
         /// included.
         #[test]
         fn a_copy_of_whole_words_matches_a_byte_model(
-            src in prop::collection::vec(any::<u8>(), 8..400),
-            dst in prop::collection::vec(any::<u8>(), 8..400),
+            src in prop::collection::vec(any::<u8>(), 8..600),
+            dst in prop::collection::vec(any::<u8>(), 8..600),
             a in any::<prop::sample::Index>(),
             b in any::<prop::sample::Index>(),
             l in any::<prop::sample::Index>(),
