@@ -87,6 +87,9 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
     let mut served: Vec<Served> = Vec::new();
     let mut version = u64::MAX;
     let mut idle = 0u32;
+    // The fetch group's WQEs, kept across passes: filled before each use, and not zeroed
+    // again for every pass (a pass may find only a few WQEs).
+    let mut group = [EMPTY_WQE; FETCH];
     loop {
         if dev.stop.load(Ordering::Acquire) {
             return;
@@ -114,7 +117,7 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
         {
             let mrs = dev.mrs.read();
             for s in &mut served {
-                progress |= serve(&dev, s, &mrs);
+                progress |= serve(&dev, s, &mrs, &mut group);
             }
         }
         if progress {
@@ -151,7 +154,7 @@ fn has_work(s: &Served) -> bool {
 }
 
 /// One turn of one QP; `true` when anything was done.
-fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
+fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable, group: &mut [Wqe; FETCH]) -> bool {
     let qp = &*s.qp;
     let mut progress = false;
     if let Some(wait) = s.wait {
@@ -173,7 +176,6 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
     let mut state = qp.state();
     // Fetch a group of WQEs first, then execute them: the fetches are independent loads,
     // so their cache misses (the lines come from the poster's core) overlap.
-    let mut group = [EMPTY_WQE; FETCH];
     let mut found = Found::default();
     'fetch: while exec < end {
         let n = (end - exec).min(FETCH as u64) as usize;
