@@ -625,6 +625,10 @@ pub struct SendTracker<T> {
     cq: CqBudget,
     /// Longest unsignaled run allowed by the deadlock rule, plus one.
     run_limit: u32,
+    /// The run length (counting the next work request) below which an `Auto` work request
+    /// is surely left unsignaled by the policy and the run limit: [`auto_limit`]. 0 where
+    /// only the full rule of `decide` can tell (`Adaptive`, `sq_sig_all`).
+    auto_limit: u32,
     policy: Policy,
     sq_sig_all: bool,
     qp_num: Option<u32>,
@@ -638,6 +642,19 @@ pub struct SendTracker<T> {
     last_now: Instant,
     last_ns: u64,
     stats: Stats,
+}
+
+/// [`SendTracker::auto_limit`] for `policy`: `Every(n)` signals at a run of `n`, the run
+/// limit at `run_limit`, whichever comes first; `Always` signals every work request, so
+/// none is surely unsignaled (1); `Never` only at the run limit.
+fn auto_limit(policy: Policy, run_limit: u32, sq_sig_all: bool) -> u32 {
+    match policy {
+        _ if sq_sig_all => 0,
+        Policy::Every(n) => n.min(run_limit),
+        Policy::Always => 1,
+        Policy::Never => run_limit,
+        Policy::Adaptive { .. } => 0,
+    }
 }
 
 impl<T> SendTracker<T> {
@@ -680,6 +697,7 @@ impl<T> SendTracker<T> {
             sq_capacity: config.sq_capacity,
             cq: config.cq,
             run_limit,
+            auto_limit: auto_limit(config.policy, run_limit, config.sq_sig_all),
             policy: config.policy,
             sq_sig_all: config.sq_sig_all,
             qp_num: config.qp_num,
@@ -818,6 +836,7 @@ impl<T> SendTracker<T> {
     pub fn set_policy(&mut self, policy: Policy) -> Result<(), PolicyError> {
         policy.validate()?;
         self.policy = policy;
+        self.auto_limit = auto_limit(policy, self.run_limit, self.sq_sig_all);
         self.clocked = self.measure_lag || matches!(policy, Policy::Adaptive { .. });
         Ok(())
     }
@@ -1266,6 +1285,14 @@ impl<T> SendTracker<T> {
     #[inline]
     fn decide(&self, signal: Signal, last_credit: bool, now_ns: u64) -> Option<SignalReason> {
         let run_after = self.run + 1;
+        // Most work requests: no policy signal and no run limit due, nor the last sequence
+        // number; what follows would find the same, with more checks.
+        if signal == Signal::Auto
+            && run_after < self.auto_limit
+            && self.next_seq + 1 != self.seq_end
+        {
+            return last_credit.then_some(SignalReason::CqCredit);
+        }
         let by_policy = match self.policy {
             Policy::Every(n) => run_after >= n,
             Policy::Always => true,
@@ -1698,6 +1725,24 @@ mod tests {
         let signaled: Vec<bool> = posted.iter().map(Posted::signaled).collect();
         assert_eq!(signaled, [false, false, false, true]);
         assert_eq!(t.stats().requested, 1);
+    }
+
+    #[test]
+    fn a_new_policy_applies_from_the_next_post_on() {
+        let signaled = |t: &mut SendTracker<u64>, now, n| -> Vec<bool> {
+            post_n(t, now, n).iter().map(Posted::signaled).collect()
+        };
+        let (mut t, now) = tracker(64, 64, Policy::Every(8));
+        assert_eq!(signaled(&mut t, now, 2), [false, false]);
+        // A run of 2 is posted: every 3 signals the next one.
+        t.set_policy(Policy::Every(3)).unwrap();
+        assert_eq!(signaled(&mut t, now, 4), [true, false, false, true]);
+        t.set_policy(Policy::Always).unwrap();
+        assert_eq!(signaled(&mut t, now, 2), [true, true]);
+        t.set_policy(Policy::Never).unwrap();
+        assert_eq!(signaled(&mut t, now, 3), [false, false, false]);
+        t.set_policy(Policy::Every(2)).unwrap();
+        assert_eq!(signaled(&mut t, now, 1), [true], "a run of 3 is past 2");
     }
 
     #[test]
