@@ -890,8 +890,7 @@ fn every_key_and_range_is_checked_after_the_same_key_passed_in_the_same_pass() {
     );
     // A region of another protection domain after one of the responder's.
     let p = pair();
-    let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (local, remote) = write_regions(&p);
     let other_pd = p.dev.alloc_pd().unwrap();
     let foreign = p
         .dev
@@ -905,30 +904,22 @@ fn every_key_and_range_is_checked_after_the_same_key_passed_in_the_same_pass() {
         ],
     );
     assert_eq!(got, [(1, Success), (2, RemAccessErr)]);
-    // A local range out of bounds, under the key of the WRITE before it.
-    let p = pair();
-    let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let got = one_list(
-        &p,
-        &[
-            write(1, &local, 0, 8, remote.remote(0), true),
-            write(2, &local, 60, 8, remote.remote(8), true),
-        ],
-    );
+    // After a good WRITE, under the same keys: a local range out of bounds; the local key
+    // as the remote key (its region does not grant remote write).
+    let good_then = |second: &dyn Fn(&SoftMr, &SoftMr) -> SendWr<'static>| {
+        let p = pair();
+        let (local, remote) = write_regions(&p);
+        one_list(
+            &p,
+            &[
+                write(1, &local, 0, 8, remote.remote(0), true),
+                second(&local, &remote),
+            ],
+        )
+    };
+    let got = good_then(&|local, remote| write(2, local, 60, 8, remote.remote(8), true));
     assert_eq!(got, [(1, Success), (2, LocProtErr)]);
-    // A key read as a local source does not pass as a remote key: its region does not
-    // grant remote write.
-    let p = pair();
-    let local = p.mr(64, Access::LOCAL_WRITE);
-    let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let got = one_list(
-        &p,
-        &[
-            write(1, &local, 0, 8, remote.remote(0), true),
-            write(2, &local, 0, 8, local.remote(8), true),
-        ],
-    );
+    let got = good_then(&|local, _| write(2, local, 0, 8, local.remote(8), true));
     assert_eq!(got, [(1, Success), (2, RemAccessErr)]);
 }
 
