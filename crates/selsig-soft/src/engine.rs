@@ -454,6 +454,7 @@ fn region(mrs: &MrTable, pd: u64, key: u32, need: Access) -> Option<&MrInner> {
 /// The responder's region of `[addr, addr + len)` under `rkey`: the key is current, the
 /// region is of the responder QP's protection domain, both the region and the QP grant
 /// `need`, the range is inside the region.
+///
 /// `slot` is the [`Found`] role of `need` at this responder.
 fn remote<'m>(
     mrs: &'m MrTable,
