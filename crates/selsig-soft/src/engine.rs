@@ -29,16 +29,6 @@ const FETCH: usize = 16;
 /// to move this much and a fetch group's overhead, and costs one clock read per this many
 /// bytes at most.
 const STAMP_BYTES: u64 = 16 << 10;
-const EMPTY_WQE: Wqe = Wqe {
-    opcode: 0,
-    signaled: false,
-    inline: false,
-    len: 0,
-    local_addr: 0,
-    lkey: 0,
-    rkey: 0,
-    remote_addr: 0,
-};
 const SPIN: u32 = 2_000;
 const YIELD: u32 = 50;
 /// The longest sleep: a safety net, the doorbell wakes the thread.
@@ -87,9 +77,6 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
     let mut served: Vec<Served> = Vec::new();
     let mut version = u64::MAX;
     let mut idle = 0u32;
-    // The fetch group's WQEs, kept across passes: filled before each use, and not zeroed
-    // again for every pass (a pass may find only a few WQEs).
-    let mut group = [EMPTY_WQE; FETCH];
     loop {
         if dev.stop.load(Ordering::Acquire) {
             return;
@@ -117,7 +104,7 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
         {
             let mrs = dev.mrs.read();
             for s in &mut served {
-                progress |= serve(&dev, s, &mrs, &mut group);
+                progress |= serve(&dev, s, &mrs);
             }
         }
         if progress {
@@ -154,7 +141,7 @@ fn has_work(s: &Served) -> bool {
 }
 
 /// One turn of one QP; `true` when anything was done.
-fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable, group: &mut [Wqe; FETCH]) -> bool {
+fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
     let qp = &*s.qp;
     let mut progress = false;
     if let Some(wait) = s.wait {
@@ -174,15 +161,13 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable, group: &mut [Wqe; FET
     let end = producer.min(exec + BUDGET);
     let peer = s.peer.as_deref();
     let mut state = qp.state();
-    // Fetch a group of WQEs first, then execute them: the fetches are independent loads,
-    // so their cache misses (the lines come from the poster's core) overlap.
+    // WQEs are taken a group at a time. The lines of each group are loaded one group
+    // ahead: those loads are independent, so their cache misses (the lines come from the
+    // poster's core) overlap with each other and with the work on the group before.
     let mut found = Found::default();
+    qp.sq.touch(exec, (exec + FETCH as u64).min(end));
     'fetch: while exec < end {
         let n = (end - exec).min(FETCH as u64) as usize;
-        for (k, slot) in group[..n].iter_mut().enumerate() {
-            *slot = qp.sq.read(exec + k as u64);
-        }
-        // Start bringing in the next group while this one executes.
         qp.sq.touch(exec + n as u64, (exec + 2 * n as u64).min(end));
         dev.step();
         // The responder's state is read once a group: the NIC's own moves of it to the
@@ -191,7 +176,8 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable, group: &mut [Wqe; FET
         let recording = qp.times.on();
         let mut stamped = exec;
         let mut unstamped_bytes = 0u64;
-        for wqe in &group[..n] {
+        for _ in 0..n {
+            let wqe = &qp.sq.read(exec);
             // Most WQEs of a stream are unsignaled WRITEs between regions the pass already
             // found: they take a short path, the same checks and copy as `execute`'s.
             if state != QpState::Err
