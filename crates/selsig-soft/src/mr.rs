@@ -251,5 +251,34 @@ mod tests {
         assert_eq!(mr.offset_of(mr.addr - 1, 1), None);
         assert_eq!(mr.offset_of(u64::MAX, 1), None);
         assert_eq!(mr.offset_of(mr.addr + 100, 0), Some(100));
+        assert_eq!(mr.offset_of(mr.addr + 101, 0), None);
+        assert_eq!(mr.offset_of(mr.addr + 1, u32::MAX), None);
+    }
+
+    proptest::proptest! {
+        /// Any address and length, near the region or far from it: inside exactly when
+        /// the whole range is, in exact arithmetic.
+        #[test]
+        fn an_offset_is_found_exactly_for_the_ranges_inside(
+            delta in -300i128..300,
+            far in proptest::bool::weighted(0.1),
+            len in proptest::prop_oneof![0..=200u32, proptest::num::u32::ANY],
+        ) {
+            let mr = MrInner::new(
+                crate::mem::zeroed(100).expect("memory"),
+                100,
+                Access::empty(),
+                1,
+                0,
+            );
+            let delta = if far { delta * (1i128 << 60) } else { delta };
+            let addr = i128::from(mr.addr) + delta;
+            proptest::prop_assume!((0..=i128::from(u64::MAX)).contains(&addr));
+            let inside = delta >= 0 && delta + i128::from(len) <= 100;
+            proptest::prop_assert_eq!(
+                mr.offset_of(addr as u64, len),
+                inside.then_some(delta as usize)
+            );
+        }
     }
 }
