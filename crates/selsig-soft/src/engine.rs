@@ -20,7 +20,8 @@ use crate::ring::{Cqe, Wqe, op};
 
 /// Work requests of one send queue executed per turn.
 pub(crate) const BUDGET: u64 = 256;
-/// WQEs fetched at once.
+/// WQEs taken as one group: once a group, the responder's state is read, execution times
+/// are stamped at the latest, and the next group's lines are loaded.
 const FETCH: usize = 16;
 
 /// While recording execution times, a work request is stamped when it finishes once this
