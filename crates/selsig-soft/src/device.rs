@@ -776,7 +776,7 @@ impl SoftQp {
         if u64::from(len) > selsig::MAX_MESSAGE_LEN {
             return Err(invalid(i, "longer than the largest message (2 GiB)"));
         }
-        let limit = qp.sq.limit();
+        let limit = posting.limit();
         if head - p.freed >= limit {
             p.freed = qp.freed();
             if head - p.freed >= limit {

@@ -172,6 +172,8 @@ impl SendRing {
         }
     }
 
+    /// Slots the producer may use at once (the poster reads it through its [`Posting`]).
+    #[cfg(any(test, loom))]
     pub(crate) fn limit(&self) -> u64 {
         self.limit
     }
@@ -191,6 +193,10 @@ impl SendRing {
     pub(crate) fn posting(&self, count: usize) -> Posting<'_> {
         Posting {
             ring: self,
+            slots: &self.slots,
+            wr_ids: &self.wr_ids,
+            mask: self.mask,
+            limit: self.limit,
             stream: count >= STREAM_MIN,
         }
     }
@@ -344,6 +350,12 @@ pub(crate) const STREAM_MIN: usize = 64;
 )]
 pub(crate) struct Posting<'a> {
     ring: &'a SendRing,
+    /// The ring's slots, `wr_id`s, mask and limit, copied here so that the stores to
+    /// slots do not make the compiler load them again for every WQE.
+    slots: &'a [Half],
+    wr_ids: &'a [AtomicU64],
+    mask: u64,
+    limit: u64,
     /// WQE words are stored non-temporally (a long post list), until the fence.
     stream: bool,
 }
@@ -354,8 +366,8 @@ impl Posting<'_> {
     #[inline(always)]
     pub(crate) fn write(&mut self, index: u64, wqe: &Wqe, wr_id: u64, imm: u32, inline: &[u8]) {
         let ring = self.ring;
-        let s = ring.slot(index);
-        let at = (index & ring.mask) as usize;
+        let at = (index & self.mask) as usize;
+        let s = &self.slots[at].0;
         ring.shadow.write(at);
         let flags =
             (u64::from(wqe.signaled) * FLAG_SIGNALED) | (u64::from(wqe.inline) * FLAG_INLINE);
@@ -368,13 +380,19 @@ impl Posting<'_> {
         for (slot, word) in s.iter().zip(words) {
             self.store_wqe_word(slot, word);
         }
-        ring.wr_ids[at].store(wr_id, Ordering::Relaxed);
+        self.wr_ids[at].store(wr_id, Ordering::Relaxed);
         if matches!(wqe.opcode, op::WRITE_IMM | op::SEND_IMM) {
             ring.imms[at].store(u64::from(imm), Ordering::Relaxed);
         }
         if !inline.is_empty() {
             write_words(ring.inline_words(index), inline);
         }
+    }
+
+    /// Slots the producer may use at once.
+    #[inline(always)]
+    pub(crate) fn limit(&self) -> u64 {
+        self.limit
     }
 
     /// Publishes the WQEs before `head` (the doorbell): what was written becomes visible
