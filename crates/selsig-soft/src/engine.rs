@@ -189,12 +189,7 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                 exec += 1;
                 progress = true;
                 if recording {
-                    unstamped_bytes += u64::from(wqe.len);
-                    if unstamped_bytes >= STAMP_BYTES {
-                        qp.times.stamp(stamped, exec);
-                        stamped = exec;
-                        unstamped_bytes = 0;
-                    }
+                    stamp_unsignaled(qp, exec, wqe.len, &mut stamped, &mut unstamped_bytes);
                 }
                 continue;
             }
@@ -268,12 +263,7 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
                     state = QpState::Err;
                 }
             } else if recording {
-                unstamped_bytes += u64::from(wqe.len);
-                if unstamped_bytes >= STAMP_BYTES {
-                    qp.times.stamp(stamped, exec);
-                    stamped = exec;
-                    unstamped_bytes = 0;
-                }
+                stamp_unsignaled(qp, exec, wqe.len, &mut stamped, &mut unstamped_bytes);
             }
         }
         if recording && stamped < exec {
@@ -286,6 +276,18 @@ fn serve(dev: &DeviceInner, s: &mut Served, mrs: &MrTable) -> bool {
         qp.sq.set_executed(exec);
     }
     flush_rq_if_error(dev, qp) || progress
+}
+
+/// While recording: an unsignaled work request of `len` bytes finished before `exec`.
+/// The ones since `stamped` are stamped once `STAMP_BYTES` were moved since the last stamp.
+#[inline(always)]
+fn stamp_unsignaled(qp: &QpInner, exec: u64, len: u32, stamped: &mut u64, unstamped: &mut u64) {
+    *unstamped += u64::from(len);
+    if *unstamped >= STAMP_BYTES {
+        qp.times.stamp(*stamped, exec);
+        *stamped = exec;
+        *unstamped = 0;
+    }
 }
 
 /// The completion in error of WQE `index`.
