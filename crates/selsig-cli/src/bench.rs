@@ -689,7 +689,11 @@ impl OnDevice for &Plan {
 fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Report> {
     let total = (plan.policies.len() * plan.sizes.len()) as u64;
     let bar = if std::io::stderr().is_terminal() {
-        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        // The spinner turns during a long point; twice a second takes next to nothing
+        // from the measured threads.
+        bar.enable_steady_tick(Duration::from_millis(500));
+        bar
     } else {
         ProgressBar::hidden()
     };
@@ -706,6 +710,13 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
     // Whether the NIC's times were recorded (the soft provider only).
     let mut nic_times = false;
     let mut buffers_per_size = Vec::new();
+    // Every size's inline data must fit before any point runs: a size the device does not
+    // take inline would otherwise end the sweep after the points before it.
+    if plan.inline {
+        for &size in &plan.sizes {
+            create_qp(plan, dev, &pd, size)?;
+        }
+    }
     // Warm up the device (and, on the soft provider, the NIC thread) unmeasured.
     if !plan.perftest {
         bar.set_message("warming up");
@@ -1006,17 +1017,15 @@ fn stall_limit(policy: Policy, sq_capacity: u32, size: u64) -> Duration {
     STALL.max(Duration::from_secs_f64(bytes / STALL_RATE))
 }
 
-fn run_point<D: Device>(
+/// The completion queue and queue pair of a point of `size`-byte WRITEs; with `--inline`,
+/// refused unless the device takes `size` bytes inline.
+fn create_qp<D: Device>(
     plan: &Plan,
     dev: &D,
-    info: &DeviceInfo,
     pd: &D::Pd,
     size: u64,
-    policy: Policy,
-    stop: Stop,
-) -> Result<(Point, u32, u32, bool)> {
+) -> Result<(Arc<D::Cq>, D::Qp)> {
     let depth = plan.tx_depth;
-    let len = size as usize;
     let cq = Arc::new(dev.create_cq(plan.cq_entries).with_context(|| {
         format!(
             "cannot create the completion queue of {} entries for --tx-depth {depth}",
@@ -1048,6 +1057,21 @@ fn run_point<D: Device>(
             qp.caps().max_inline_data
         );
     }
+    Ok((cq, qp))
+}
+
+fn run_point<D: Device>(
+    plan: &Plan,
+    dev: &D,
+    info: &DeviceInfo,
+    pd: &D::Pd,
+    size: u64,
+    policy: Policy,
+    stop: Stop,
+) -> Result<(Point, u32, u32, bool)> {
+    let depth = plan.tx_depth;
+    let len = size as usize;
+    let (cq, qp) = create_qp(plan, dev, pd, size)?;
     // Sweep: one buffer per slot, as many as fit in the region; a WRITE owns its buffer
     // until a completion confirms it. perftest mode: perftest's memory, one region of
     // max(size, page) bytes on each side, the same bytes written again and again.
@@ -1435,8 +1459,10 @@ fn human_ns(ns: f64) -> String {
     }
 }
 
-fn human_size(size: u64) -> String {
-    if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
+pub(crate) fn human_size(size: u64) -> String {
+    if size >= 1 << 30 && size.is_multiple_of(1 << 30) {
+        format!("{}GiB", size >> 30)
+    } else if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
         format!("{}MiB", size >> 20)
     } else if size >= 1 << 10 && size.is_multiple_of(1 << 10) {
         format!("{}KiB", size >> 10)
@@ -1472,15 +1498,20 @@ pub fn render(report: &Report) -> String {
         if s.inline { ", inline" } else { "" },
     );
     let nic = report.points.iter().any(|p| p.nic_to_app.is_some());
-    let _ = write!(
-        out,
-        "\n{:>6} {:>18} {:>8} {:>7} {:>8} {:>6} {:>25}",
-        "size", "signal", "MWR/s", "Gb/s", "CQE/1000", "CPU/WR", "lag p50 / p99 / max"
-    );
-    if nic {
-        let _ = write!(out, " {:>25}", "NIC->app p50 / p99 / max");
-    }
-    out.push('\n');
+    let mut rows: Vec<Vec<String>> = vec![
+        [
+            "size",
+            "signal",
+            "MWR/s",
+            "Gb/s",
+            "CQE/1000",
+            "CPU/WR",
+            "lag p50 / p99 / max",
+            "NIC->app p50 / p99 / max",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
     for p in &report.points {
         let trio = |q: &Percentiles| {
             format!(
@@ -1490,24 +1521,38 @@ pub fn render(report: &Report) -> String {
                 human_ns(q.max_ns as f64)
             )
         };
-        let _ = write!(
-            out,
-            "{:>6} {:>18} {:>8} {:>7} {:>8.1} {:>6} {:>25}",
+        rows.push(vec![
             human_size(p.size),
-            p.policy,
+            p.policy.clone(),
             rate(p.wr_per_sec / 1e6),
             rate(p.gbit_per_sec),
-            p.cqes_per_1000,
+            per_1000(p.cqes_per_1000),
             human_ns(p.cpu_ns_per_wr),
             p.lag.as_ref().map_or("-".to_string(), trio),
-        );
-        if nic {
-            let _ = write!(
-                out,
-                " {:>25}",
-                p.nic_to_app.as_ref().map_or("-".to_string(), trio)
-            );
-        }
+            p.nic_to_app.as_ref().map_or("-".to_string(), trio),
+        ]);
+    }
+    let columns = if nic { 8 } else { 7 };
+    // Each column as wide as its widest cell, at least the width of the figures of a
+    // usual run (so that tables of different runs line up), right-aligned.
+    let least = [6, 18, 8, 7, 8, 6, 25, 25];
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r[c].chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(least[c])
+        })
+        .collect();
+    out.push('\n');
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, &w)| format!("{cell:>w$}"))
+            .collect();
+        out.push_str(&cells.join(" "));
         out.push('\n');
     }
     if !report.memcpy.is_empty() {
@@ -1650,6 +1695,17 @@ fn flagged(
 
 /// Two decimals, or three significant digits below 0.01 (large WRITEs: 16 MiB ones run at
 /// about 0.0002 M WR/s).
+/// Completions per 1000 WRITEs: one decimal, or three significant digits below 0.1 (an
+/// interval of thousands completes a few hundredths of a completion per 1000).
+fn per_1000(x: f64) -> String {
+    if x >= 0.1 || x <= 0.0 || !x.is_finite() {
+        format!("{x:.1}")
+    } else {
+        let decimals = (2.0 - x.log10().floor()) as usize;
+        format!("{x:.decimals$}")
+    }
+}
+
 fn rate(x: f64) -> String {
     let three = |x: f64| (2.0 - x.log10().floor()) as usize;
     if x >= 0.01 || x <= 0.0 || !x.is_finite() {
@@ -2090,6 +2146,8 @@ mod tests {
         let points = |style: &str| -> Vec<Vec<(i64, i64)>> {
             svg.split("<polyline")
                 .skip(1)
+                // The element itself, not the ones drawn after it.
+                .map(|e| &e[..e.find("/>").unwrap()])
                 .filter(|e| e.contains(style))
                 .map(|e| {
                     let list = e.split("points=\"").nth(1).unwrap();
@@ -2124,6 +2182,75 @@ mod tests {
             svg.matches("<polygon").count(),
             2,
             "an adaptive triangle a panel"
+        );
+    }
+
+    /// A size swept at one interval has no line to dash: its p99 still gets a mark, above
+    /// its p50, in every panel of percentiles; so does an adaptive point's.
+    #[test]
+    fn a_lone_point_and_an_adaptive_one_show_their_p99() {
+        let mut report = report_of(&[1.0, 1.0]);
+        for (i, p) in report.points.iter_mut().enumerate() {
+            p.size = 64;
+            p.interval = (i == 0).then_some(1);
+            p.policy = ["every:1", "adaptive:4,50us"][i].to_string();
+            p.lag = Some(Percentiles {
+                count: 1000,
+                p50_ns: 100_000,
+                p99_ns: 800_000,
+                max_ns: 900_000,
+                mean_ns: 100_000.0,
+            });
+        }
+        let svg = crate::chart::render(&report).unwrap();
+        let lag = &svg[svg.find("Confirmation lag").unwrap()..];
+        // (cx, cy) of the panel's filled or hollow circles (the legend's is filled).
+        let circles = |filled: bool| -> Vec<(f64, f64)> {
+            lag.split("<circle")
+                .skip(1)
+                .map(|e| &e[..e.find("/>").unwrap()])
+                .filter(|e| e.contains(r#"fill="none""#) != filled)
+                .map(|e| {
+                    let attr = |name: &str| -> f64 {
+                        let v = e.split(&format!("{name}=\"")).nth(1).unwrap();
+                        v[..v.find('"').unwrap()].parse().unwrap()
+                    };
+                    (attr("cx"), attr("cy"))
+                })
+                .collect()
+        };
+        let (filled, p99) = (circles(true), circles(false));
+        assert_eq!(p99.len(), 1, "{lag}");
+        let p50 = filled
+            .iter()
+            .find(|c| c.0 == p99[0].0)
+            .expect("p50 below p99");
+        assert!(p99[0].1 < p50.1, "p99 at {:?} above p50 at {p50:?}", p99[0]);
+        // The adaptive point: a filled triangle at p50, an outline (a closed path of
+        // four points, the first one again) above it at p99.
+        let at = |e: &str| -> Vec<(i64, i64)> {
+            let v = e.split("points=\"").nth(1).unwrap();
+            v[..v.find('"').unwrap()]
+                .split_whitespace()
+                .map(|p| {
+                    let (x, y) = p.split_once(',').unwrap();
+                    (x.parse().unwrap(), y.parse().unwrap())
+                })
+                .collect()
+        };
+        let filled: Vec<Vec<(i64, i64)>> = lag.split("<polygon").skip(1).map(at).collect();
+        assert_eq!(filled.len(), 1, "adaptive p50: {lag}");
+        let outline: Vec<Vec<(i64, i64)>> = lag
+            .split("<polyline")
+            .skip(1)
+            .map(at)
+            .filter(|p| p.len() == 4 && p[0] == p[3])
+            .collect();
+        assert_eq!(outline.len(), 1, "adaptive p99: {lag}");
+        let top = |p: &[(i64, i64)]| p.iter().map(|q| q.1).min().unwrap();
+        assert!(
+            top(&outline[0]) < top(&filled[0]),
+            "{outline:?} above {filled:?}"
         );
     }
 
@@ -2282,6 +2409,63 @@ mod tests {
             table.contains("(the soft NIC's yardstick): 64KiB 12.3 Gb/s"),
             "{table}"
         );
+    }
+
+    /// A cell wider than its column's usual width widens the column for every row: the
+    /// columns after it stay in line (64 KiB lags of three figures in microseconds, a CPU
+    /// time in milliseconds).
+    #[test]
+    fn wide_cells_widen_their_column_and_keep_the_rest_in_line() {
+        let mut report = report_of(&[1.0, 1.0]);
+        let trio = |p50_ns, p99_ns, max_ns| Percentiles {
+            count: 1000,
+            p50_ns,
+            p99_ns,
+            max_ns,
+            mean_ns: p50_ns as f64,
+        };
+        report.points[0].lag = Some(trio(444_700, 757_800, 849_400));
+        report.points[0].nic_to_app = Some(trio(1000, 2000, 3000));
+        report.points[0].cpu_ns_per_wr = 131_860_000.0;
+        report.points[1].lag = Some(trio(1000, 2000, 3000));
+        report.points[1].nic_to_app = Some(trio(444_700, 757_800, 849_400));
+        let table = render(&report);
+        let lines: Vec<&str> = table
+            .lines()
+            .filter(|l| l.contains("every:") || l.trim_start().starts_with("size "))
+            .collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        assert!(lines[1].contains("131.86ms") && lines[1].contains("444.7us / 757.8us / 849.4us"));
+        // Right-aligned columns: every row ends where the header ends, and each column's
+        // last character stands where the header's does.
+        let ends = |l: &str| -> Vec<usize> {
+            let b = l.as_bytes();
+            (0..b.len())
+                .filter(|&i| b[i] != b' ' && (i + 1 == b.len() || b[i + 1] == b' '))
+                .collect()
+        };
+        let header = ends(lines[0]);
+        for row in &lines[1..] {
+            assert_eq!(row.len(), lines[0].len(), "{table}");
+            let cells = ends(row);
+            for (c, &at) in [0, 1, 2, 3, 4, 5].iter().zip(&header) {
+                assert!(cells.contains(&at), "column {c} ends at {at}: {table}");
+            }
+        }
+    }
+
+    /// Completions per 1000 WRITEs keep three significant digits below 0.1: an interval of
+    /// thousands does not read as no completions at all.
+    #[test]
+    fn few_completions_per_1000_are_not_shown_as_zero() {
+        assert_eq!(per_1000(1000.0), "1000.0");
+        assert_eq!(per_1000(15.625), "15.6");
+        assert_eq!(per_1000(0.1), "0.1");
+        assert_eq!(per_1000(0.0305), "0.0305");
+        assert_eq!(per_1000(0.0), "0.0");
+        let mut report = report_of(&[1.0]);
+        report.points[0].cqes_per_1000 = 0.0305;
+        assert!(render(&report).contains(" 0.0305 "), "{}", render(&report));
     }
 
     /// The round trips before and after each point give one line under the table, their

@@ -277,7 +277,7 @@ fn percentile_panel<'a, DB: DrawingBackend + 'a>(
     let (plot, legend) = split_panel(area);
     let mut chart = ChartBuilder::on(&plot)
         .caption(
-            format!("{caption} (p50 solid, p99 dashed, adaptive: triangles)"),
+            format!("{caption} (p50 solid, p99 dashed and hollow, adaptive: triangles)"),
             ("sans-serif", 15),
         )
         .margin(12)
@@ -303,17 +303,37 @@ fn percentile_panel<'a, DB: DrawingBackend + 'a>(
             .draw_series(LineSeries::new(p50.clone(), c.stroke_width(2)))
             .map_err(|e| e.to_string())?;
         draw_markers(&mut chart, &p50, shape, c).map_err(|e| e.to_string())?;
+        // Each p99 also gets a hollow mark: a line through a single point (one interval
+        // of a size) draws nothing.
+        chart
+            .draw_series(p99.iter().map(|&at| Circle::new(at, 3, c.stroke_width(1))))
+            .map_err(|e| e.to_string())?;
         chart
             .draw_series(DashedLineSeries::new(p99, 6, 4, c.stroke_width(1)))
             .map_err(|e| e.to_string())?;
+        let adaptive: Vec<(f64, (f64, f64))> = report
+            .points
+            .iter()
+            .filter(|p| p.size == size && p.interval.is_none())
+            .filter_map(|p| Some((x_of(p)?, of(p)?)))
+            .collect();
         chart
             .draw_series(
-                report
-                    .points
+                adaptive
                     .iter()
-                    .filter(|p| p.size == size && p.interval.is_none())
-                    .filter_map(|p| Some((x_of(p)?, of(p)?.0)))
-                    .map(|(x, y)| TriangleMarker::new((x, y), 6, c.filled())),
+                    .map(|&(x, (p50, _))| TriangleMarker::new((x, p50), 6, c.filled())),
+            )
+            .map_err(|e| e.to_string())?;
+        chart
+            .draw_series(
+                // A triangle's outline (plotters' triangle markers are always filled).
+                adaptive.iter().map(|&(x, (_, p99))| {
+                    EmptyElement::at((x, p99))
+                        + PathElement::new(
+                            vec![(0, -6), (5, 3), (-5, 3), (0, -6)],
+                            c.stroke_width(1),
+                        )
+                }),
             )
             .map_err(|e| e.to_string())?;
     }
@@ -331,8 +351,9 @@ fn sizes(report: &Report) -> Vec<u64> {
     sizes
 }
 
+/// A size as the table writes it.
 fn size_label(size: u64) -> String {
-    format!("{size} B")
+    crate::bench::human_size(size)
 }
 
 /// The `every:N` points of one size.

@@ -2234,7 +2234,7 @@ fn bench_draws_an_svg_and_writes_json_to_a_file() {
         "{drawing:.200}"
     );
     assert!(drawing.contains("Confirmation lag") && drawing.contains("Learned later"));
-    assert!(drawing.contains("64 B") && drawing.contains("4096 B"));
+    assert!(drawing.contains("64B") && drawing.contains("4KiB"));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["points"].as_array().unwrap().len(), 6);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -2329,7 +2329,7 @@ fn bench_svg_lines_follow_the_interval_axis_and_every_axis_has_numbers() {
         .filter(|t| {
             t[t.find('>').unwrap() + 1..]
                 .trim_start()
-                .starts_with("64 B")
+                .starts_with("64B")
         })
         .map(|t| t[..t.find('"').unwrap()].parse().unwrap())
         .collect();
@@ -2467,6 +2467,40 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
     let o = selsig(&["bench", "--inline", "-s", "64K", "-n", "10"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("inline"), "{}", stderr(&o));
+}
+
+/// With `--inline`, a size the device cannot take inline is refused before any point runs
+/// (the soft NIC takes 64 bytes): a long sweep does not run its small sizes only to fail
+/// at the first large one.
+#[test]
+fn bench_inline_checks_every_size_before_the_first_point() {
+    let dir = scratch("inline-sizes");
+    let json = dir.join("out.json");
+    let start = std::time::Instant::now();
+    let o = selsig(&[
+        "bench",
+        "--inline",
+        "-s",
+        "64,4K",
+        "-e",
+        "1",
+        "-D",
+        "30s",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("4096-byte inline WRITEs") && stderr(&o).contains("up to 64"),
+        "{}",
+        stderr(&o)
+    );
+    // The 64-byte point would have taken 30 s (and its failure would name the point).
+    assert!(start.elapsed().as_secs() < 25, "a point ran first");
+    assert!(!stderr(&o).contains("every:1"), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "no point ran: {}", stdout(&o));
+    assert!(!json.exists(), "no report");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -3852,7 +3886,7 @@ fn bench_svg_legends_that_do_not_fit_say_how_many_more() {
         3,
         "{texts:?}"
     );
-    assert!(!texts.iter().any(|t| t == "131072 B"), "{texts:?}");
+    assert!(!texts.iter().any(|t| t == "128KiB"), "{texts:?}");
 }
 
 /// An edit of a scenario's text.
