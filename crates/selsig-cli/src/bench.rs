@@ -2149,16 +2149,7 @@ mod tests {
                 // The element itself, not the ones drawn after it.
                 .map(|e| &e[..e.find("/>").unwrap()])
                 .filter(|e| e.contains(style))
-                .map(|e| {
-                    let list = e.split("points=\"").nth(1).unwrap();
-                    list[..list.find('"').unwrap()]
-                        .split_whitespace()
-                        .map(|p| {
-                            let (x, y) = p.split_once(',').unwrap();
-                            (x.parse().unwrap(), y.parse().unwrap())
-                        })
-                        .collect()
-                })
+                .map(svg_points)
                 .collect()
         };
         let lines: Vec<_> = points(r##"stroke="#0072B2" stroke-width="2""##)
@@ -2228,22 +2219,12 @@ mod tests {
         assert!(p99[0].1 < p50.1, "p99 at {:?} above p50 at {p50:?}", p99[0]);
         // The adaptive point: a filled triangle at p50, an outline (a closed path of
         // four points, the first one again) above it at p99.
-        let at = |e: &str| -> Vec<(i64, i64)> {
-            let v = e.split("points=\"").nth(1).unwrap();
-            v[..v.find('"').unwrap()]
-                .split_whitespace()
-                .map(|p| {
-                    let (x, y) = p.split_once(',').unwrap();
-                    (x.parse().unwrap(), y.parse().unwrap())
-                })
-                .collect()
-        };
-        let filled: Vec<Vec<(i64, i64)>> = lag.split("<polygon").skip(1).map(at).collect();
+        let filled: Vec<Vec<(i64, i64)>> = lag.split("<polygon").skip(1).map(svg_points).collect();
         assert_eq!(filled.len(), 1, "adaptive p50: {lag}");
         let outline: Vec<Vec<(i64, i64)>> = lag
             .split("<polyline")
             .skip(1)
-            .map(at)
+            .map(svg_points)
             .filter(|p| p.len() == 4 && p[0] == p[3])
             .collect();
         assert_eq!(outline.len(), 1, "adaptive p99: {lag}");
@@ -2252,6 +2233,29 @@ mod tests {
             top(&outline[0]) < top(&filled[0]),
             "{outline:?} above {filled:?}"
         );
+    }
+
+    /// Percentiles of 1000 samples whose mean is their p50.
+    fn percentiles(p50_ns: u64, p99_ns: u64, max_ns: u64) -> Percentiles {
+        Percentiles {
+            count: 1000,
+            p50_ns,
+            p99_ns,
+            max_ns,
+            mean_ns: p50_ns as f64,
+        }
+    }
+
+    /// The pixels of the `points` attribute of an SVG element (from its text on).
+    fn svg_points(element: &str) -> Vec<(i64, i64)> {
+        let list = element.split("points=\"").nth(1).unwrap();
+        list[..list.find('"').unwrap()]
+            .split_whitespace()
+            .map(|p| {
+                let (x, y) = p.split_once(',').unwrap();
+                (x.parse().unwrap(), y.parse().unwrap())
+            })
+            .collect()
     }
 
     /// The texts of an SVG document, in order.
@@ -2372,21 +2376,14 @@ mod tests {
             size: 65536,
             gbit_per_sec: 12.34,
         }];
-        let trio = |p50_ns, p99_ns, max_ns| Percentiles {
-            count: 1000,
-            p50_ns,
-            p99_ns,
-            max_ns,
-            mean_ns: p50_ns as f64,
-        };
         let p = &mut report.points[0];
         p.size = 3 << 19;
         p.wr_per_sec = 2.5e6;
         p.gbit_per_sec = 30.72;
         p.cqes_per_1000 = 15.625;
         p.cpu_ns_per_wr = 1234.0;
-        p.lag = Some(trio(1000, 5000, 9000));
-        p.nic_to_app = Some(trio(2000, 6000, 8000));
+        p.lag = Some(percentiles(1000, 5000, 9000));
+        p.nic_to_app = Some(percentiles(2000, 6000, 8000));
         let table = render(&report);
         assert!(
             table.contains("send queue depth 128 (capacity 256)"),
@@ -2417,18 +2414,11 @@ mod tests {
     #[test]
     fn wide_cells_widen_their_column_and_keep_the_rest_in_line() {
         let mut report = report_of(&[1.0, 1.0]);
-        let trio = |p50_ns, p99_ns, max_ns| Percentiles {
-            count: 1000,
-            p50_ns,
-            p99_ns,
-            max_ns,
-            mean_ns: p50_ns as f64,
-        };
-        report.points[0].lag = Some(trio(444_700, 757_800, 849_400));
-        report.points[0].nic_to_app = Some(trio(1000, 2000, 3000));
+        report.points[0].lag = Some(percentiles(444_700, 757_800, 849_400));
+        report.points[0].nic_to_app = Some(percentiles(1000, 2000, 3000));
         report.points[0].cpu_ns_per_wr = 131_860_000.0;
-        report.points[1].lag = Some(trio(1000, 2000, 3000));
-        report.points[1].nic_to_app = Some(trio(444_700, 757_800, 849_400));
+        report.points[1].lag = Some(percentiles(1000, 2000, 3000));
+        report.points[1].nic_to_app = Some(percentiles(444_700, 757_800, 849_400));
         let table = render(&report);
         let lines: Vec<&str> = table
             .lines()
