@@ -1693,8 +1693,6 @@ fn flagged(
     }
 }
 
-/// Two decimals, or three significant digits below 0.01 (large WRITEs: 16 MiB ones run at
-/// about 0.0002 M WR/s).
 /// Completions per 1000 WRITEs: one decimal, or three significant digits below 0.1 (an
 /// interval of thousands completes a few hundredths of a completion per 1000).
 fn per_1000(x: f64) -> String {
@@ -1706,6 +1704,8 @@ fn per_1000(x: f64) -> String {
     }
 }
 
+/// Two decimals, or three significant digits below 0.01 (large WRITEs: 16 MiB ones run at
+/// about 0.0002 M WR/s).
 fn rate(x: f64) -> String {
     let three = |x: f64| (2.0 - x.log10().floor()) as usize;
     if x >= 0.01 || x <= 0.0 || !x.is_finite() {

@@ -259,7 +259,8 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
     Ok(())
 }
 
-/// A panel of p50 (solid) and p99 (dashed) microseconds, log scale.
+/// A panel of p50 (solid, filled marks) and p99 (dashed, hollow marks) microseconds, log
+/// scale; adaptive points as a filled triangle at p50 and an outlined one at p99.
 fn percentile_panel<'a, DB: DrawingBackend + 'a>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     report: &Report,
