@@ -2176,6 +2176,37 @@ mod tests {
         );
     }
 
+    /// The interval axis runs from the smallest interval drawn to the largest, a label per
+    /// power of two: a sweep of long intervals does not leave most of the plot empty.
+    #[test]
+    fn the_interval_axis_starts_at_the_smallest_interval() {
+        for (intervals, labels) in [
+            (&[64u32, 128][..], &["64", "128"][..]),
+            (&[16, 32, 64, 128], &["16", "32", "64", "128"]),
+            (&[1, 4], &["1", "2", "4"]),
+            (&[64], &["32", "64"]),
+        ] {
+            let mut report = report_of(&vec![1.0; intervals.len()]);
+            for (p, &n) in report.points.iter_mut().zip(intervals) {
+                p.size = 64;
+                p.interval = Some(n);
+                p.policy = format!("every:{n}");
+            }
+            let svg = crate::chart::render(&report).unwrap();
+            let texts = svg_texts(&svg);
+            // The throughput panel's x labels: its whole numbers (its y labels have a
+            // decimal), up to the next panel's title.
+            let x: Vec<&str> = texts
+                .iter()
+                .skip_while(|t| !t.starts_with("Throughput"))
+                .take_while(|t| !t.starts_with("Confirmation lag"))
+                .copied()
+                .filter(|t| t.parse::<u32>().is_ok())
+                .collect();
+            assert_eq!(x, labels, "{intervals:?}: {texts:?}");
+        }
+    }
+
     /// A size swept at one interval has no line to dash: its p99 still gets a mark, above
     /// its p50, in every panel of percentiles; so does an adaptive point's.
     #[test]

@@ -154,14 +154,17 @@ fn draw_legend<DB: DrawingBackend>(
 }
 
 /// The x range: log2 of the largest interval, with a margin.
+/// From the smallest interval drawn to the largest (log2), at least one doubling wide.
 fn x_range(report: &Report) -> std::ops::Range<f64> {
-    let x_max = report
-        .points
-        .iter()
-        .filter_map(x_of)
-        .fold(0.0, f64::max)
-        .max(1.0);
-    -0.2..x_max + 0.2
+    let xs = || report.points.iter().filter_map(x_of);
+    let x_max = xs().fold(0.0, f64::max).max(1.0);
+    let x_min = xs().fold(f64::INFINITY, f64::min).min(x_max - 1.0).max(0.0);
+    x_min - 0.2..x_max + 0.2
+}
+
+/// The x labels: one per power of two in the range.
+fn x_labels(xr: &std::ops::Range<f64>) -> usize {
+    (xr.end - xr.start).round() as usize + 1
 }
 
 fn interval_label(v: &f64) -> String {
@@ -219,7 +222,7 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
         .configure_mesh()
         .x_desc(AXIS)
         .y_desc("Gb/s")
-        .x_labels(xr.end as usize + 1)
+        .x_labels(x_labels(&xr))
         .x_label_formatter(&interval_label)
         .y_labels(6)
         .light_line_style(RGBColor(238, 238, 238))
@@ -290,7 +293,7 @@ fn percentile_panel<'a, DB: DrawingBackend + 'a>(
         .configure_mesh()
         .x_desc(AXIS)
         .y_desc("microseconds (log scale)")
-        .x_labels(xr.end as usize + 1)
+        .x_labels(x_labels(&xr))
         .x_label_formatter(&interval_label)
         .y_labels(6)
         .light_line_style(RGBColor(238, 238, 238))
