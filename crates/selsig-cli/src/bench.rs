@@ -1696,30 +1696,31 @@ fn flagged(
 /// Completions per 1000 WRITEs: one decimal, or three significant digits below 0.1 (an
 /// interval of thousands completes a few hundredths of a completion per 1000).
 fn per_1000(x: f64) -> String {
-    if x >= 0.1 || x <= 0.0 || !x.is_finite() {
-        format!("{x:.1}")
-    } else {
-        let decimals = (2.0 - x.log10().floor()) as usize;
-        format!("{x:.decimals$}")
-    }
+    fixed_or_significant(x, 1)
 }
 
 /// Two decimals, or three significant digits below 0.01 (large WRITEs: 16 MiB ones run at
 /// about 0.0002 M WR/s).
 fn rate(x: f64) -> String {
+    fixed_or_significant(x, 2)
+}
+
+/// `x` with `decimals` decimals, or three significant digits below `10^-decimals`.
+fn fixed_or_significant(x: f64, decimals: usize) -> String {
     let three = |x: f64| (2.0 - x.log10().floor()) as usize;
-    if x >= 0.01 || x <= 0.0 || !x.is_finite() {
-        return format!("{x:.2}");
+    let least = 10f64.powi(decimals as i32).recip();
+    if x >= least || x <= 0.0 || !x.is_finite() {
+        return format!("{x:.decimals$}");
     }
     // Rounded to three significant digits, the figure may reach the next power of ten
     // (0.0009996 is 0.00100): the digits are counted from the rounded figure.
-    let decimals = three(x);
-    let rounded: f64 = format!("{x:.decimals$}").parse().unwrap_or(x);
-    if rounded >= 0.01 {
-        format!("{x:.2}")
-    } else {
-        let decimals = three(rounded);
+    let digits = three(x);
+    let rounded: f64 = format!("{x:.digits$}").parse().unwrap_or(x);
+    if rounded >= least {
         format!("{x:.decimals$}")
+    } else {
+        let digits = three(rounded);
+        format!("{x:.digits$}")
     }
 }
 
@@ -2216,13 +2217,7 @@ mod tests {
             p.size = 64;
             p.interval = (i == 0).then_some(1);
             p.policy = ["every:1", "adaptive:4,50us"][i].to_string();
-            p.lag = Some(Percentiles {
-                count: 1000,
-                p50_ns: 100_000,
-                p99_ns: 800_000,
-                max_ns: 900_000,
-                mean_ns: 100_000.0,
-            });
+            p.lag = Some(percentiles(100_000, 800_000, 900_000));
         }
         let svg = crate::chart::render(&report).unwrap();
         let lag = &svg[svg.find("Confirmation lag").unwrap()..];
