@@ -24,7 +24,7 @@ use selsig::{
     Access, Buffer, ConnectOptions, Device, MemoryRegion, Opcode, Outcome, Policy, QpCaps, QpInit,
     QueueConfig, QueuePair, SignaledQueue, Work,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::common::{DeviceInfo, OnDevice, ProviderArgs, parse_size, pattern, with_device};
 use crate::remote::Peer;
@@ -212,6 +212,19 @@ pub struct BenchArgs {
     /// server. The server checks the bytes of a sweep's WRITEs.
     #[arg(long, value_name = "HOST", value_parser = crate::common::parse_host)]
     pub connect: Option<String>,
+    /// Run nothing: read a report that --json wrote (FILE, or standard input with `-`)
+    /// and print its table, or write it with --json and draw it with --svg, as after that
+    /// run (a past run's chart, drawn again).
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = [
+            "every", "cq_mod", "sizes", "iters", "duration", "tx_depth", "post_list",
+            "inline", "adaptive", "region", "no_nic_times", "connect", "provider", "device",
+            "personality", "gid_index",
+        ]
+    )]
+    pub from_json: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub provider: ProviderArgs,
 }
@@ -536,7 +549,7 @@ fn buffers(region: u64, depth: u32, size: u64) -> u32 {
 }
 
 /// Percentiles of a histogram of nanoseconds.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Percentiles {
     pub count: u64,
     pub p50_ns: u64,
@@ -558,7 +571,7 @@ impl Percentiles {
 }
 
 /// One measured point.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Point {
     pub size: u64,
     /// The policy, e.g. `every:64` or `adaptive:64,20us`.
@@ -620,10 +633,10 @@ pub struct Point {
     pub round_trip_ns: Option<[f64; 2]>,
 }
 
-/// Everything `--json` writes.
-#[derive(Debug, Serialize)]
+/// Everything `--json` writes (and `--from-json` reads).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
-    pub provider: &'static str,
+    pub provider: String,
     pub device: String,
     pub personality: Option<String>,
     pub settings: Settings,
@@ -634,15 +647,15 @@ pub struct Report {
 }
 
 /// `memcpy` throughput for one message size.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemcpyRef {
     pub size: u64,
     pub gbit_per_sec: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
-    pub opcode: &'static str,
+    pub opcode: String,
     pub tx_depth: u32,
     /// The send queue capacity the device gave.
     pub sq_capacity: u32,
@@ -664,6 +677,102 @@ pub struct Settings {
     pub region: u64,
     /// The GID index in use (verbs on RoCE or with global routing); null otherwise.
     pub gid_index: Option<u8>,
+}
+
+/// The largest report `--from-json` reads: a sweep's report is a kilobyte a point.
+const MAX_REPORT: u64 = 64 << 20;
+
+/// Reads a report that `--json` wrote (`-`: standard input) for `--from-json`, and checks
+/// that its figures can be shown: the error names the file and what is wrong.
+pub fn load_report(path: &std::path::Path) -> Result<Report> {
+    use std::io::Read as _;
+    let stdin = path == std::path::Path::new("-");
+    let file = if stdin {
+        "<stdin>".to_string()
+    } else {
+        path.display().to_string()
+    };
+    // One byte past the limit is read: a larger file (or a device that never ends) is
+    // refused, not read until memory runs out.
+    let mut text = String::new();
+    let read = if stdin {
+        std::io::stdin()
+            .lock()
+            .take(MAX_REPORT + 1)
+            .read_to_string(&mut text)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(MAX_REPORT + 1).read_to_string(&mut text))
+    };
+    read.with_context(|| format!("--from-json {file}: cannot read the report"))?;
+    ensure!(
+        text.len() as u64 <= MAX_REPORT,
+        "--from-json {file}: larger than {} MiB: not a report of `selsig bench --json`",
+        MAX_REPORT >> 20
+    );
+    let report: Report = serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!("--from-json {file}: not a report of `selsig bench --json`: {e}")
+    })?;
+    report
+        .check()
+        .map_err(|why| anyhow::anyhow!("--from-json {file}: {why}"))?;
+    Ok(report)
+}
+
+impl Report {
+    /// What a report read back must hold for its table and chart: points, and figures
+    /// that are finite and not negative (a hand-edited report may hold anything).
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.points.is_empty() {
+            return Err("the report has no points".into());
+        }
+        let check = |what: String, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{what} is {v}: a run's figures are finite and not negative"
+                ))
+            }
+        };
+        if let Some(d) = self.settings.duration_s {
+            check("settings.duration_s".into(), d)?;
+        }
+        for (i, m) in self.memcpy.iter().enumerate() {
+            check(format!("memcpy[{i}].gbit_per_sec"), m.gbit_per_sec)?;
+        }
+        for (i, p) in self.points.iter().enumerate() {
+            let at = |field: &str| format!("points[{i}].{field} ({}, {})", p.size, p.policy);
+            for (field, v) in [
+                ("seconds", p.seconds),
+                ("wr_per_sec", p.wr_per_sec),
+                ("gbit_per_sec", p.gbit_per_sec),
+                ("mib_per_sec", p.mib_per_sec),
+                ("mpps", p.mpps),
+                ("cqes_per_1000", p.cqes_per_1000),
+                ("wrs_per_cqe", p.wrs_per_cqe),
+                ("cpu_ns_per_wr", p.cpu_ns_per_wr),
+                ("cpu_share", p.cpu_share),
+            ] {
+                check(at(field), v)?;
+            }
+            if let Some(w) = p.wait_share {
+                check(at("wait_share"), w)?;
+            }
+            for (field, pc) in [
+                ("lag", &p.lag),
+                ("nic_to_app", &p.nic_to_app),
+                ("post_to_nic", &p.post_to_nic),
+            ] {
+                if let Some(pc) = pc {
+                    check(at(&format!("{field}.mean_ns")), pc.mean_ns)?;
+                }
+            }
+            for (k, &rt) in p.round_trip_ns.iter().flatten().enumerate() {
+                check(at(&format!("round_trip_ns[{k}]")), rt)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Runs the sweep (call [`plan`] first), with a progress bar on stderr when it is a terminal.
@@ -759,11 +868,11 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
     bar.finish_and_clear();
     Ok(Report {
         memcpy,
-        provider: info.provider.as_str(),
+        provider: info.provider.as_str().to_string(),
         device: info.device.clone(),
         personality: info.personality.map(|p| p.to_string()),
         settings: Settings {
-            opcode: "RDMA_WRITE",
+            opcode: "RDMA_WRITE".to_string(),
             tx_depth: plan.tx_depth,
             sq_capacity,
             post_list: plan.post_list,
@@ -2033,11 +2142,11 @@ mod tests {
             round_trip_ns: None,
         };
         Report {
-            provider: "soft",
+            provider: "soft".into(),
             device: "soft0".into(),
             personality: None,
             settings: Settings {
-                opcode: "RDMA_WRITE",
+                opcode: "RDMA_WRITE".into(),
                 tx_depth: 128,
                 sq_capacity: 128,
                 post_list: 16,

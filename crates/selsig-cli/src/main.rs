@@ -506,7 +506,11 @@ impl Drop for OutputFile {
 }
 
 fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
-    let plan = bench::plan(args).map_err(Failure::Input)?;
+    // A sweep to run, or a past run's report (read before any output file is opened).
+    let source = match &args.from_json {
+        Some(path) => Err(bench::load_report(path).map_err(Failure::Input)?),
+        None => Ok(bench::plan(args).map_err(Failure::Input)?),
+    };
     let json_to_stdout = args.json.as_deref() == Some(Path::new("-"));
     let svg_to_stdout = args.svg.as_deref() == Some(Path::new("-"));
     if json_to_stdout && svg_to_stdout {
@@ -549,7 +553,10 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
             svg.path.display()
         )));
     }
-    let report = bench::bench(args, &plan).map_err(Failure::of_run)?;
+    let report = match source {
+        Ok(plan) => bench::bench(args, &plan).map_err(Failure::of_run)?,
+        Err(report) => report,
+    };
     // Both are rendered before anything is written: a failure leaves every file as it was.
     let json = match &args.json {
         Some(_) => {
@@ -583,7 +590,7 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         }
         None => {
             print_out(&bench::render(&report))?;
-            if plan.perftest {
+            if report.settings.perftest_mode {
                 print_out(&format!("\n{}", bench::render_perftest(&report)))?;
             }
         }

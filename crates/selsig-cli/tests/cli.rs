@@ -4333,3 +4333,136 @@ fn an_output_file_that_is_standard_output_or_error_is_appended_to_not_replaced()
     assert!(!dir.join("-").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--from-json` runs nothing: it prints the table a run printed, draws the chart it drew,
+/// and writes its report again, from the report alone (standard input too).
+#[test]
+fn bench_from_json_shows_a_past_run_as_the_run_did() {
+    let dir = scratch("bench-from-json");
+    let (json, svg) = (dir.join("run.json"), dir.join("run.svg"));
+    let run = selsig(&[
+        "bench",
+        "-n",
+        "500",
+        "-s",
+        "64,4K",
+        "-e",
+        "1,8,adaptive",
+        "--json",
+        json.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let table = stdout(&run);
+    assert!(table.contains("adaptive:"), "{table}");
+
+    let again = selsig(&["bench", "--from-json", json.to_str().unwrap()]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(stdout(&again), table);
+
+    let redrawn = dir.join("again.svg");
+    let o = selsig(&[
+        "bench",
+        "--from-json",
+        json.to_str().unwrap(),
+        "--svg",
+        redrawn.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(&redrawn).unwrap(),
+        std::fs::read_to_string(&svg).unwrap()
+    );
+
+    let report = std::fs::read_to_string(&json).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["bench", "--from-json", "-", "--json", "-"])
+        .stdin(std::fs::File::open(&json).unwrap())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        report,
+        "the report, written again byte for byte"
+    );
+}
+
+/// A report that cannot be shown is refused with the file and what is wrong, and no
+/// output file is created; `--from-json` with an option of a run is refused too.
+#[test]
+fn bench_from_json_refuses_what_is_not_a_report() {
+    let dir = scratch("bench-from-json-bad");
+    let good = bench_json(&["-n", "100", "-s", "64", "-e", "1"]);
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("missing.json", String::new(), "cannot read the report"),
+        (
+            "text.json",
+            "size,signal\n64,every:1\n".into(),
+            "not a report of `selsig bench --json`",
+        ),
+        (
+            "nopoints.json",
+            {
+                let mut v = good.clone();
+                v["points"] = Value::Array(vec![]);
+                v.to_string()
+            },
+            "the report has no points",
+        ),
+        (
+            "negative.json",
+            {
+                let mut v = good.clone();
+                v["points"][0]["wr_per_sec"] = Value::from(-1.5);
+                v.to_string()
+            },
+            "points[0].wr_per_sec (64, every:1) is -1.5",
+        ),
+        (
+            "nolag.json",
+            {
+                let mut v = good.clone();
+                v["points"][0].as_object_mut().unwrap().remove("wrs");
+                v.to_string()
+            },
+            "missing field `wrs`",
+        ),
+    ];
+    for (name, text, why) in cases {
+        let path = dir.join(name);
+        if !text.is_empty() {
+            std::fs::write(&path, text).unwrap();
+        }
+        let svg = dir.join(format!("{name}.svg"));
+        let o = selsig(&[
+            "bench",
+            "--from-json",
+            path.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
+        ]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{name}: {err}");
+        assert!(
+            err.contains(&format!("--from-json {}: ", path.display())) && err.contains(why),
+            "{name}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{name}: {err}");
+        assert!(!svg.exists(), "{name}: no chart is drawn");
+    }
+    let path = dir.join("good.json");
+    std::fs::write(&path, good.to_string()).unwrap();
+    for run_option in [&["-e", "4"][..], &["-n", "10"], &["--provider", "verbs"]] {
+        let mut args = vec!["bench", "--from-json", path.to_str().unwrap()];
+        args.extend_from_slice(run_option);
+        let o = selsig(&args);
+        assert_eq!(o.status.code(), Some(2), "{run_option:?}");
+        assert!(
+            stderr(&o).contains("cannot be used with"),
+            "{run_option:?}: {}",
+            stderr(&o)
+        );
+    }
+}
