@@ -62,6 +62,10 @@ const CPU_SHARE_WARN: f64 = 0.9;
 /// Above this share of a point's wall time spent by the bench's threads waiting for a CPU,
 /// its figures are flagged ([`Point::wait_share`]).
 const WAIT_SHARE_WARN: f64 = 0.1;
+/// Points shorter than this have no [`Point::wait_share`]: the kernel adds a wait up when
+/// it ends, so one begun before the point counts in it whole, and a few milliseconds of
+/// that (a time slice or two) would swamp the figure of a short point.
+const WAIT_SHARE_MIN_TIME: Duration = Duration::from_millis(100);
 /// A point that makes no progress for this long has failed, or for longer where one
 /// completion covers more bytes than a slow device moves in that time ([`stall_limit`]).
 const STALL: Duration = Duration::from_secs(30);
@@ -610,7 +614,8 @@ pub struct Point {
     /// the kernel keeps none). About 0 when each has a core of its own; well above it,
     /// they shared a core (the NIC thread then waits for the posting thread, which never
     /// yields, to use up its time slice) or other work took one, and the point measured
-    /// that wait too.
+    /// that wait too. Also null for a point shorter than 100 ms: the kernel adds a wait up
+    /// when it ends, so a wait begun before the point would count in it whole.
     pub wait_share: Option<f64>,
     /// Time from a WRITE's post to the application learning of its completion: from just
     /// before the post call to just after the poll that retired it (what the queue's
@@ -1485,7 +1490,9 @@ fn run_point<D: Device>(
         wrs_per_cqe: stats.mean_wrs_per_cqe(),
         cpu_ns_per_wr: cpu.as_nanos() as f64 / posted as f64,
         cpu_share: cpu.as_secs_f64() / seconds,
-        wait_share: waited.map(|w| w.as_secs_f64() / seconds),
+        wait_share: waited
+            .filter(|_| seconds >= WAIT_SHARE_MIN_TIME.as_secs_f64())
+            .map(|w| w.as_secs_f64() / seconds),
         lag: Percentiles::of(&tally.lag),
         nic_to_app: Percentiles::of(&gap),
         post_to_nic: Percentiles::of(&to_nic),
@@ -1698,7 +1705,7 @@ pub fn render(report: &Report) -> String {
         out.push_str("; NIC->app: the NIC finishing a WRITE to the application learning of it");
     }
     out.push('\n');
-    if let Some(warning) = load_warning(report) {
+    if let Some(warning) = warnings(report) {
         let _ = writeln!(out, "\n{warning}");
     }
     out
@@ -1707,9 +1714,26 @@ pub fn render(report: &Report) -> String {
 /// Warnings, one a line, when the posting thread, which never sleeps, was off its core for
 /// a good part of some points, or the bench's threads waited for a CPU a good part of the
 /// time: those figures measure other work on the machine (or the threads' competition for
-/// one core) as well as selsig.
-pub fn load_warning(report: &Report) -> Option<String> {
+/// one core) as well as selsig. And a note for the points of a counted run shorter than
+/// their interval, which signal only the last WRITE.
+pub fn warnings(report: &Report) -> Option<String> {
     let mut lines = Vec::new();
+    if let Some(n) = report.settings.iters {
+        let short: Vec<String> = report
+            .points
+            .iter()
+            .filter(|p| p.interval.is_some_and(|every| u64::from(every) > p.wrs))
+            .map(|p| format!("{} {}", human_size(p.size), p.policy))
+            .collect();
+        if !short.is_empty() {
+            lines.push(format!(
+                "note: {}: -n {n} is fewer WRITEs than the interval, so no run reaches it; the \
+                 one completion is the last WRITE's, which a counted run signals (as perftest \
+                 does)",
+                short.join(", ")
+            ));
+        }
+    }
     // Rounded away from the threshold: a flagged share never reads as the threshold.
     let below = |share: f64| format!("{}%", (share * 100.0).floor());
     let cpu = flagged(report, below, |p| {
@@ -2404,10 +2428,10 @@ mod tests {
 
     #[test]
     fn points_whose_posting_thread_lost_its_core_are_flagged() {
-        assert_eq!(load_warning(&report_of(&[1.0, 0.97, 0.9])), None);
+        assert_eq!(warnings(&report_of(&[1.0, 0.97, 0.9])), None);
         assert!(!render(&report_of(&[1.0, 0.95])).contains("warning"));
 
-        let one = load_warning(&report_of(&[1.0, 0.42, 0.99])).expect("flagged");
+        let one = warnings(&report_of(&[1.0, 0.42, 0.99])).expect("flagged");
         assert!(
             one.contains("only 42% of the time at 4KiB every:2"),
             "{one}"
@@ -2416,16 +2440,35 @@ mod tests {
         let table = render(&report_of(&[1.0, 0.42, 0.99]));
         assert!(table.trim_end().ends_with(&one), "{table}");
 
-        let some = load_warning(&report_of(&[0.3, 1.0, 0.61, 0.895])).expect("flagged");
+        let some = warnings(&report_of(&[0.3, 1.0, 0.61, 0.895])).expect("flagged");
         assert!(
             some.contains("only 30% to 89% of the time at 3 of the 4 points"),
             "{some}"
         );
-        let alike = load_warning(&report_of(&[0.324, 0.321])).expect("flagged");
+        let alike = warnings(&report_of(&[0.324, 0.321])).expect("flagged");
         assert!(
             alike.contains("only 32% of the time at 2 of the 2 points"),
             "{alike}"
         );
+    }
+
+    #[test]
+    fn counted_points_shorter_than_their_interval_get_a_note() {
+        // Intervals 1 to 2048, 1000 WRITEs each.
+        let mut report = report_of(&[1.0; 12]);
+        assert_eq!(warnings(&report), None, "a timed run reaches its intervals");
+        report.settings.iters = Some(1000);
+        let note = warnings(&report).expect("a note");
+        assert!(
+            note.starts_with(
+                "note: 64B every:1024, 4KiB every:2048: -n 1000 is fewer WRITEs than the interval"
+            ),
+            "{note}"
+        );
+        assert_eq!(note.lines().count(), 1, "{note}");
+        report.points.truncate(11);
+        report.points[10].wrs = 1024;
+        assert_eq!(warnings(&report), None, "1024 WRITEs reach every:1024");
     }
 
     /// A report whose points' threads waited for a CPU these shares of the time (their
@@ -2441,14 +2484,14 @@ mod tests {
     #[test]
     fn points_whose_threads_waited_for_a_cpu_are_flagged() {
         let quiet = [Some(0.0), Some(0.1), None, Some(0.02)];
-        assert_eq!(load_warning(&report_of_waits(&quiet)), None);
-        let one = load_warning(&report_of_waits(&[Some(0.0), Some(0.101)])).expect("flagged");
+        assert_eq!(warnings(&report_of_waits(&quiet)), None);
+        let one = warnings(&report_of_waits(&[Some(0.0), Some(0.101)])).expect("flagged");
         assert!(
             one.contains("waited for a CPU 11% of the time at 4KiB every:2 (above 10%)"),
             "{one}"
         );
         assert!(!one.contains("posting thread busy-polls"), "{one}");
-        let some = load_warning(&report_of_waits(&[Some(0.5), None, Some(1.7)])).expect("flagged");
+        let some = warnings(&report_of_waits(&[Some(0.5), None, Some(1.7)])).expect("flagged");
         assert!(
             some.contains("waited for a CPU 50% to 170% of the time at 2 of the 3 points"),
             "{some}"
@@ -2456,7 +2499,7 @@ mod tests {
         // Both kinds: one line each, under the table.
         let mut both = report_of_waits(&[Some(0.3), Some(0.0)]);
         both.points[1].cpu_share = 0.5;
-        let lines = load_warning(&both).expect("flagged");
+        let lines = warnings(&both).expect("flagged");
         let lines: Vec<&str> = lines.lines().collect();
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(
@@ -2609,13 +2652,13 @@ mod tests {
             )),
             "a line of its own after the table: {table}"
         );
-        assert_eq!(load_warning(&report), None);
+        assert_eq!(warnings(&report), None);
         report.points[1].round_trip_ns = Some([131.0, 239.0]);
-        assert_eq!(load_warning(&report), None, "2.0x is not flagged");
+        assert_eq!(warnings(&report), None, "2.0x is not flagged");
         report.points[2].round_trip_ns = Some([520.7, 119.6]);
         let table = render(&report);
         assert!(table.contains("costs): 120 to 521 ns\n"), "{table}");
-        let warning = load_warning(&report).expect("a warning");
+        let warning = warnings(&report).expect("a warning");
         assert!(
             warning.contains("ranged from 120 to 521 ns over the run (4.4x)"),
             "{warning}"

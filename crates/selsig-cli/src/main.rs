@@ -582,7 +582,7 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         Some(text) => {
             print_out(&text)?;
             // The table, which would carry it, is not printed.
-            if let Some(warnings) = bench::load_warning(&report) {
+            if let Some(warnings) = bench::warnings(&report) {
                 for warning in warnings.lines() {
                     say!("selsig bench: {warning}");
                 }

@@ -2138,7 +2138,8 @@ fn bench_flags_points_whose_threads_waited_for_a_cpu() {
     let mut one = CpuSet::new();
     one.set(cpu);
     sched_setaffinity(None, &one).unwrap();
-    let o = selsig(&["bench", "-n", "20000", "-s", "64", "-e", "4", "--json", "-"]);
+    // Long enough for the share to be taken (100 ms at least).
+    let o = selsig(&["bench", "-D", "0.3", "-s", "64", "-e", "4", "--json", "-"]);
     sched_setaffinity(None, &allowed).unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -2152,6 +2153,46 @@ fn bench_flags_points_whose_threads_waited_for_a_cpu() {
         )),
         "{}",
         stderr(&o)
+    );
+}
+
+/// A counted run's points shorter than their interval signal only the last WRITE, and the
+/// table says so; points that short have no share of waiting for a CPU (a wait begun
+/// before the point is counted in it whole), so they are never flagged for it.
+#[test]
+fn bench_notes_the_points_shorter_than_their_interval() {
+    let o = selsig(&[
+        "bench", "-n", "100", "-s", "64,4K", "-e", "1,64,128", "--json", "-",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    for p in v["points"].as_array().unwrap() {
+        let policy = p["policy"].as_str().unwrap();
+        let cqes = if policy == "every:1" {
+            100
+        } else {
+            100_u64.div_ceil(p["interval"].as_u64().unwrap())
+        };
+        assert_eq!(p["cqes"], cqes, "{policy}: {p}");
+        assert!(p["seconds"].as_f64() < Some(0.1), "{p}");
+        assert!(p["wait_share"].is_null(), "{policy}: {p}");
+    }
+    let err = stderr(&o);
+    assert!(
+        err.contains(
+            "selsig bench: note: 64B every:128, 4KiB every:128: -n 100 is fewer WRITEs than \
+             the interval, so no run reaches it; the one completion is the last WRITE's"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("waited for a CPU"), "{err}");
+    // 128 WRITEs reach the interval: no note.
+    let o = selsig(&["bench", "-n", "128", "-s", "64", "-e", "128"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("note:"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
     );
 }
 
