@@ -501,7 +501,7 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
     ensure!(post_list >= 1, "--post-list must be at least 1");
     ensure!(
         post_list <= depth,
-        "--post-list {post_list} is more than the send queue holds (--tx-depth {depth})"
+        "--post-list {post_list} is more than --tx-depth {depth}, the most WRITEs outstanding"
     );
     Ok(Plan {
         policies,
@@ -526,7 +526,7 @@ fn check_interval(option: &str, n: u32, depth: u32, outstanding: (u32, u64)) -> 
     ensure!(n >= 1, "{option} 0: the signal interval must be at least 1");
     ensure!(
         n <= depth,
-        "{option} {n} is more than the send queue holds (--tx-depth {depth}): that many unsignaled WRITEs in a row cannot be outstanding"
+        "{option} {n} is more than --tx-depth {depth}, the most WRITEs outstanding: that many unsignaled WRITEs in a row cannot be"
     );
     let (most, size) = outstanding;
     ensure!(
@@ -1967,9 +1967,12 @@ mod tests {
         let e = err(&["--adaptive", "every:4"]);
         assert!(e.contains("not an adaptive policy"), "{e}");
         let e = err(&["--adaptive", "adaptive:200,1us"]);
-        assert!(e.contains("more than the send queue holds"), "{e}");
+        assert!(e.contains("200 is more than --tx-depth 128"), "{e}");
         let e = err(&["-t", "8", "-l", "16"]);
-        assert!(e.contains("--post-list 16"), "{e}");
+        assert!(
+            e.contains("--post-list 16 is more than --tx-depth 8, the most WRITEs outstanding"),
+            "{e}"
+        );
         assert!(Cli::try_parse_from(["bench", "-e", "often"]).is_err());
         assert!(Cli::try_parse_from(["bench", "-D", "soon"]).is_err());
         let e = Cli::try_parse_from(["bench", "-D", "1e-10"])

@@ -2416,7 +2416,7 @@ fn bench_refuses_bad_settings_with_exit_code_2() {
     for (args, says) in [
         (
             &["bench", "-e", "256"][..],
-            "--every 256 is more than the send queue holds",
+            "--every 256 is more than --tx-depth 128, the most WRITEs outstanding",
         ),
         (&["bench", "--cq-mod", "200", "-t", "64"], "--cq-mod 200"),
         (&["bench", "-n", "0"], "zero iterations"),
