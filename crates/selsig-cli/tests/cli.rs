@@ -2237,12 +2237,11 @@ fn bench_perftest_mode_prints_perftest_figures() {
     );
 }
 
-#[test]
-fn bench_draws_an_svg_and_writes_json_to_a_file() {
-    let dir = scratch("selsig-bench");
-    let svg = dir.join("bench.svg");
-    let json = dir.join("bench.json");
-    let o = selsig(&[
+/// A short sweep of two sizes and three policies (the adaptive one too), its report and
+/// chart written to files.
+fn small_sweep(json: &Path, svg: &Path) -> Output {
+    let (json, svg) = (json.to_str().unwrap(), svg.to_str().unwrap());
+    selsig(&[
         "bench",
         "-n",
         "500",
@@ -2250,11 +2249,19 @@ fn bench_draws_an_svg_and_writes_json_to_a_file() {
         "64,4K",
         "-e",
         "1,8,adaptive",
-        "--svg",
-        svg.to_str().unwrap(),
         "--json",
-        json.to_str().unwrap(),
-    ]);
+        json,
+        "--svg",
+        svg,
+    ])
+}
+
+#[test]
+fn bench_draws_an_svg_and_writes_json_to_a_file() {
+    let dir = scratch("selsig-bench");
+    let svg = dir.join("bench.svg");
+    let json = dir.join("bench.json");
+    let o = small_sweep(&json, &svg);
     assert!(o.status.success(), "{}", stderr(&o));
     let table = stdout(&o);
     assert!(
@@ -4381,19 +4388,7 @@ fn an_output_file_that_is_standard_output_or_error_is_appended_to_not_replaced()
 fn bench_from_json_shows_a_past_run_as_the_run_did() {
     let dir = scratch("bench-from-json");
     let (json, svg) = (dir.join("run.json"), dir.join("run.svg"));
-    let run = selsig(&[
-        "bench",
-        "-n",
-        "500",
-        "-s",
-        "64,4K",
-        "-e",
-        "1,8,adaptive",
-        "--json",
-        json.to_str().unwrap(),
-        "--svg",
-        svg.to_str().unwrap(),
-    ]);
+    let run = small_sweep(&json, &svg);
     assert!(run.status.success(), "{}", stderr(&run));
     let table = stdout(&run);
     assert!(table.contains("adaptive:"), "{table}");
