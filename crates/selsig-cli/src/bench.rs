@@ -526,7 +526,7 @@ fn check_interval(option: &str, n: u32, depth: u32, outstanding: (u32, u64)) -> 
     ensure!(n >= 1, "{option} 0: the signal interval must be at least 1");
     ensure!(
         n <= depth,
-        "{option} {n} is more than --tx-depth {depth}, the most WRITEs outstanding: that many unsignaled WRITEs in a row cannot be"
+        "{option} {n} is more than --tx-depth {depth}, the most WRITEs outstanding at once: that many unsignaled WRITEs in a row cannot all be outstanding"
     );
     let (most, size) = outstanding;
     ensure!(
@@ -1727,9 +1727,9 @@ pub fn warnings(report: &Report) -> Option<String> {
             .collect();
         if !short.is_empty() {
             lines.push(format!(
-                "note: {}: -n {n} is fewer WRITEs than the interval, so no run reaches it; the \
-                 one completion is the last WRITE's, which a counted run signals (as perftest \
-                 does)",
+                "note: {}: -n {n} is fewer WRITEs than the interval, which is never reached: \
+                 the one completion is the last WRITE's, which a counted run signals (as \
+                 perftest does)",
                 short.join(", ")
             ));
         }

@@ -2181,7 +2181,7 @@ fn bench_notes_the_points_shorter_than_their_interval() {
     assert!(
         err.contains(
             "selsig bench: note: 64B every:128, 4KiB every:128: -n 100 is fewer WRITEs than \
-             the interval, so no run reaches it; the one completion is the last WRITE's"
+             the interval, which is never reached: the one completion is the last WRITE's"
         ),
         "{err}"
     );
