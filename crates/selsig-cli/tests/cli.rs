@@ -2189,11 +2189,7 @@ fn bench_notes_the_points_shorter_than_their_interval() {
     // 128 WRITEs reach the interval: no note.
     let o = selsig(&["bench", "-n", "128", "-s", "64", "-e", "128"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        !String::from_utf8_lossy(&o.stdout).contains("note:"),
-        "{}",
-        String::from_utf8_lossy(&o.stdout)
-    );
+    assert!(!stdout(&o).contains("note:"), "{}", stdout(&o));
 }
 
 #[test]
