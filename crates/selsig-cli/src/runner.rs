@@ -353,7 +353,7 @@ impl<'a, D: Device> Runner<'a, D> {
             let e = anyhow!(
                 "the run ended with work outstanding (end it with `poll = \"idle\"` or \
                  `drain`): {}",
-                self.outstanding().join("; ")
+                self.outstanding(None).join("; ")
             );
             return Ok(self.stopped(e));
         }
@@ -710,7 +710,68 @@ impl<'a, D: Device> Runner<'a, D> {
                 Err(e) => bail!("cannot post the drain marker of qp {name:?}: {e}"),
             }
         }
-        self.poll_until(None)
+        self.poll_until_drained(q)
+    }
+
+    /// Polls the CQs of queue `q` (its send CQ and its peer's) until `q` is idle: every
+    /// work request retired and every receive of its peer completed. Other queues' work,
+    /// an unsignaled tail among it, is no concern of the drain: their completions found on
+    /// a shared CQ wait, unhandled, for the next step that polls them (as a wait for room
+    /// keeps them). The step's events are put in canonical order.
+    fn poll_until_drained(&mut self, q: usize) -> Result<()> {
+        let mut start = Instant::now();
+        let mut events = std::mem::take(&mut self.deferred);
+        let own = |r: Option<QpRef>| r.is_some_and(|r| r.index == q);
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.stash)
+            .into_iter()
+            .partition(|wc| own(self.owner(wc)));
+        self.stash = others;
+        for wc in mine {
+            if let Err(e) = self.handle(wc, &mut events) {
+                return Err(self.failed(events, e));
+            }
+        }
+        let qp = &self.sc.qps[q];
+        let mut cqs = vec![qp.send_cq, qp.peer_cq];
+        cqs.dedup();
+        cqs.sort_unstable();
+        while !self.side_idle(q) {
+            let mut progress = 0;
+            for &cq in &cqs {
+                let k = match self.cqs[cq].poll(&mut self.wcs) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        let e = anyhow!(e)
+                            .context(format!("cannot poll cq {:?}", self.sc.cqs[cq].name));
+                        return Err(self.failed(events, e));
+                    }
+                };
+                for i in 0..k {
+                    let wc = self.wcs[i];
+                    if !own(self.owner(&wc)) {
+                        self.stash.push(wc);
+                    } else if let Err(e) = self.handle(wc, &mut events) {
+                        return Err(self.failed(events, e));
+                    }
+                }
+                progress += k;
+            }
+            if progress > 0 {
+                start = Instant::now();
+            } else if start.elapsed() > WAIT {
+                let e = anyhow!(
+                    "not drained (no completion for {WAIT:?}): {}",
+                    self.outstanding(Some(q)).join("; ")
+                );
+                return Err(self.failed(events, e));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        self.async_events(&mut events);
+        canonical(&mut events, self.sc);
+        self.trace.extend(events);
+        Ok(())
     }
 
     /// Polls every CQ until nothing is outstanding (`None`) or `n` completions arrived;
@@ -758,7 +819,7 @@ impl<'a, D: Device> Runner<'a, D> {
                             } else {
                                 format!(
                                     "at most {possible} more ({})",
-                                    self.outstanding().join("; ")
+                                    self.outstanding(None).join("; ")
                                 )
                             }
                         );
@@ -791,7 +852,7 @@ impl<'a, D: Device> Runner<'a, D> {
     fn stuck(&self, n: Option<u64>, got: u64) -> String {
         match n {
             Some(n) => {
-                let waiting = self.outstanding();
+                let waiting = self.outstanding(None);
                 match waiting.is_empty() {
                     true => format!("only {got} of {n} completions arrived (none for {WAIT:?})"),
                     false => format!(
@@ -802,17 +863,20 @@ impl<'a, D: Device> Runner<'a, D> {
             }
             None => format!(
                 "not idle (no completion for {WAIT:?}): {}",
-                self.outstanding().join("; ")
+                self.outstanding(None).join("; ")
             ),
         }
     }
 
-    /// What each queue pair still waits for.
-    fn outstanding(&self) -> Vec<String> {
+    /// What each queue pair (or only queue `only`) still waits for.
+    fn outstanding(&self, only: Option<usize>) -> Vec<String> {
         self.sc
             .qps
             .iter()
             .zip(&self.sides)
+            .enumerate()
+            .filter(|(i, _)| only.is_none_or(|q| q == *i))
+            .map(|(_, pair)| pair)
             .filter(|(_, s)| !s.queue.tracker().is_idle() || s.peer_recvs > s.peer_recv_done)
             .map(|(q, s)| {
                 let outstanding = s.queue.outstanding();
@@ -861,9 +925,13 @@ impl<'a, D: Device> Runner<'a, D> {
     }
 
     fn idle(&self) -> bool {
-        self.sides
-            .iter()
-            .all(|s| s.queue.tracker().is_idle() && s.peer_recv_done >= s.peer_recvs)
+        (0..self.sides.len()).all(|q| self.side_idle(q))
+    }
+
+    /// Queue `q` has every work request retired and its peer every receive completed.
+    fn side_idle(&self, q: usize) -> bool {
+        let s = &self.sides[q];
+        s.queue.tracker().is_idle() && s.peer_recv_done >= s.peer_recvs
     }
 
     /// Polls up to `max` completions of one CQ, routes them, records the events.

@@ -1245,7 +1245,8 @@ impl<F: Fn(Option<Range<usize>>, String) -> ScenarioError> Checker<'_, F> {
                 Action::Confirm(find_qp(q, span.clone(), false, n)?.index)
             } else if let Some(q) = &s.drain {
                 let qp = find_qp(q, span.clone(), false, n)?.index;
-                unused_receives(&recv_bounds, &qps).map_err(here)?;
+                // A drain waits for its own queue pair only.
+                unused_receives(&recv_bounds[qp..=qp], &qps[qp..=qp]).map_err(here)?;
                 recv_bounds[qp].drained = true;
                 Action::Drain(qp)
             } else if let Some(r) = &s.dereg {
@@ -1658,9 +1659,9 @@ impl RecvBound {
     }
 }
 
-/// A poll until idle (`poll = "idle"`, `drain`) waits for every receive to complete: one
-/// that no SEND or WRITE with immediate posted before uses, and no error flushes, never
-/// does. The error names the first such peer.
+/// A poll until idle (`poll = "idle"`, or `drain` for its queue pair's peer) waits for
+/// every receive to complete: one that no SEND or WRITE with immediate posted before uses,
+/// and no error flushes, never does. The error names the first such peer.
 fn unused_receives(bounds: &[RecvBound], qps: &[Qp]) -> Result<(), String> {
     for (b, q) in bounds.iter().zip(qps) {
         if !b.flushed && b.posted > b.consumers {

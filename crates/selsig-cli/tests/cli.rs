@@ -1412,6 +1412,69 @@ outcomes = { a = ["1-3 completed"] }
     );
 }
 
+/// A drain waits for its own queue pair only: another queue's unsignaled tail, which no
+/// completion confirms until that queue's own drain, does not hold it up, and the drain's
+/// step shows only the drained queue's events (with the two send queues on their own CQs
+/// and on one shared CQ, where the other queue's completion waits for the next step).
+#[test]
+fn a_drain_waits_for_its_own_queue_pair_only() {
+    for shared in [false, true] {
+        let cq = match shared {
+            true => "[[cq]]\nname = \"shared\"\nsize = 32\n",
+            false => "",
+        };
+        let send_cq = match shared {
+            true => "send_cq = \"shared\"\n",
+            false => "",
+        };
+        let text = format!(
+            r#"description = "two tails"
+{cq}[[qp]]
+name = "a"
+depth = 8
+policy = "every:4"
+{send_cq}[[qp]]
+name = "b"
+depth = 8
+policy = "every:4"
+{send_cq}[[region]]
+name = "src"
+size = 512
+access = ["local_write"]
+[[region]]
+name = "dst"
+size = 512
+access = ["local_write", "remote_write"]
+[[step]]
+post = {{ qp = "a", op = "write", local = "src", remote = "dst", size = 64, count = 3 }}
+[[step]]
+post = {{ qp = "b", op = "write", local = "src", remote = "dst", size = 64, count = 5 }}
+[[step]]
+drain = "a"
+[[step]]
+drain = "b"
+[expect]
+outcomes = {{ a = ["1-3 completed"], b = ["1-5 completed"] }}
+"#
+        );
+        let out = trace_of("drain-own", &text);
+        let (_, rest) = out
+            .split_once("{\"event\":\"step\",\"n\":3,\"kind\":\"drain\"}\n")
+            .expect("the first drain's step");
+        let (first, second) = rest
+            .split_once("{\"event\":\"step\",\"n\":4,\"kind\":\"drain\"}\n")
+            .expect("the second drain's step");
+        assert!(first.contains("\"qp\":\"a\""), "shared {shared}: {out}");
+        assert!(!first.contains("\"qp\":\"b\""), "shared {shared}: {out}");
+        // b's signaled fourth WRITE and its drain marker: both shown with b's drain.
+        assert!(
+            second.contains("\"event\":\"cqe\",\"qp\":\"b\",\"wr_id\":4"),
+            "{out}"
+        );
+        assert!(!second.contains("\"qp\":\"a\""), "shared {shared}: {out}");
+    }
+}
+
 /// In a poll step a QP's completions come before its peer's, whatever the CQ's order
 /// (one CQ for both: the soft NIC writes the receive's completion first).
 #[test]
