@@ -36,14 +36,9 @@ pub struct DemoArgs {
         value_name = "N"
     )]
     pub wrs: u32,
-    /// Signal every N-th WRITE (perftest's --cq-mod). Default 4, as in the seed.
-    #[arg(
-        allow_negative_numbers = true,
-        long,
-        short = 'Q',
-        visible_alias = "cq-mod",
-        value_name = "N"
-    )]
+    /// Signal every N-th WRITE. Default 4, as in the seed. (`-e`, as in `selsig bench`;
+    /// perftest's `-Q`/`--cq-mod` belongs to `selsig bench`'s perftest mode only.)
+    #[arg(allow_negative_numbers = true, long, short = 'e', value_name = "N")]
     pub every: Option<u32>,
     /// Bytes per WRITE: 64, 4K, 64KiB, ...
     #[arg(allow_hyphen_values = true, long, short = 's', default_value = "64", value_parser = parse_size, value_name = "BYTES")]

@@ -198,7 +198,7 @@ fn demo_json_reports_what_the_nic_did() {
         serde_json::from_slice(&o.stdout).unwrap()
     };
     assert_eq!(json(&["--policy", "always"])["every"], 1);
-    assert_eq!(json(&["-Q", "2"])["every"], 2);
+    assert_eq!(json(&["-e", "2"])["every"], 2);
     assert_eq!(json(&["--size", "0"])["size"], 0);
     // A tail confirmed by a marker: the completion is the marker's, of no WRITE.
     let v = json(&["--wrs", "1", "--policy", "never"]);
@@ -250,10 +250,10 @@ fn demo_fail_at_shows_the_error_and_the_flushes() {
 }
 
 #[test]
-fn demo_options_size_cq_mod_policy_personality() {
+fn demo_options_size_every_policy_personality() {
     let o = selsig(&[
         "demo",
-        "-Q",
+        "-e",
         "2",
         "--size",
         "4K",
@@ -381,7 +381,7 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             "invalid value '-1' for '--wrs <N>'",
         ),
         (
-            vec!["demo", "-Q", "-2"],
+            vec!["demo", "-e", "-2"],
             "invalid value '-2' for '--every <N>'",
         ),
         (
@@ -628,6 +628,26 @@ fn a_device_limit_names_the_option_that_crossed_it() {
     );
 }
 
+/// A flag means the same in every subcommand: `-e` is the signal interval in `demo` and
+/// `bench`; `-Q`/`--cq-mod`, perftest's, exists only as `bench`'s perftest mode.
+#[test]
+fn flags_mean_the_same_in_every_subcommand() {
+    let demo = stdout(&selsig(&["demo", "--help"]));
+    let bench = stdout(&selsig(&["bench", "--help"]));
+    assert!(demo.contains("-e, --every <N>"), "{demo}");
+    assert!(bench.contains("-e, --every <LIST>"), "{bench}");
+    assert!(bench.contains("-Q, --cq-mod <N>"), "{bench}");
+    for flag in ["-Q", "--cq-mod"] {
+        let o = selsig(&["demo", flag, "2"]);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", stdout(&o));
+        assert!(
+            stderr(&o).contains(&format!("unexpected argument '{flag}'")),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
 #[test]
 fn help_reads_well() {
     let o = selsig(&["--help"]);
@@ -636,7 +656,7 @@ fn help_reads_well() {
     assert!(out.contains("demo") && out.contains("run"), "{out}");
     let out = stdout(&selsig(&["demo", "--help"]));
     assert!(
-        out.contains("--cq-mod") && out.contains("--fail-at") && out.contains("--personality"),
+        out.contains("--every") && out.contains("--fail-at") && out.contains("--personality"),
         "{out}"
     );
     let out = stdout(&selsig(&["run", "--help"]));
