@@ -1,0 +1,478 @@
+//! Completion queues: polling through the provider's `poll_cq`, a chunk at a time, and
+//! the decoding of work completions.
+
+use std::ffi::c_int;
+use std::io;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use selsig::{CompletionQueue, CqError, WcOpcode, WcStatus, WorkCompletion};
+
+use crate::device::Context;
+use crate::error::{destroy_error, report};
+use crate::sys;
+
+#[cfg(doc)]
+use selsig::AsyncEvent;
+
+pub(crate) struct CqInner {
+    pub(crate) cq: NonNull<sys::ibv_cq>,
+    pub(crate) ctx: Arc<Context>,
+    /// A failure of `poll_cq` after completions of the same call were handed over: the
+    /// next poll reports it (0: none).
+    pub(crate) failed: AtomicI32,
+}
+
+// SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers (libmlx5
+// unless `MLX5_SINGLE_THREADED=1`, which `VerbsDevice::open` refuses).
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // SAFETY: every QP using this CQ holds an `Arc<CqInner>`: none is left.
+        let rc = unsafe { (self.ctx.v.fns.destroy_cq)(self.cq.as_ptr()) };
+        if rc != 0 {
+            report(format_args!("ibv_destroy_cq failed: {}", destroy_error(rc)));
+        }
+    }
+}
+
+/// A completion queue.
+pub struct VerbsCq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl VerbsCq {
+    /// The CQ's handle, as in [`AsyncEvent::CqErr`].
+    pub fn handle(&self) -> u32 {
+        // SAFETY: the CQ is valid until `Drop`.
+        unsafe { (*self.inner.cq.as_ptr()).handle }
+    }
+}
+
+/// The fields of a completion that `ibv_poll_cq(3)` defines for it; the others are 0
+/// (`None`): providers leave them unwritten (mlx5 writes no `byte_len` for a WRITE, no
+/// `imm_data` for a send with immediate, no `vendor_err` on success).
+fn decode(wc: &sys::ibv_wc) -> WorkCompletion {
+    let status = WcStatus::try_from(wc.status).unwrap_or(WcStatus::GeneralErr);
+    let opcode = if status.is_success() {
+        WcOpcode::try_from(wc.opcode).ok()
+    } else {
+        None
+    };
+    let recv = opcode.is_some_and(WcOpcode::is_recv);
+    WorkCompletion {
+        wr_id: wc.wr_id,
+        status,
+        opcode,
+        byte_len: if opcode.is_some_and(WcOpcode::has_byte_len) {
+            wc.byte_len
+        } else {
+            0
+        },
+        qp_num: wc.qp_num,
+        imm_data: (recv && wc.wc_flags & sys::IBV_WC_WITH_IMM != 0)
+            .then(|| u32::from_be(wc.imm_data)),
+        vendor_err: if status.is_success() {
+            0
+        } else {
+            wc.vendor_err
+        },
+    }
+}
+
+impl CompletionQueue for VerbsCq {
+    fn capacity(&self) -> u32 {
+        // SAFETY: the CQ is valid until `Drop`; `cqe` is the real size, set at creation.
+        unsafe { (*self.inner.cq.as_ptr()).cqe.max(0) as u32 }
+    }
+
+    fn identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.inner) as usize)
+    }
+
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
+        let cq = self.inner.cq.as_ptr();
+        // SAFETY: the CQ is valid until `Drop`; `context` and its ops table live as long.
+        let Some(poll) = (unsafe { (*(*cq).context).ops.poll_cq }) else {
+            return Err(CqError::Os(io::Error::other("the provider has no poll_cq")));
+        };
+        // SAFETY: `poll_cq` is the provider's function from the context's ops table (what
+        // the static inline `ibv_poll_cq` calls), and `cq` is its CQ.
+        unsafe { poll_chunks(poll, cq, &self.inner.failed, out) }
+    }
+}
+
+/// Polls `out.len()` completions at most through `poll`, a chunk at a time through a
+/// buffer on the stack: no lock, no allocation. A failure after completions of the same
+/// call (earlier chunks, or entries of the failing provider call that carry a status) is
+/// kept in `failed` for the next call, and those completions are handed over.
+///
+/// # Safety
+///
+/// `poll(cq, n, wc)` must behave as a provider's `poll_cq`: write at most `n` entries at
+/// `wc` and return how many completions it polled, or a negative value.
+unsafe fn poll_chunks(
+    poll: sys::PollCq,
+    cq: *mut sys::ibv_cq,
+    failed: &AtomicI32,
+    out: &mut [WorkCompletion],
+) -> Result<usize, CqError> {
+    let was = failed.swap(0, Ordering::Relaxed);
+    if was != 0 {
+        return Err(poll_failure(was));
+    }
+    let mut raw = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_CHUNK];
+    let mut polled = 0;
+    while polled < out.len() {
+        let want = (out.len() - polled).min(POLL_CHUNK);
+        // Providers write only the fields a completion defines (mlx5: not `byte_len` for a
+        // WRITE, not `vendor_err` on success): the others must read as 0, not as whatever
+        // the stack or an earlier chunk left there. The status, which every completion
+        // has, starts as no status at all: a failed call's completions are those that
+        // have one.
+        raw[..want].fill(MaybeUninit::new(sys::ibv_wc {
+            wr_id: NO_WR_ID,
+            status: NO_STATUS,
+            ..sys::ibv_wc::default()
+        }));
+        // SAFETY: `poll` writes at most `want` entries at the start of `raw`, which has
+        // room for them (the caller's contract; `MaybeUninit<T>` has `T`'s layout).
+        let rc = unsafe { poll(cq, want as c_int, raw.as_mut_ptr().cast()) };
+        let n = match usize::try_from(rc) {
+            Ok(n) => n.min(want),
+            // mlx5 returns -2 for a completion it cannot parse after consuming those before
+            // it in the same call (and the one it failed on): they are in `raw`, each with
+            // its status written. The failing one has no status, or (an error completion of
+            // a QP it does not know) a status but no wr_id.
+            Err(_) => {
+                // SAFETY: every entry was initialized above.
+                let entry = |i: usize| unsafe { raw[i].assume_init_ref() };
+                let written = (0..want)
+                    .take_while(|&i| entry(i).status != NO_STATUS)
+                    .count();
+                match written.checked_sub(1) {
+                    Some(last) if entry(last).wr_id == NO_WR_ID => last,
+                    _ => written,
+                }
+            }
+        };
+        for (o, w) in out[polled..].iter_mut().zip(&raw[..n]) {
+            // SAFETY: the first `want` entries were initialized above (integers only); the
+            // provider then wrote some of their fields.
+            *o = decode(unsafe { w.assume_init_ref() });
+        }
+        polled += n;
+        if rc < 0 {
+            if polled > 0 {
+                // Hand over what was polled; the next call reports the failure (mlx5
+                // consumed the completion it could not parse: it would not fail again).
+                failed.store(rc, Ordering::Relaxed);
+                break;
+            }
+            return Err(poll_failure(rc));
+        }
+        if n < want {
+            break;
+        }
+    }
+    Ok(polled)
+}
+
+/// An `ibv_wc.status` no provider writes (the statuses run from 0 to 21).
+const NO_STATUS: std::ffi::c_uint = std::ffi::c_uint::MAX;
+
+/// The `wr_id` a polled entry starts with: a completion that fails to parse has none
+/// written. (A queue's sends reach it only at sequence number 2^63 - 1, and a receive with
+/// it is refused; a real completion with it, last in a failed call, would be taken for the
+/// failing one.)
+pub(crate) const NO_WR_ID: u64 = u64::MAX;
+
+/// A negative return of `poll_cq`: `ibv_poll_cq(3)` promises only "negative", not an
+/// errno (mlx5 returns -2 for a completion it cannot parse).
+fn poll_failure(n: c_int) -> CqError {
+    CqError::Os(io::Error::other(format!(
+        "ibv_poll_cq failed (returned {n})"
+    )))
+}
+
+/// Completions polled per call to the provider's `poll_cq`.
+const POLL_CHUNK: usize = 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::ffi::c_uint;
+
+    #[test]
+    fn completions_decode_without_panics() {
+        let mut wc = sys::ibv_wc {
+            wr_id: 7,
+            status: 0,
+            opcode: 129,
+            byte_len: 12,
+            imm_data: 42u32.to_be(),
+            wc_flags: sys::IBV_WC_WITH_IMM,
+            qp_num: 3,
+            ..Default::default()
+        };
+        let d = decode(&wc);
+        assert_eq!(
+            (d.wr_id, d.status, d.opcode, d.imm_data),
+            (
+                7,
+                WcStatus::Success,
+                Some(WcOpcode::RecvRdmaWithImm),
+                Some(42)
+            )
+        );
+        wc.status = 999;
+        assert_eq!(decode(&wc).status, WcStatus::GeneralErr);
+        wc.status = 10;
+        assert_eq!(
+            decode(&wc).opcode,
+            None,
+            "an error completion's opcode is meaningless"
+        );
+    }
+
+    /// Writes `n` receive completions of 64 bytes (wr_id 1000, 1001, ...) and only their
+    /// `wr_id`, `status`, `opcode` and `byte_len`: `wc_flags`, `imm_data`, `qp_num` are
+    /// left as they were (as mlx5 leaves a WRITE's `byte_len` and a success's `vendor_err`).
+    unsafe extern "C" fn writes_some_fields(
+        _cq: *mut sys::ibv_cq,
+        n: c_int,
+        wc: *mut sys::ibv_wc,
+    ) -> c_int {
+        for i in 0..n as usize {
+            // SAFETY: the poll loop passes room for `n` entries.
+            unsafe {
+                let w = wc.add(i);
+                (&raw mut (*w).wr_id).write(1000 + i as u64);
+                (&raw mut (*w).status).write(WcStatus::Success as c_uint);
+                (&raw mut (*w).opcode).write(WcOpcode::Recv as c_uint);
+                (&raw mut (*w).byte_len).write(64);
+            }
+        }
+        n
+    }
+
+    /// As mlx5 when the third completion names no QP it knows: writes two completions
+    /// (wr_id 1, 2), the third's `qp_num` but no status, and returns -2, then on the next
+    /// call one completion (wr_id 4), as the failing one was consumed.
+    unsafe extern "C" fn fails_on_the_third(
+        _cq: *mut sys::ibv_cq,
+        n: c_int,
+        wc: *mut sys::ibv_wc,
+    ) -> c_int {
+        static CALLS: AtomicI32 = AtomicI32::new(0);
+        let write = |i: usize, wr_id: u64| {
+            // SAFETY: the poll loop passes room for `n` entries; `i < n` below.
+            unsafe {
+                let w = wc.add(i);
+                (&raw mut (*w).wr_id).write(wr_id);
+                (&raw mut (*w).status).write(WcStatus::Success as c_uint);
+                (&raw mut (*w).opcode).write(WcOpcode::RdmaWrite as c_uint);
+                (&raw mut (*w).qp_num).write(7);
+            }
+        };
+        assert!(n >= 3);
+        if CALLS.fetch_add(1, Ordering::Relaxed) == 0 {
+            write(0, 1);
+            write(1, 2);
+            // SAFETY: as above.
+            unsafe { (&raw mut (*wc.add(2)).qp_num).write(0x99) };
+            -2
+        } else {
+            write(0, 4);
+            1
+        }
+    }
+
+    /// Writes `n` RDMA READ completions of 4096 bytes with a value in every field, those a
+    /// successful READ does not define included (a provider that copies whole entries, as
+    /// rxe does, may leave any there).
+    unsafe extern "C" fn reads(_cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::ibv_wc) -> c_int {
+        for i in 0..n as usize {
+            // SAFETY: the poll loop passes room for `n` entries.
+            unsafe {
+                wc.add(i).write(sys::ibv_wc {
+                    wr_id: i as u64,
+                    status: WcStatus::Success as c_uint,
+                    opcode: WcOpcode::RdmaRead as c_uint,
+                    vendor_err: 0x55,
+                    byte_len: 4096,
+                    imm_data: 0xabab_abab,
+                    qp_num: 7,
+                    src_qp: 0xabab,
+                    wc_flags: sys::IBV_WC_WITH_IMM,
+                    pkey_index: 0xabab,
+                    slid: 0xabab,
+                    sl: 0xab,
+                    dlid_path_bits: 0xab,
+                })
+            };
+        }
+        n
+    }
+
+    /// Fills the stack below the caller with a pattern, where a later call's buffer lies.
+    #[inline(never)]
+    fn smear_stack() {
+        let mut junk = [0xabu8; 16 << 10];
+        std::hint::black_box(&mut junk);
+    }
+
+    fn poll_with(poll: sys::PollCq, n: usize) -> Vec<WorkCompletion> {
+        let mut out = vec![WorkCompletion::new(0, WcStatus::GeneralErr, 0); n];
+        smear_stack();
+        // SAFETY: the fake `poll` functions write at most the entries asked for and ignore
+        // the CQ.
+        let k = unsafe { poll_chunks(poll, std::ptr::null_mut(), &AtomicI32::new(0), &mut out) }
+            .unwrap();
+        out.truncate(k);
+        out
+    }
+
+    /// As mlx5 when the third completion is an error completion of a QP it does not know:
+    /// its status and `qp_num` are written, not its `wr_id`.
+    unsafe extern "C" fn fails_on_an_error_completion(
+        _cq: *mut sys::ibv_cq,
+        n: c_int,
+        wc: *mut sys::ibv_wc,
+    ) -> c_int {
+        assert!(n >= 3);
+        for i in 0..3 {
+            // SAFETY: the poll loop passes room for `n` entries; `i < 3 <= n`.
+            unsafe {
+                let w = wc.add(i);
+                if i < 2 {
+                    (&raw mut (*w).wr_id).write(i as u64 + 1);
+                }
+                let status = if i < 2 {
+                    WcStatus::Success
+                } else {
+                    WcStatus::WrFlushErr
+                };
+                (&raw mut (*w).status).write(status as c_uint);
+                (&raw mut (*w).qp_num).write(if i < 2 { 7 } else { 0x99 });
+            }
+        }
+        -2
+    }
+
+    #[test]
+    fn a_failed_error_completion_is_not_handed_over() {
+        let failed = AtomicI32::new(0);
+        let mut out = vec![WorkCompletion::new(0, WcStatus::GeneralErr, 0); 8];
+        // SAFETY: the fake writes at most the entries asked for and ignores the CQ.
+        let n = unsafe {
+            poll_chunks(
+                fails_on_an_error_completion,
+                std::ptr::null_mut(),
+                &failed,
+                &mut out,
+            )
+        }
+        .unwrap();
+        assert_eq!(
+            out[..n]
+                .iter()
+                .map(|w| (w.wr_id, w.qp_num))
+                .collect::<Vec<_>>(),
+            [(1, 7), (2, 7)]
+        );
+        assert_eq!(
+            failed.load(Ordering::Relaxed),
+            -2,
+            "reported with the next poll"
+        );
+    }
+
+    /// mlx5 consumes the completions before one it cannot parse, and that one, and returns
+    /// -2: the completions it wrote are handed over, the failure comes with the next call,
+    /// and the call after goes on behind the one that failed.
+    #[test]
+    fn completions_before_a_failed_one_in_the_same_call_are_kept() {
+        let failed = AtomicI32::new(0);
+        let mut out = vec![WorkCompletion::new(0, WcStatus::GeneralErr, 0); 8];
+        let mut poll = || {
+            // SAFETY: the fake writes at most the entries asked for and ignores the CQ.
+            unsafe { poll_chunks(fails_on_the_third, std::ptr::null_mut(), &failed, &mut out) }
+        };
+        assert_eq!(poll().unwrap(), 2);
+        assert!(poll().is_err(), "the failure is reported once");
+        assert_eq!(poll().unwrap(), 1);
+        assert_eq!(out[0].wr_id, 4);
+    }
+
+    #[test]
+    fn fields_a_provider_leaves_unwritten_read_as_zero() {
+        // 40 completions: a chunk of 32 and one of 8 (wr_ids from 1000 again), on a stack
+        // full of a pattern.
+        let wcs = poll_with(writes_some_fields, 40);
+        assert_eq!(wcs.len(), 40);
+        for (i, wc) in wcs.iter().enumerate() {
+            assert_eq!(
+                *wc,
+                WorkCompletion {
+                    opcode: Some(WcOpcode::Recv),
+                    byte_len: 64,
+                    ..WorkCompletion::new(1000 + (i % 32) as u64, WcStatus::Success, 0)
+                },
+                "completion {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_fields_a_completion_defines_are_reported() {
+        // A READ defines its length; a send completion never carries immediate data, and
+        // a success no vendor syndrome.
+        let wcs = poll_with(reads, 3);
+        assert_eq!(
+            wcs[2],
+            WorkCompletion {
+                opcode: Some(WcOpcode::RdmaRead),
+                byte_len: 4096,
+                ..WorkCompletion::new(2, WcStatus::Success, 7)
+            }
+        );
+        let recv = sys::ibv_wc {
+            wr_id: 9,
+            opcode: WcOpcode::RecvRdmaWithImm as c_uint,
+            byte_len: 64,
+            imm_data: 0xfeed_u32.to_be(),
+            qp_num: 7,
+            wc_flags: sys::IBV_WC_WITH_IMM,
+            vendor_err: 0x55,
+            ..Default::default()
+        };
+        assert_eq!(
+            decode(&recv),
+            WorkCompletion {
+                opcode: Some(WcOpcode::RecvRdmaWithImm),
+                byte_len: 64,
+                imm_data: Some(0xfeed),
+                ..WorkCompletion::new(9, WcStatus::Success, 7)
+            }
+        );
+        // An error completion: no opcode, no length, its syndrome.
+        let failed = sys::ibv_wc {
+            status: WcStatus::RemAccessErr as c_uint,
+            ..recv
+        };
+        assert_eq!(
+            decode(&failed),
+            WorkCompletion {
+                vendor_err: 0x55,
+                ..WorkCompletion::new(9, WcStatus::RemAccessErr, 7)
+            }
+        );
+    }
+}

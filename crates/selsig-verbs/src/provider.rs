@@ -1,0 +1,215 @@
+//! `selsig::Device` for [`VerbsDevice`]: the creation of every verbs object (PD, MR, CQ,
+//! QP) and the reading of asynchronous events. It builds them all, so it sits above every
+//! other module.
+
+use std::ffi::{c_int, c_void};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32};
+use std::sync::{Arc, Mutex};
+
+use selsig::{Access, AsyncEvent, Device, ProviderError, QpCaps, QpInit};
+
+use crate::cq::{CqInner, VerbsCq};
+use crate::device::{VerbsDevice, decode_event};
+use crate::error::os;
+use crate::mr::{VerbsMr, region_layout};
+use crate::pd::{PdInner, VerbsPd};
+use crate::qp::VerbsQp;
+use crate::sys;
+
+impl Device for VerbsDevice {
+    type Pd = VerbsPd;
+    type Mr = VerbsMr;
+    type Cq = VerbsCq;
+    type Qp = VerbsQp;
+
+    fn name(&self) -> &str {
+        &self.ctx.name
+    }
+
+    fn alloc_pd(&self) -> Result<VerbsPd, ProviderError> {
+        // SAFETY: the context is open.
+        let pd = unsafe { (self.v().fns.alloc_pd)(self.ctx.ctx.as_ptr()) };
+        let pd = NonNull::new(pd).ok_or_else(|| os("ibv_alloc_pd"))?;
+        Ok(VerbsPd {
+            inner: Arc::new(PdInner {
+                pd,
+                ctx: Arc::clone(&self.ctx),
+            }),
+        })
+    }
+
+    fn reg_mr(&self, pd: &VerbsPd, len: usize, access: Access) -> Result<VerbsMr, ProviderError> {
+        self.own("protection domain", &pd.inner.ctx)?;
+        if let Some(max) = self.limits.map(|l| l.max_mr_size)
+            && len as u64 > max
+        {
+            return Err(ProviderError::Invalid {
+                what: "region length",
+                why: format!(
+                    "{len} bytes: {} registers at most {max} (max_mr_size)",
+                    self.ctx.name
+                ),
+            });
+        }
+        let layout =
+            region_layout(len, rustix::param::page_size()).map_err(|e| ProviderError::Invalid {
+                what: "region length",
+                why: format!("{len} bytes: {e}"),
+            })?;
+        // SAFETY: the layout has a non-zero size.
+        let mem = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(|| {
+            ProviderError::Invalid {
+                what: "region length",
+                why: format!("cannot allocate {len} bytes"),
+            }
+        })?;
+        // SAFETY: `mem` is `len` bytes of memory owned by the region, registered for as long
+        // as the region lives.
+        let mr = unsafe {
+            (self.v().fns.reg_mr)(
+                pd.inner.pd.as_ptr(),
+                mem.as_ptr().cast::<c_void>(),
+                len,
+                access.bits() as c_int,
+            )
+        };
+        let Some(mr) = NonNull::new(mr) else {
+            let err = os("ibv_reg_mr");
+            // SAFETY: the registration failed: the memory is ours to free.
+            unsafe { std::alloc::dealloc(mem.as_ptr(), layout) };
+            return Err(err);
+        };
+        Ok(VerbsMr {
+            mr,
+            mem,
+            layout,
+            len,
+            access,
+            pd: Arc::clone(&pd.inner),
+            cpu: std::sync::Mutex::new(()),
+        })
+    }
+
+    fn create_cq(&self, min_entries: u32) -> Result<VerbsCq, ProviderError> {
+        if let Some(max) = self.limits.map(|l| l.max_cqe)
+            && (min_entries == 0 || min_entries > max)
+        {
+            return Err(ProviderError::Invalid {
+                what: "CQ size",
+                why: format!(
+                    "{min_entries} entries: {} supports 1 to {max} (max_cqe)",
+                    self.ctx.name
+                ),
+            });
+        }
+        let cqe = c_int::try_from(min_entries).map_err(|_| ProviderError::Invalid {
+            what: "CQ size",
+            why: format!("{min_entries} entries"),
+        })?;
+        // SAFETY: the context is open; no channel, no CQ context.
+        let cq = unsafe {
+            (self.v().fns.create_cq)(
+                self.ctx.ctx.as_ptr(),
+                cqe,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        let cq = NonNull::new(cq).ok_or_else(|| os("ibv_create_cq"))?;
+        Ok(VerbsCq {
+            inner: Arc::new(CqInner {
+                cq,
+                ctx: Arc::clone(&self.ctx),
+                failed: AtomicI32::new(0),
+            }),
+        })
+    }
+
+    fn create_qp(
+        &self,
+        pd: &VerbsPd,
+        send_cq: &VerbsCq,
+        recv_cq: &VerbsCq,
+        init: &QpInit,
+    ) -> Result<VerbsQp, ProviderError> {
+        self.own("protection domain", &pd.inner.ctx)?;
+        self.own("send CQ", &send_cq.inner.ctx)?;
+        self.own("receive CQ", &recv_cq.inner.ctx)?;
+        if let Some(l) = self.limits {
+            let caps = &init.caps;
+            for (what, n, max, field) in [
+                ("max_send_wr", caps.max_send_wr, l.max_qp_wr, "max_qp_wr"),
+                ("max_recv_wr", caps.max_recv_wr, l.max_qp_wr, "max_qp_wr"),
+                ("max_send_sge", caps.max_send_sge, l.max_sge, "max_sge"),
+                ("max_recv_sge", caps.max_recv_sge, l.max_sge, "max_sge"),
+            ] {
+                if n > max {
+                    return Err(ProviderError::Invalid {
+                        what,
+                        why: format!("{n}: {} supports up to {max} ({field})", self.ctx.name),
+                    });
+                }
+            }
+        }
+        let mut attr = sys::ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: send_cq.inner.cq.as_ptr(),
+            recv_cq: recv_cq.inner.cq.as_ptr(),
+            srq: std::ptr::null_mut(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: init.caps.max_send_wr,
+                max_recv_wr: init.caps.max_recv_wr,
+                max_send_sge: init.caps.max_send_sge.max(1),
+                max_recv_sge: init.caps.max_recv_sge.max(1),
+                max_inline_data: init.caps.max_inline_data,
+            },
+            qp_type: sys::IBV_QPT_RC,
+            sq_sig_all: c_int::from(init.sq_sig_all),
+        };
+        // SAFETY: `attr` is valid; the CQs and the PD belong to this context and the QP
+        // keeps them alive. On success the real capacities are written back into `attr.cap`.
+        let qp = unsafe { (self.v().fns.create_qp)(pd.inner.pd.as_ptr(), &mut attr) };
+        let qp = NonNull::new(qp).ok_or_else(|| os("ibv_create_qp"))?;
+        let c = attr.cap;
+        Ok(VerbsQp {
+            qp,
+            _pd: Arc::clone(&pd.inner),
+            _send_cq: Arc::clone(&send_cq.inner),
+            _recv_cq: Arc::clone(&recv_cq.inner),
+            caps: QpCaps {
+                max_send_wr: c.max_send_wr,
+                max_recv_wr: c.max_recv_wr,
+                max_send_sge: c.max_send_sge,
+                max_recv_sge: c.max_recv_sge,
+                max_inline_data: c.max_inline_data,
+            },
+            sq_sig_all: init.sq_sig_all,
+            dev: self.clone(),
+            psn: AtomicU32::new(u32::MAX),
+            state: AtomicU32::new(sys::IBV_QPS_RESET),
+            reached_rts: AtomicBool::new(false),
+            attr_calls: Mutex::new(()),
+        })
+    }
+
+    fn poll_async_event(&self) -> Option<AsyncEvent> {
+        // SAFETY: `ev` is filled by `get_async_event` (non-blocking: the fd was set
+        // O_NONBLOCK at open), read, then acknowledged as the API requires. The QP or CQ
+        // it points to is alive until then: destroying one waits for the acknowledgement
+        // of its events (`events_completed` in `ibv_cmd_destroy_qp`/`_cq`).
+        unsafe {
+            let mut ev = sys::ibv_async_event {
+                element: std::ptr::null_mut(),
+                event_type: 0,
+            };
+            if (self.v().fns.get_async_event)(self.ctx.ctx.as_ptr(), &mut ev) != 0 {
+                return None;
+            }
+            let event = decode_event(&ev);
+            (self.v().fns.ack_async_event)(&mut ev);
+            Some(event)
+        }
+    }
+}

@@ -1,0 +1,743 @@
+//! RC queue pairs: state transitions (connect, to the error state), queries, and posting
+//! of send and receive work requests.
+
+use std::ffi::c_int;
+use std::io;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use selsig::{
+    ConnectOptions, Device, Endpoint, Local, Opcode, PostFailure, PostWrError, ProviderError,
+    QpCaps, QpState, QueuePair, RecvWr, SendWr,
+};
+
+use crate::cq::{CqInner, NO_WR_ID};
+use crate::device::{Limits, VerbsDevice, mtu_bytes, mtu_enum};
+use crate::error::{Queue, destroy_error, errno_of, post_result, report};
+use crate::pd::PdInner;
+use crate::sys;
+
+/// Work requests of one post kept on the stack (more spill to the heap).
+const POST_INLINE: usize = 16;
+
+/// The first work request that is refused before the provider sees it, and why: inline
+/// data longer than the QP's `max_inline_data` (mlx5 answers `ENOMEM`, which reads as a
+/// full queue; rxe `EINVAL`; and data of 4 GiB or more would be cut short by the 32-bit
+/// `ibv_sge` length), or an inline RDMA READ (`IBV_SEND_INLINE` is for SEND and RDMA
+/// WRITE only, `ibv_post_send(3)`).
+fn refused_up_front(wrs: &[SendWr<'_>], max_inline: u32) -> Option<(usize, PostFailure)> {
+    wrs.iter().enumerate().find_map(|(i, w)| match w.local {
+        Local::Inline(_) if w.opcode == Opcode::RdmaRead => {
+            Some((i, PostFailure::Invalid("an RDMA READ cannot be inline")))
+        }
+        Local::Inline(d) if too_long_for_an_sge(d.len()) => {
+            Some((i, PostFailure::Invalid("inline data of 4 GiB or more")))
+        }
+        Local::Inline(d) if d.len() > max_inline as usize => Some((
+            i,
+            PostFailure::InlineTooLong {
+                len: d.len(),
+                max: max_inline,
+            },
+        )),
+        _ => None,
+    })
+}
+
+/// Whether `len` bytes are more than an `ibv_sge` length (32 bits) can say.
+fn too_long_for_an_sge(len: usize) -> bool {
+    u32::try_from(len).is_err()
+}
+
+/// The RDMA READs and atomics a QP serves at once as the responder (`max_dest_rd_atomic`,
+/// what its endpoint advertises): the device's `max_qp_rd_atom`, at most 255 (the
+/// attribute's width), at least 1; 1 when the device does not say.
+fn responder_depth(limits: Option<&Limits>) -> u8 {
+    limits.map_or(1, |l| l.max_qp_rd_atom.clamp(1, 255) as u8)
+}
+
+/// The RDMA READs and atomics a QP keeps in flight (`max_rd_atomic`): the device's
+/// `max_qp_init_rd_atom`, and no more than the peer serves (`remote`; 0, not known, reads
+/// as 1), at least 1.
+fn initiator_depth(limits: Option<&Limits>, remote: u8) -> u8 {
+    let local = limits.map_or(1, |l| l.max_qp_init_rd_atom.clamp(1, 255) as u8);
+    local.min(remote.max(1))
+}
+
+/// An RC queue pair.
+pub struct VerbsQp {
+    pub(crate) qp: NonNull<sys::ibv_qp>,
+    pub(crate) _pd: Arc<PdInner>,
+    pub(crate) _send_cq: Arc<CqInner>,
+    pub(crate) _recv_cq: Arc<CqInner>,
+    pub(crate) caps: QpCaps,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) dev: VerbsDevice,
+    pub(crate) psn: AtomicU32,
+    /// The state as this QP's modifies and queries last found it (libibverbs caches it in
+    /// `ibv_qp.state` too, which its calls write without a lock: this is read instead).
+    pub(crate) state: AtomicU32,
+    /// Whether the QP ever reached RTS (mlx5 takes no work request in the error state
+    /// before it has: `ENOMEM` for ever).
+    pub(crate) reached_rts: AtomicBool,
+    /// Held across `ibv_modify_qp` and `ibv_query_qp`, which write `ibv_qp.state` unlocked.
+    pub(crate) attr_calls: Mutex<()>,
+}
+
+// SAFETY: `ibv_post_send` and `ibv_post_recv` are thread-safe (libmlx5 unless
+// `MLX5_SINGLE_THREADED=1`, which `VerbsDevice::open` refuses); `ibv_modify_qp` and
+// `ibv_query_qp`, which write the QP's cached state (`ibv_qp.state`) without a lock, are
+// called under `attr_calls`, and selsig never reads that field; the handle is owned until
+// `Drop`. Some providers' post calls read that field without a lock (rxe's `post_recv`,
+// irdma's posts), so a post on one thread and a modify or query on another race inside
+// rdma-core, as they do in any program that posts while another thread changes or
+// queries the QP: the post sees the state just before or just after the change (at worst
+// a stale `EINVAL`, which `post_error` re-checks against the queried state). selsig cannot
+// close that without serializing every post with those calls.
+unsafe impl Send for VerbsQp {}
+// SAFETY: as above.
+unsafe impl Sync for VerbsQp {}
+
+impl Drop for VerbsQp {
+    fn drop(&mut self) {
+        // SAFETY: the QP was created by `ibv_create_qp`; its PD and CQs are still alive
+        // (this struct holds them), as the destroy requires.
+        let rc = unsafe { (self.dev.v().fns.destroy_qp)(self.qp.as_ptr()) };
+        if rc != 0 {
+            report(format_args!("ibv_destroy_qp failed: {}", destroy_error(rc)));
+        }
+    }
+}
+
+/// Whether a send queue in `state` takes no work request: below RTS, and in the error
+/// state before it ever reached RTS (mlx5 refuses every post there with `ENOMEM`, for
+/// ever, which would read as a full queue; rxe takes them and flushes them).
+fn takes_no_sends(state: QpState, reached_rts: bool) -> bool {
+    match state {
+        QpState::Reset | QpState::Init | QpState::Rtr => true,
+        QpState::Err | QpState::Sqe => !reached_rts,
+        _ => false,
+    }
+}
+
+fn state_name(s: u32) -> QpState {
+    QpState::try_from(s).unwrap_or(QpState::Err)
+}
+
+impl VerbsQp {
+    /// The attributes `mask` names (`ibv_query_qp`); `None` if they cannot be read.
+    fn query(&self, mask: c_int) -> Option<sys::ibv_qp_attr> {
+        let _calls = self.attr_calls.lock().unwrap_or_else(|e| e.into_inner());
+        self.query_locked(mask)
+    }
+
+    /// [`query`](Self::query), `attr_calls` held.
+    fn query_locked(&self, mask: c_int) -> Option<sys::ibv_qp_attr> {
+        let mut attr = sys::ibv_qp_attr::default();
+        // SAFETY: `init` is a valid `ibv_qp_init_attr` to fill; `attr` likewise.
+        let rc = unsafe {
+            let mut init: sys::ibv_qp_init_attr = std::mem::zeroed();
+            (self.dev.v().fns.query_qp)(self.qp.as_ptr(), &mut attr, mask, &mut init)
+        };
+        if rc == 0 && mask & sys::IBV_QP_STATE != 0 {
+            self.state.store(attr.qp_state, Ordering::Release);
+        }
+        (rc == 0).then_some(attr)
+    }
+
+    /// The path MTU the QP uses, in bytes (`ibv_query_qp`), once connected (before, what
+    /// the device reports for a QP with no path: 256 on rxe); `None` if it cannot be read.
+    pub fn path_mtu(&self) -> Option<u32> {
+        self.query(sys::IBV_QP_PATH_MTU)
+            .map(|attr| mtu_bytes(attr.path_mtu))
+    }
+
+    /// How many RDMA READs and atomics the QP keeps in flight and serves at once
+    /// (`max_rd_atomic`, `max_dest_rd_atomic`, from `ibv_query_qp`; a provider may round
+    /// them up); `None` if they cannot be read.
+    pub fn rd_atomic(&self) -> Option<(u8, u8)> {
+        self.query(sys::IBV_QP_MAX_QP_RD_ATOMIC | sys::IBV_QP_MAX_DEST_RD_ATOMIC)
+            .map(|attr| (attr.max_rd_atomic, attr.max_dest_rd_atomic))
+    }
+
+    fn modify(
+        &self,
+        attr: &mut sys::ibv_qp_attr,
+        mask: c_int,
+        to: QpState,
+        what: &str,
+    ) -> Result<(), ProviderError> {
+        let _calls = self.attr_calls.lock().unwrap_or_else(|e| e.into_inner());
+        let from = self
+            .query_locked(sys::IBV_QP_STATE)
+            .map_or_else(|| self.cached_state(), |a| state_name(a.qp_state));
+        // SAFETY: `attr` is a valid `ibv_qp_attr` whose fields named by `mask` are set.
+        let rc = unsafe { (self.dev.v().fns.modify_qp)(self.qp.as_ptr(), attr, mask) };
+        if rc == 0 {
+            self.state.store(attr.qp_state, Ordering::Release);
+            if to == QpState::Rts {
+                self.reached_rts.store(true, Ordering::Release);
+            }
+        }
+        if rc != 0 {
+            let code = errno_of(rc, io::Error::last_os_error().raw_os_error());
+            return Err(ProviderError::Transition {
+                qp_num: self.qp_num(),
+                from,
+                to,
+                why: format!(
+                    "ibv_modify_qp failed ({}); attributes set: {what}",
+                    io::Error::from_raw_os_error(code)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The state this QP's calls last found.
+    fn cached_state(&self) -> QpState {
+        state_name(self.state.load(Ordering::Acquire))
+    }
+
+    fn local_psn(&self) -> u32 {
+        let psn = self.psn.load(Ordering::Relaxed);
+        if psn != u32::MAX {
+            return psn;
+        }
+        let fresh = random_psn();
+        match self
+            .psn
+            .compare_exchange(u32::MAX, fresh, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => fresh,
+            Err(existing) => existing,
+        }
+    }
+
+    /// Refuses options out of range ([`ConnectOptions::check`]), a port other than the
+    /// one the device was opened on, and a GID index other than the device's: the
+    /// endpoint advertises the GID of the index the device was opened with, so the path
+    /// must start from that one (the peer's `dgid` would name another address than the
+    /// packets come from).
+    fn check_options(&self, options: &ConnectOptions) -> Result<(), ProviderError> {
+        options.check()?;
+        if options.port != self.dev.port {
+            return Err(ProviderError::Invalid {
+                what: "port",
+                why: format!(
+                    "the device was opened on port {}, not {}",
+                    self.dev.port, options.port
+                ),
+            });
+        }
+        match options.gid_index {
+            Some(i) if Some(i) != self.dev.gid_index => Err(ProviderError::Invalid {
+                what: "GID index",
+                why: format!(
+                    "{} was opened with GID index {}, whose GID the endpoint advertises; \
+                     connect with that index (or open the device with {i})",
+                    self.dev.name(),
+                    self.dev
+                        .gid_index
+                        .map_or("none (LID routing)".to_string(), |g| g.to_string())
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Posts `wrs` as one `ibv_post_send` list built in `sges` and `raw` (at least
+    /// `wrs.len()` entries each).
+    fn post_send_in(
+        &self,
+        wrs: &[SendWr<'_>],
+        sges: &mut [MaybeUninit<sys::ibv_sge>],
+        raw: &mut [MaybeUninit<sys::ibv_send_wr>],
+    ) -> Result<(), PostWrError> {
+        let base = raw.as_mut_ptr().cast::<sys::ibv_send_wr>();
+        let sge_base = sges.as_mut_ptr().cast::<sys::ibv_sge>();
+        for (i, wr) in wrs.iter().enumerate() {
+            let (sge, inline) = match wr.local {
+                Local::Empty => (None, false),
+                Local::Sge(s) => (
+                    Some(sys::ibv_sge {
+                        addr: s.addr,
+                        length: s.length,
+                        lkey: s.lkey,
+                    }),
+                    false,
+                ),
+                Local::Inline(data) => (
+                    Some(sys::ibv_sge {
+                        addr: data.as_ptr() as u64,
+                        length: data.len() as u32,
+                        lkey: 0,
+                    }),
+                    true,
+                ),
+            };
+            let sg_list = match sge {
+                Some(sge) => {
+                    let at = sge_base.wrapping_add(i);
+                    // SAFETY: `i < wrs.len() <= sges.len()`: `at` is in `sges`, written
+                    // through the pointer the list keeps (not through the slice, which
+                    // would retag the memory the list points at).
+                    unsafe { at.write(sge) };
+                    at
+                }
+                None => std::ptr::null_mut(),
+            };
+            let opcode = match wr.opcode {
+                Opcode::RdmaWrite => sys::IBV_WR_RDMA_WRITE,
+                Opcode::RdmaWriteWithImm => sys::IBV_WR_RDMA_WRITE_WITH_IMM,
+                Opcode::RdmaRead => sys::IBV_WR_RDMA_READ,
+                Opcode::Send => sys::IBV_WR_SEND,
+                Opcode::SendWithImm => sys::IBV_WR_SEND_WITH_IMM,
+            };
+            let mut flags = 0;
+            if wr.signaled {
+                flags |= sys::IBV_SEND_SIGNALED;
+            }
+            if inline {
+                flags |= sys::IBV_SEND_INLINE;
+            }
+            // SAFETY: `i < wrs.len() <= raw.len()`, written through the list's base pointer
+            // as the sges above.
+            unsafe {
+                base.wrapping_add(i).write(sys::ibv_send_wr {
+                    wr_id: wr.wr_id,
+                    next: if i + 1 < wrs.len() {
+                        base.wrapping_add(i + 1)
+                    } else {
+                        std::ptr::null_mut()
+                    },
+                    sg_list,
+                    num_sge: i32::from(sge.is_some()),
+                    opcode,
+                    send_flags: flags,
+                    imm_data: wr.imm_data.to_be(),
+                    wr: sys::ibv_send_wr_wr {
+                        rdma: sys::ibv_rdma_info {
+                            remote_addr: wr.remote.addr,
+                            rkey: wr.remote.rkey,
+                        },
+                    },
+                    _qp_type: 0,
+                    _bind_mw_or_tso: [0; 6],
+                });
+            }
+        }
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        let qp = self.qp.as_ptr();
+        // SAFETY: `post_send` is the provider's function from the context's ops table (what
+        // the static inline `ibv_post_send` calls). The first `wrs.len()` entries of `raw`
+        // and the entries of `sges` they point at were written above and form the list;
+        // they and the inline bytes they point at live until it returns (inline data is
+        // copied during the call).
+        let rc = unsafe {
+            let Some(post) = (*(*qp).context).ops.post_send else {
+                return Err(PostWrError {
+                    index: 0,
+                    failure: PostFailure::Other,
+                    source: Some(io::Error::other("the provider has no post_send")),
+                });
+            };
+            post(qp, base, &mut bad)
+        };
+        post_result(rc, bad, base, wrs.len(), Queue::Send, || self.state())
+    }
+}
+
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    (h.finish() as u32) & 0x00ff_ffff
+}
+
+impl QueuePair for VerbsQp {
+    fn qp_num(&self) -> u32 {
+        // SAFETY: the QP is valid until `Drop`; `qp_num` is set at creation.
+        unsafe { (*self.qp.as_ptr()).qp_num }
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn destroy_cleans_cq(&self) -> bool {
+        self.dev.cleans_cq
+    }
+
+    fn send_cq_identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self._send_cq) as usize)
+    }
+
+    fn recv_cq_is_send_cq(&self) -> bool {
+        Arc::ptr_eq(&self._send_cq, &self._recv_cq)
+    }
+
+    fn sq_sig_all(&self) -> bool {
+        self.sq_sig_all
+    }
+
+    fn state(&self) -> QpState {
+        match self.query(sys::IBV_QP_STATE) {
+            Some(attr) => state_name(attr.qp_state),
+            // The state the last modify or query found.
+            None => self.cached_state(),
+        }
+    }
+
+    fn endpoint(&self, options: &ConnectOptions) -> Result<Endpoint, ProviderError> {
+        self.check_options(options)?;
+        Ok(Endpoint {
+            qp_num: self.qp_num(),
+            psn: self.local_psn(),
+            lid: self.dev.lid,
+            gid: self.dev.gid,
+            mtu: options.mtu.min(self.dev.active_mtu),
+            rd_atomic: responder_depth(self.dev.limits.as_ref()),
+        })
+    }
+
+    fn connect(&self, remote: &Endpoint, options: &ConnectOptions) -> Result<(), ProviderError> {
+        // Refused as bad input before anything changes.
+        self.check_options(options)?;
+        let port = self.dev.port;
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_INIT,
+            pkey_index: 0,
+            port_num: port,
+            qp_access_flags: options.access.bits(),
+            ..Default::default()
+        };
+        self.modify(
+            &mut a,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_PKEY_INDEX
+                | sys::IBV_QP_PORT
+                | sys::IBV_QP_ACCESS_FLAGS,
+            QpState::Init,
+            &format!("pkey_index 0, port {port}, access {}", options.access),
+        )?;
+        let gid_index = options.gid_index.or(self.dev.gid_index);
+        let mtu = path_mtu(options.mtu, self.dev.active_mtu, remote.mtu);
+        let responder = responder_depth(self.dev.limits.as_ref());
+        let initiator = initiator_depth(self.dev.limits.as_ref(), remote.rd_atomic);
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTR,
+            path_mtu: mtu_enum(mtu),
+            dest_qp_num: remote.qp_num,
+            rq_psn: remote.psn & 0x00ff_ffff,
+            max_dest_rd_atomic: responder,
+            min_rnr_timer: 12,
+            ah_attr: sys::ibv_ah_attr {
+                grh: sys::ibv_global_route {
+                    dgid: sys::ibv_gid { raw: remote.gid },
+                    sgid_index: gid_index.unwrap_or(0),
+                    hop_limit: 64,
+                    ..Default::default()
+                },
+                dlid: remote.lid,
+                is_global: u8::from(gid_index.is_some()),
+                port_num: port,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        self.modify(
+            &mut a,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_AV
+                | sys::IBV_QP_PATH_MTU
+                | sys::IBV_QP_DEST_QPN
+                | sys::IBV_QP_RQ_PSN
+                | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+                | sys::IBV_QP_MIN_RNR_TIMER,
+            QpState::Rtr,
+            &format!(
+                "path_mtu {}, dest_qp_num {:#x}, rq_psn {:#x}, max_dest_rd_atomic {responder}, \
+                 address vector (dlid {}, {})",
+                mtu_bytes(mtu_enum(mtu)),
+                remote.qp_num,
+                remote.psn,
+                remote.lid,
+                match gid_index {
+                    Some(i) => format!("sgid_index {i}, dgid {}", gid_text(&remote.gid)),
+                    None => "no GRH".to_string(),
+                }
+            ),
+        )?;
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTS,
+            timeout: 14,
+            retry_cnt: options.retry_cnt,
+            rnr_retry: options.rnr_retry,
+            sq_psn: self.local_psn(),
+            max_rd_atomic: initiator,
+            ..Default::default()
+        };
+        self.modify(
+            &mut a,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_TIMEOUT
+                | sys::IBV_QP_RETRY_CNT
+                | sys::IBV_QP_RNR_RETRY
+                | sys::IBV_QP_SQ_PSN
+                | sys::IBV_QP_MAX_QP_RD_ATOMIC,
+            QpState::Rts,
+            &format!(
+                "timeout 14, retry_cnt {}, rnr_retry {}, sq_psn {:#x}, max_rd_atomic {initiator}",
+                options.retry_cnt,
+                options.rnr_retry,
+                self.local_psn()
+            ),
+        )
+    }
+
+    fn to_error(&self) -> Result<(), ProviderError> {
+        let mut a = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        self.modify(&mut a, sys::IBV_QP_STATE, QpState::Err, "state ERR")
+    }
+
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostWrError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        // The state the last modify or query found: below RTS a send queue takes nothing
+        // (rxe would queue the work requests and run them after RTS while the post
+        // reports them refused), nor in the error state before it ever reached RTS.
+        let cached = self.cached_state();
+        if takes_no_sends(cached, self.reached_rts.load(Ordering::Acquire)) {
+            return Err(PostWrError {
+                index: 0,
+                failure: PostFailure::State(cached),
+                source: None,
+            });
+        }
+        if let Some((bad, failure)) = refused_up_front(wrs, self.caps.max_inline_data) {
+            // What comes before it is posted, as a provider's `bad_wr` would leave it. If
+            // that post took them all and failed after (rxe's doorbell), they are posted
+            // all the same: the refusal at `bad` is the error to report.
+            if let Err(e) = self.post_send(&wrs[..bad])
+                && e.index < bad
+            {
+                return Err(e);
+            }
+            return Err(PostWrError {
+                index: bad,
+                failure,
+                source: None,
+            });
+        }
+        // Built in place, on the stack for the usual batch sizes: no allocation, no copies.
+        if wrs.len() <= POST_INLINE {
+            let mut sges = [const { MaybeUninit::uninit() }; POST_INLINE];
+            let mut raw = [const { MaybeUninit::uninit() }; POST_INLINE];
+            self.post_send_in(wrs, &mut sges, &mut raw)
+        } else {
+            let mut sges = Vec::with_capacity(wrs.len());
+            sges.resize_with(wrs.len(), MaybeUninit::uninit);
+            let mut raw = Vec::with_capacity(wrs.len());
+            raw.resize_with(wrs.len(), MaybeUninit::uninit);
+            self.post_send_in(wrs, &mut sges, &mut raw)
+        }
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostWrError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        // A receive's completion with the `wr_id` a failed poll marks an unparsed
+        // completion with could be lost (see `NO_WR_ID`): refused at its position, those
+        // before it posted.
+        if let Some(at) = wrs.iter().position(|w| w.wr_id == NO_WR_ID) {
+            self.post_recv(&wrs[..at])?;
+            return Err(PostWrError {
+                index: at,
+                failure: PostFailure::Invalid(
+                    "a receive's wr_id cannot be u64::MAX (the verbs provider marks an \
+                     unparsed completion with it)",
+                ),
+                source: None,
+            });
+        }
+        let mut sges: Vec<sys::ibv_sge> = wrs
+            .iter()
+            .map(|w| {
+                w.sge.map_or_else(sys::ibv_sge::default, |s| sys::ibv_sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                })
+            })
+            .collect();
+        let mut raw: Vec<sys::ibv_recv_wr> = wrs
+            .iter()
+            .map(|w| sys::ibv_recv_wr {
+                wr_id: w.wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: std::ptr::null_mut(),
+                num_sge: i32::from(w.sge.is_some()),
+            })
+            .collect();
+        let base = raw.as_mut_ptr();
+        for i in 0..raw.len() {
+            // SAFETY: as in `post_send`.
+            unsafe {
+                let w = base.add(i);
+                if (*w).num_sge > 0 {
+                    (*w).sg_list = sges.as_mut_ptr().add(i);
+                }
+                if i + 1 < wrs.len() {
+                    (*w).next = base.add(i + 1);
+                }
+            }
+        }
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        let qp = self.qp.as_ptr();
+        // SAFETY: as in `post_send`, with the provider's `post_recv`.
+        let rc = unsafe {
+            let Some(post) = (*(*qp).context).ops.post_recv else {
+                return Err(PostWrError {
+                    index: 0,
+                    failure: PostFailure::Other,
+                    source: Some(io::Error::other("the provider has no post_recv")),
+                });
+            };
+            post(qp, base, &mut bad)
+        };
+        let result = post_result(rc, bad, base, wrs.len(), Queue::Recv, || self.state());
+        // A receive posted to a QP in the error state is flushed, as the error state does
+        // with every work request; but rxe's kernel flushes a receive queue only when its
+        // responder runs (the QP's move to ERR, a packet), and rxe's `post_recv` never
+        // enters the kernel: the receive would never complete. Moving the QP to ERR again
+        // runs the responder. (Should the NIC move the QP to ERR after this query, its own
+        // flush takes the receive.)
+        let posted = result.as_ref().map_or_else(|e| e.index, |()| wrs.len());
+        if posted > 0 && self.dev.software && self.state() == QpState::Err {
+            // Best effort: the receives are posted whatever this says.
+            let _ = self.to_error();
+        }
+        result
+    }
+}
+
+fn gid_text(gid: &[u8; 16]) -> String {
+    gid.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The path MTU: the smallest of what is asked, this port's active MTU and the peer's
+/// (0: not known).
+fn path_mtu(asked: u32, active: u32, remote: u32) -> u32 {
+    let remote = if remote == 0 { u32::MAX } else { remote };
+    asked.min(active).min(remote)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that did not say its MTU leaves the smaller of what was asked and this
+    /// port's: never more than the port takes.
+    #[test]
+    fn the_path_mtu_is_the_smallest_known() {
+        assert_eq!(path_mtu(4096, 1024, 0), 1024);
+        assert_eq!(path_mtu(1024, 4096, 0), 1024);
+        assert_eq!(path_mtu(4096, 4096, 2048), 2048);
+        assert_eq!(path_mtu(4096, 1024, 4096), 1024);
+        assert_eq!(path_mtu(512, 1024, 2048), 512);
+    }
+
+    #[test]
+    fn a_send_queue_takes_work_from_rts_on_and_in_the_error_state_only_after_rts() {
+        for (state, reached_rts, refused) in [
+            (QpState::Reset, false, true),
+            (QpState::Init, false, true),
+            (QpState::Rtr, false, true),
+            (QpState::Rts, true, false),
+            // mlx5 would answer ENOMEM for ever (its qp_state_max_gs is -1 until RTS).
+            (QpState::Err, false, true),
+            (QpState::Err, true, false),
+            (QpState::Sqe, true, false),
+        ] {
+            assert_eq!(
+                takes_no_sends(state, reached_rts),
+                refused,
+                "{state:?}, reached RTS: {reached_rts}"
+            );
+        }
+    }
+
+    #[test]
+    fn reads_in_flight_are_what_the_device_allows_and_the_peer_serves() {
+        let limits = |rd: u32, init: u32| Limits {
+            max_qp_wr: 1,
+            max_sge: 1,
+            max_cqe: 1,
+            max_mr_size: 1,
+            max_qp_rd_atom: rd,
+            max_qp_init_rd_atom: init,
+        };
+        // mlx5 reports 16 and 16, rxe 128 and 128.
+        let mlx5 = limits(16, 16);
+        assert_eq!(responder_depth(Some(&mlx5)), 16);
+        assert_eq!(initiator_depth(Some(&mlx5), 128), 16);
+        assert_eq!(initiator_depth(Some(&mlx5), 4), 4);
+        // A peer that does not say serves one.
+        assert_eq!(initiator_depth(Some(&mlx5), 0), 1);
+        // The attributes are a byte wide; a device that does not say, or says 0, gets 1.
+        assert_eq!(responder_depth(Some(&limits(1000, 1000))), 255);
+        assert_eq!(initiator_depth(Some(&limits(1000, 1000)), 255), 255);
+        assert_eq!(responder_depth(None), 1);
+        assert_eq!(initiator_depth(None, 16), 1);
+        assert_eq!(responder_depth(Some(&limits(0, 0))), 1);
+        assert_eq!(initiator_depth(Some(&limits(0, 0)), 16), 1);
+    }
+
+    #[test]
+    fn inline_work_requests_the_provider_must_not_see_are_found() {
+        assert!(!too_long_for_an_sge(u32::MAX as usize));
+        assert!(too_long_for_an_sge(u32::MAX as usize + 1));
+        let small = [1u8; 8];
+        let wr = SendWr {
+            wr_id: 1,
+            opcode: selsig::Opcode::RdmaWrite,
+            local: Local::Inline(&small),
+            remote: selsig::RemoteAddr { addr: 0, rkey: 0 },
+            imm_data: 0,
+            signaled: false,
+        };
+        assert_eq!(refused_up_front(&[wr, wr], 8), None);
+        assert_eq!(
+            refused_up_front(&[wr, wr], 7),
+            Some((0, PostFailure::InlineTooLong { len: 8, max: 7 }))
+        );
+        let read = SendWr {
+            opcode: selsig::Opcode::RdmaRead,
+            ..wr
+        };
+        assert_eq!(
+            refused_up_front(&[wr, read], 64),
+            Some((1, PostFailure::Invalid("an RDMA READ cannot be inline")))
+        );
+    }
+
+    #[test]
+    fn gids_print_like_ibv_devinfo() {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[10, 77, 0, 1]);
+        assert_eq!(gid_text(&g), "0000:0000:0000:0000:0000:ffff:0a4d:0001");
+    }
+}
