@@ -1022,7 +1022,7 @@ fn run_model_list(
     (got, bytes)
 }
 
-/// What [`run_model_list`] should return, by the rules of `SEMANTICS.md`: the local
+/// What [`run_model_list`] should return, by the rules of `docs/semantics.md`: the local
 /// range is checked, then the remote one (a WRITE of no bytes checks neither); the first
 /// WRITE that fails gets its error and every later one is flushed, each with a completion;
 /// a WRITE that succeeds lands, with a completion if it is signaled.

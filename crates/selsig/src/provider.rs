@@ -637,7 +637,7 @@ pub trait MemoryRegion: Send + Sync + fmt::Debug + 'static {
 /// on the same `Arc`, not on a clone of a handle wrapped in another one).
 ///
 /// What the driver relies on the completions for (as every verbs provider does them,
-/// SEMANTICS.md): a successful work request makes a completion only when signaled (or
+/// docs/semantics.md): a successful work request makes a completion only when signaled (or
 /// `sq_sig_all`); a failed one makes one, signaled or not, and moves the QP to the error
 /// state; in the error state every outstanding work request, signaled or not, gets its own
 /// flush completion ([`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr)); and the
