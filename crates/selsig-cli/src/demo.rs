@@ -341,7 +341,7 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         match queue.post(work) {
             Ok(posted) => posts.push(PostView {
                 wr,
-                wr_id: selsig::send_wr_id(posted.seq),
+                wr_id: posted.wr_id,
                 signaled: posted.signaled(),
                 reason: posted.signal.map(|r| r.as_str()),
             }),

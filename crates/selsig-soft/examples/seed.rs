@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "WR{wr}: seq {}, wr_id {:#x}, {}",
             posted.seq,
-            selsig::send_wr_id(posted.seq),
+            posted.wr_id,
             if posted.signaled() {
                 "signaled"
             } else {

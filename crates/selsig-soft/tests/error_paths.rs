@@ -443,7 +443,7 @@ fn a_refused_completion_names_the_wr_id_it_carried() {
         n = cq.poll(&mut wcs).unwrap();
     }
     let wc = wcs[0];
-    assert_eq!(wc.wr_id, selsig::send_wr_id(selsig::Seq(1)));
+    assert_eq!(wc.wr_id, 1 | selsig::SEND_WR_ID_BIT);
     q.handle_completion(&wc).unwrap();
     assert_eq!(
         q.handle_completion(&wc),

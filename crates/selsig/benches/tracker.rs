@@ -55,7 +55,7 @@ fn bench(c: &mut Criterion, name: &str, per_wr_instant: bool) {
                             Ok(p) => {
                                 posted += 1;
                                 if p.signaled() {
-                                    signaled.push(p.seq.wr_id());
+                                    signaled.push(p.wr_id);
                                 }
                             }
                             Err(_) => break,

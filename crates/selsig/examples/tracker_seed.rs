@@ -19,11 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("post WR{wr} wr_id={} ({flag})", posted.seq);
         if posted.signaled() {
             // The NIC writes a CQE only for signaled work requests.
-            cqes.push(WorkCompletion::new(
-                posted.seq.wr_id(),
-                WcStatus::Success,
-                0,
-            ));
+            cqes.push(WorkCompletion::new(posted.wr_id, WcStatus::Success, 0));
         }
     }
     for cqe in &cqes {

@@ -46,7 +46,7 @@
 //! for wr in 1..=8u32 {
 //!     let posted = tracker.post(wr, Signal::Auto, now)?;
 //!     if posted.signaled() {
-//!         signaled.push(posted.seq.wr_id());
+//!         signaled.push(posted.wr_id);
 //!     }
 //! }
 //! assert_eq!(signaled, [4, 8]);
@@ -78,7 +78,7 @@ pub use provider::{
 };
 pub use queue::{
     Completion, CreateError, DrainError, DrainMarker, Payload, PollError, QueueConfig,
-    QueuePostError, SEND_WR_ID_BIT, SignaledQueue, Work, send_wr_id,
+    QueuePostError, SEND_WR_ID_BIT, SignaledQueue, Work,
 };
 
 pub use credits::{CqBudget, CqCredits};

@@ -223,7 +223,7 @@ fn register<'a, M: MemoryRegion, U>(
         }
     };
     Some(SendWr {
-        wr_id: send_wr_id(posted.seq),
+        wr_id: posted.wr_id,
         opcode,
         local,
         remote,
@@ -244,7 +244,8 @@ pub struct Payload<M, U> {
 /// A retired work request: its buffer and context back, with its outcome.
 #[derive(Debug)]
 pub struct Completion<M, U> {
-    /// Its sequence number (it was posted with `wr_id` [`send_wr_id`]`(seq)`).
+    /// Its sequence number (it was posted with the `wr_id`
+    /// [`SendTracker::wr_id`]`(seq)`: bit 63, [`SEND_WR_ID_BIT`], set).
     pub seq: Seq,
     /// The buffer, for work requests that had one: the NIC no longer uses it.
     pub buffer: Option<Buffer<M>>,
@@ -887,35 +888,15 @@ fn receive_slots(qp: &impl QueuePair) -> u32 {
     }
 }
 
-/// Bit 63 of the `wr_id` of every work request a [`SignaledQueue`] posts: its `wr_id` is
-/// the sequence number with this bit set.
+/// Bit 63 of the `wr_id` of every work request a [`SignaledQueue`] posts: its tracker's
+/// [`wr_id_tag`](TrackerConfig::wr_id_tag), so its `wr_id` is the sequence number with
+/// this bit set.
 ///
 /// An error or flush completion has no defined opcode (`ibv_poll_cq(3)`), so when a QP's
 /// receive completions share the CQ of its sends, the `wr_id` alone tells a send's
 /// completion from a receive's (as rdma-core's rsocket flags its receives' `wr_id`s):
 /// post receives with this bit clear. Sequence numbers stay below it.
 pub const SEND_WR_ID_BIT: u64 = 1 << 63;
-
-/// The `wr_id` a [`SignaledQueue`] posts the work request `seq` with.
-#[inline(always)]
-pub const fn send_wr_id(seq: Seq) -> u64 {
-    seq.0 | SEND_WR_ID_BIT
-}
-
-/// A refusal of the tracker, which saw the sequence number, with the `wr_id` the
-/// completion carried.
-fn with_wr_id(e: CompletionError, wr_id: u64) -> CompletionError {
-    use CompletionError as E;
-    match e {
-        E::Unknown { next, .. } => E::Unknown { wr_id, next },
-        E::NotASend { .. } => E::NotASend { wr_id },
-        E::AlreadyRetired { .. } => E::AlreadyRetired { wr_id },
-        E::Unsignaled { .. } => E::Unsignaled { wr_id },
-        E::OutOfOrder { expected, .. } => E::OutOfOrder { wr_id, expected },
-        E::SuccessAfterError { first, .. } => E::SuccessAfterError { wr_id, first },
-        other => other,
-    }
-}
 
 /// The tracker while `post_batch` registers work requests it has not handed to the
 /// provider yet. If the caller's iterator panics part-way, dropping this forgets them again
@@ -934,15 +915,6 @@ impl<T> Drop for Staging<'_, T> {
         {
             items.for_each(drop);
         }
-    }
-}
-
-/// `wc` with its `wr_id` replaced by the tracker's sequence number.
-#[inline(always)]
-fn with_seq(wc: &WorkCompletion, seq: Seq) -> WorkCompletion {
-    WorkCompletion {
-        wr_id: seq.0,
-        ..*wc
     }
 }
 
@@ -1055,7 +1027,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             .policy(config.policy)
             .sq_sig_all(qp.sq_sig_all())
             .first_seq(config.first_seq.max(first_seq))
-            .seq_end(SEND_WR_ID_BIT)
+            .wr_id_tag(SEND_WR_ID_BIT)
             .qp_num(qp.qp_num())
             .measure_lag(config.measure_lag);
         let epoch = Instant::now();
@@ -1205,7 +1177,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             .post(Payload { buffer, user }, signal, now)
             .map_err(QueuePostError::Refused)?;
         let wr = SendWr {
-            wr_id: send_wr_id(posted.seq),
+            wr_id: posted.wr_id,
             opcode,
             local,
             remote,
@@ -1471,14 +1443,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// [`CompletionError::NotASend`].
     pub fn handle_completion(&mut self, wc: &WorkCompletion) -> Result<Handled, CompletionError> {
         let now = self.now();
-        match self.send_seq(wc) {
-            Some(seq) => self
-                .tracker
-                .handle_completion(&with_seq(wc, seq), now)
-                .map_err(|e| with_wr_id(e, wc.wr_id)),
-            None if wc.qp_num != self.qp.qp_num() => self.tracker.handle_completion(wc, now),
-            None => Err(CompletionError::NotASend { wr_id: wc.wr_id }),
-        }
+        self.tracker.handle_completion(wc, now)
     }
 
     /// The sequence number of the work request `wc` completes, if it is a completion of
@@ -1486,30 +1451,22 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// ([`SEND_WR_ID_BIT`]) and, for a successful completion, not a receive opcode (an
     /// error's opcode is undefined and not read). Everything else (another QP's
     /// completion, a receive's, a send posted on the QP around the queue with bit 63 of its
-    /// `wr_id` clear) is `None`.
+    /// `wr_id` clear) is `None`. The tracker decodes it: [`SendTracker::send_seq`].
     ///
-    /// An error completion's opcode is undefined (`ibv_poll_cq(3)`: only `wr_id`, `status`,
-    /// `qp_num` and `vendor_err` are), so on a QP whose receive completions go to the same
-    /// CQ the `wr_id` alone tells a send's error or flush from a receive's: receives must
-    /// be posted with bit 63 of the `wr_id` clear (indices are, and x86-64's user-space
-    /// pointers; arm64's tagged pointers, such as Android's heap pointers, may not be).
+    /// On a QP whose receive completions go to the same CQ, the `wr_id` alone tells a
+    /// send's error or flush from a receive's: receives must be posted with bit 63 of the
+    /// `wr_id` clear (indices are, and x86-64's user-space pointers; arm64's tagged
+    /// pointers, such as Android's heap pointers, may not be).
     #[inline]
     pub fn send_seq(&self, wc: &WorkCompletion) -> Option<Seq> {
-        // The opcode only of a successful completion: an error's is undefined (a provider
-        // may pass on whatever the NIC left there).
-        (wc.qp_num == self.qp.qp_num()
-            && wc.wr_id & SEND_WR_ID_BIT != 0
-            && !(wc.status.is_success() && wc.opcode.is_some_and(|o| o.is_recv())))
-        .then_some(Seq(wc.wr_id & !SEND_WR_ID_BIT))
+        self.tracker.send_seq(wc)
     }
 
     fn handle(&mut self, wc: &WorkCompletion, now: Instant) -> Result<(), CompletionError> {
         match self.send_seq(wc) {
-            Some(seq) if seq.0 >= self.stale_below => self
-                .tracker
-                .handle_completion(&with_seq(wc, seq), now)
-                .map(|_| ())
-                .map_err(|e| with_wr_id(e, wc.wr_id)),
+            Some(seq) if seq.0 >= self.stale_below => {
+                self.tracker.handle_send(seq, wc, now).map(|_| ())
+            }
             // Not a send of this queue: another QP's, a receive's, or one of a dropped
             // queue of a QP with the same number.
             _ => {
@@ -1555,7 +1512,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
 
     fn post_marker(&mut self, seq: Seq) -> Result<(), QueuePostError<()>> {
         let wr = SendWr {
-            wr_id: send_wr_id(seq),
+            wr_id: self.tracker.wr_id(seq),
             opcode: Opcode::RdmaWrite,
             local: Local::Empty,
             remote: self.marker_target,

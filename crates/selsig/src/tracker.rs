@@ -12,9 +12,10 @@ use crate::stats::{MAX_LAG_NS, Stats};
 use crate::wc::{WcStatus, WorkCompletion};
 
 /// The sequence number of a work request on one send queue; it goes into the `wr_id`, so
-/// a completion names the work request it belongs to: a [`SendTracker`]'s caller posts it
-/// as the `wr_id` ([`Seq::wr_id`]), a [`SignaledQueue`](crate::SignaledQueue) with bit 63
-/// set ([`send_wr_id`](crate::send_wr_id)).
+/// a completion names the work request it belongs to. The tracker encodes it
+/// ([`Posted::wr_id`], [`SendTracker::wr_id`]: the number itself, or with the tag bit of
+/// [`TrackerConfig::wr_id_tag`] set) and decodes every completion's `wr_id` back
+/// ([`SendTracker::send_seq`]): that is the encoding's one home.
 ///
 /// Sequence numbers are `u64` and rise by one per work request; they never wrap (at a
 /// billion work requests a second that takes centuries). Providers may count in `u16`
@@ -23,8 +24,9 @@ use crate::wc::{WcStatus, WorkCompletion};
 pub struct Seq(pub u64);
 
 impl Seq {
-    /// The value a [`SendTracker`]'s caller posts as `wr_id` (the number itself; a
-    /// [`SignaledQueue`](crate::SignaledQueue) posts [`send_wr_id`](crate::send_wr_id)).
+    /// The number itself: the `wr_id` of a work request of a tracker without a
+    /// [`wr_id_tag`](TrackerConfig::wr_id_tag). With a tag, post [`Posted::wr_id`] (or
+    /// [`SendTracker::wr_id`]).
     pub const fn wr_id(self) -> u64 {
         self.0
     }
@@ -81,12 +83,14 @@ impl SignalReason {
     }
 }
 
-/// The decision for one posted work request: its sequence number (post it as `wr_id`; a
-/// [`SignaledQueue`](crate::SignaledQueue) posts [`send_wr_id`](crate::send_wr_id)`(seq)`)
-/// and whether to set `IBV_SEND_SIGNALED`.
+/// The decision for one posted work request: the `wr_id` to post it with, its sequence
+/// number and whether to set `IBV_SEND_SIGNALED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Posted {
-    /// The sequence number, to be posted as `wr_id` (by a `SignaledQueue`, with bit 63).
+    /// The `wr_id` to post: the sequence number, with the tracker's
+    /// [`wr_id_tag`](TrackerConfig::wr_id_tag) set.
+    pub wr_id: u64,
+    /// The sequence number.
     pub seq: Seq,
     /// `Some(why)` when the work request must be posted signaled.
     pub signal: Option<SignalReason>,
@@ -170,6 +174,7 @@ pub struct TrackerConfig {
     sq_sig_all: bool,
     first_seq: u64,
     seq_end: u64,
+    wr_id_tag: u64,
     qp_num: Option<u32>,
     measure_lag: bool,
 }
@@ -186,6 +191,7 @@ impl TrackerConfig {
             sq_sig_all: false,
             first_seq: 1,
             seq_end: u64::MAX,
+            wr_id_tag: 0,
             qp_num: None,
             measure_lag: true,
         }
@@ -217,9 +223,19 @@ impl TrackerConfig {
 
     /// Sequence numbers stay below `end` (default `u64::MAX`): posts beyond are refused
     /// with [`PostError::SeqExhausted`]. For a caller that keeps some bits of the `wr_id`
-    /// for itself ([`SignaledQueue`](crate::SignaledQueue) keeps bit 63).
+    /// for itself.
     pub fn seq_end(mut self, end: u64) -> Self {
         self.seq_end = end;
+        self
+    }
+
+    /// Every send's `wr_id` carries this bit (one bit, e.g.
+    /// [`SEND_WR_ID_BIT`](crate::SEND_WR_ID_BIT); default none): [`Posted::wr_id`] has it
+    /// set, sequence numbers stay below it, and a completion whose `wr_id` lacks it is not
+    /// a send of this tracker ([`SendTracker::send_seq`]). It tells sends from receives
+    /// on a CQ they share: an error completion's opcode is undefined, its `wr_id` is not.
+    pub fn wr_id_tag(mut self, bit: u64) -> Self {
+        self.wr_id_tag = bit;
         self
     }
 
@@ -262,6 +278,9 @@ pub enum ConfigError {
     /// (`QueueConfig::measure_lag`).
     #[error("the adaptive policy needs the clock: keep measure_lag on")]
     AdaptiveNeedsClock,
+    /// The `wr_id` tag is not a single bit.
+    #[error("the wr_id tag {0:#x} is not a single bit")]
+    WrIdTag(u64),
     /// The tracker's ring for a send queue of this capacity cannot be allocated.
     #[error("cannot allocate the tracker's ring for a send queue of {0} work requests")]
     TooLarge(u32),
@@ -478,7 +497,7 @@ pub enum CompletionError {
     },
     /// A completion of the queue's QP that is not one of the queue's sends (a receive, or
     /// a work request posted on the QP around the queue): see
-    /// [`SignaledQueue::send_seq`](crate::SignaledQueue::send_seq).
+    /// [`SendTracker::send_seq`].
     #[error(
         "completion for wr_id {wr_id} is not a send of this queue (a receive, or a work request posted around it)"
     )]
@@ -606,6 +625,8 @@ pub struct SendTracker<T> {
     first_seq: u64,
     /// Sequence numbers stay below this.
     seq_end: u64,
+    /// Set in every send's `wr_id` (0: none).
+    wr_id_tag: u64,
     /// Outstanding credits stay taken when dropped ([`Self::keep_credits_on_drop`]).
     keep_credits: bool,
     /// Sequence number of `ring[0]`.
@@ -666,10 +687,15 @@ impl<T> SendTracker<T> {
         if config.cq.capacity() == 0 {
             return Err(ConfigError::ZeroCqCapacity);
         }
-        if config.first_seq >= config.seq_end {
-            return Err(ConfigError::FirstSeqTooHigh {
-                end: config.seq_end,
-            });
+        if config.wr_id_tag != 0 && !config.wr_id_tag.is_power_of_two() {
+            return Err(ConfigError::WrIdTag(config.wr_id_tag));
+        }
+        let seq_end = match config.wr_id_tag {
+            0 => config.seq_end,
+            tag => config.seq_end.min(tag),
+        };
+        if config.first_seq >= seq_end {
+            return Err(ConfigError::FirstSeqTooHigh { end: seq_end });
         }
         config.policy.validate()?;
         let run_limit = match &config.cq {
@@ -685,7 +711,8 @@ impl<T> SendTracker<T> {
         Ok(SendTracker {
             ring,
             first_seq: config.first_seq,
-            seq_end: config.seq_end,
+            seq_end,
+            wr_id_tag: config.wr_id_tag,
             keep_credits: false,
             head_seq: config.first_seq,
             next_seq: config.first_seq,
@@ -713,6 +740,47 @@ impl<T> SendTracker<T> {
     }
 
     // ----- getters -------------------------------------------------------------------
+
+    /// The `wr_id` to post work request `seq` with (a marker of
+    /// [`confirm_all`](Self::confirm_all) or [`post_marker`](Self::post_marker) too): the
+    /// sequence number, with the [`wr_id_tag`](TrackerConfig::wr_id_tag) set.
+    #[inline]
+    pub const fn wr_id(&self, seq: Seq) -> u64 {
+        seq.0 | self.wr_id_tag
+    }
+
+    /// The sequence number of the work request `wc` completes, if `wc` can be a
+    /// completion of this tracker's sends: its QP (where [`TrackerConfig::qp_num`] is
+    /// set), the [`wr_id_tag`](TrackerConfig::wr_id_tag) set in its `wr_id` (where there is
+    /// one), and, for a successful completion, not a receive opcode. `None` for anything
+    /// else: another QP's completion, a receive's, a send posted around the tracker with
+    /// the tag clear. Whether the work request is outstanding is
+    /// [`handle_completion`](Self::handle_completion)'s to check.
+    ///
+    /// An error completion's opcode is undefined (`ibv_poll_cq(3)`: only `wr_id`,
+    /// `status`, `qp_num` and `vendor_err` are), so it is not read: where a QP's receive
+    /// completions share the CQ of its sends, only the tag tells a send's error or flush
+    /// from a receive's, and receives must be posted with the tag clear.
+    #[inline]
+    pub fn send_seq(&self, wc: &WorkCompletion) -> Option<Seq> {
+        if self.qp_num.is_some_and(|q| q != wc.qp_num)
+            || wc.status.is_success() && wc.opcode.is_some_and(|o| o.is_recv())
+        {
+            return None;
+        }
+        self.seq_of(wc.wr_id)
+    }
+
+    /// The sequence number a `wr_id` of this tracker's encoding carries: `None` when the
+    /// [`wr_id_tag`](TrackerConfig::wr_id_tag) is not set in it. (For a post the provider
+    /// refused: [`rollback`](Self::rollback) from `bad_wr`'s sequence number.)
+    #[inline]
+    pub const fn seq_of(&self, wr_id: u64) -> Option<Seq> {
+        match wr_id & self.wr_id_tag == self.wr_id_tag {
+            true => Some(Seq(wr_id & !self.wr_id_tag)),
+            false => None,
+        }
+    }
 
     /// Work requests posted and not yet retired (each holds a send-queue slot and a CQ
     /// credit).
@@ -848,7 +916,7 @@ impl<T> SendTracker<T> {
 
     /// Registers one work request about to be posted and decides whether it is signaled.
     ///
-    /// Post it with `wr_id = posted.seq.wr_id()` and `IBV_SEND_SIGNALED` when
+    /// Post it with `wr_id = posted.wr_id` and `IBV_SEND_SIGNALED` when
     /// `posted.signaled()`. If the provider refuses it (or a later one of the same batch),
     /// hand it back with [`rollback`](Self::rollback).
     #[inline]
@@ -968,13 +1036,41 @@ impl<T> SendTracker<T> {
     /// - flush for `k`: in the error state, everything up to `k` flushed; otherwise (the QP
     ///   was moved to the error state without an error completion) everything before `k`
     ///   completed and `k` flushed, and the queue enters the error state.
+    ///
+    /// A completion that is not one of this tracker's sends (see
+    /// [`send_seq`](Self::send_seq)) is refused: another QP's with
+    /// [`CompletionError::WrongQueue`], any other with [`CompletionError::NotASend`].
     pub fn handle_completion(
         &mut self,
         wc: &WorkCompletion,
         now: Instant,
     ) -> Result<Handled, CompletionError> {
-        let result = self.check_completion(wc);
-        let seq = match result {
+        let seq = match self.send_seq(wc) {
+            Some(seq) => seq,
+            None => {
+                self.stats.rejected_cqes += 1;
+                return Err(match self.qp_num {
+                    Some(expected) if expected != wc.qp_num => CompletionError::WrongQueue {
+                        expected,
+                        got: wc.qp_num,
+                    },
+                    _ => CompletionError::NotASend { wr_id: wc.wr_id },
+                });
+            }
+        };
+        self.handle_send(seq, wc, now)
+    }
+
+    /// [`handle_completion`](Self::handle_completion) of a completion whose sequence
+    /// number [`send_seq`](Self::send_seq) found.
+    #[inline]
+    pub(crate) fn handle_send(
+        &mut self,
+        seq: Seq,
+        wc: &WorkCompletion,
+        now: Instant,
+    ) -> Result<Handled, CompletionError> {
+        let seq = match self.check_completion(seq.0, wc) {
             Ok(seq) => seq,
             Err(e) => {
                 self.stats.rejected_cqes += 1;
@@ -1144,17 +1240,10 @@ impl<T> SendTracker<T> {
         self.last_ns
     }
 
-    fn check_completion(&self, wc: &WorkCompletion) -> Result<u64, CompletionError> {
-        if let Some(expected) = self.qp_num
-            && wc.qp_num != expected
-        {
-            return Err(CompletionError::WrongQueue {
-                expected,
-                got: wc.qp_num,
-            });
-        }
-        let seq = wc.wr_id;
-        let wr_id = seq;
+    /// Whether the completion `wc` of send `seq` is possible now (its errors name the
+    /// completion's `wr_id`, as polled).
+    fn check_completion(&self, seq: u64, wc: &WorkCompletion) -> Result<u64, CompletionError> {
+        let wr_id = wc.wr_id;
         if seq >= self.next_seq || seq < self.first_seq {
             return Err(CompletionError::Unknown {
                 wr_id,
@@ -1260,8 +1349,10 @@ impl<T> SendTracker<T> {
         debug_assert!(matches!(self.reserve(), Ok(false)), "no room reserved");
         let reason = self.decide(signal, false, now_ns);
         self.record_post(Some(payload), reason, now_ns);
+        let seq = self.next_seq - 1;
         Posted {
-            seq: Seq(self.next_seq - 1),
+            wr_id: seq | self.wr_id_tag,
+            seq: Seq(seq),
             signal: reason,
         }
     }
@@ -1275,8 +1366,10 @@ impl<T> SendTracker<T> {
         let now_ns = self.nanos(now);
         let reason = self.decide(signal, last_credit, now_ns);
         self.record_post(Some(payload), reason, now_ns);
+        let seq = self.next_seq - 1;
         Ok(Posted {
-            seq: Seq(self.next_seq - 1),
+            wr_id: seq | self.wr_id_tag,
+            seq: Seq(seq),
             signal: reason,
         })
     }
@@ -1401,6 +1494,7 @@ impl<T> Drop for SendTracker<T> {
 mod tests {
     use super::*;
     use crate::credits::CqCredits;
+    use crate::wc::WcOpcode;
 
     fn tracker(sq: u32, cq: u32, policy: Policy) -> (SendTracker<u64>, Instant) {
         let now = Instant::now();
@@ -2181,5 +2275,91 @@ mod tests {
         assert_eq!(lag.len(), 2);
         assert!(lag.equivalent(lag.max(), 30_000), "{}", lag.max());
         assert!(lag.equivalent(lag.min(), 20_000), "{}", lag.min());
+    }
+
+    /// The `wr_id` encoding has one home: with a tag, every `wr_id` handed out carries it,
+    /// completions are decoded by it (one without it, or a successful receive, is not a
+    /// send and changes nothing), errors name the `wr_id` as polled, and sequence numbers
+    /// stay below the tag.
+    #[test]
+    fn a_wr_id_tag_is_set_on_every_wr_id_handed_out_and_decoded_from_every_completion() {
+        let now = Instant::now();
+        let tag = 1 << 63;
+        let config = TrackerConfig::new(8, 8)
+            .policy(Policy::Every(2))
+            .wr_id_tag(tag)
+            .qp_num(7);
+        let mut t: SendTracker<u8> = SendTracker::new(config, now).unwrap();
+        let p1 = t.post(1, Signal::Auto, now).unwrap();
+        let p2 = t.post(2, Signal::Auto, now).unwrap();
+        assert_eq!((p1.seq, p1.wr_id), (Seq(1), tag | 1));
+        assert_eq!((p2.seq, p2.wr_id, p2.signaled()), (Seq(2), tag | 2, true));
+        assert_eq!(t.wr_id(Seq(5)), tag | 5);
+        assert_eq!((t.seq_of(tag | 5), t.seq_of(5)), (Some(Seq(5)), None));
+
+        let done = |wr_id| WorkCompletion::new(wr_id, WcStatus::Success, 7);
+        // Without the tag: a receive's completion, or a send posted around the tracker.
+        assert_eq!(t.send_seq(&done(2)), None);
+        assert_eq!(
+            t.handle_completion(&done(2), now),
+            Err(CompletionError::NotASend { wr_id: 2 })
+        );
+        // A successful receive with the tag set is no send either; an error's opcode is
+        // undefined and not read.
+        let recv = done(tag | 2).with_opcode(WcOpcode::Recv);
+        assert_eq!(t.send_seq(&recv), None);
+        let failed =
+            WorkCompletion::new(tag | 2, WcStatus::RemAccessErr, 7).with_opcode(WcOpcode::Recv);
+        assert_eq!(t.send_seq(&failed), Some(Seq(2)));
+        // Another QP's.
+        let other = WorkCompletion::new(tag | 2, WcStatus::Success, 8);
+        assert_eq!(t.send_seq(&other), None);
+        assert_eq!(
+            t.handle_completion(&other, now),
+            Err(CompletionError::WrongQueue {
+                expected: 7,
+                got: 8
+            })
+        );
+        // An error names the wr_id as polled.
+        assert_eq!(
+            t.handle_completion(&done(tag | 1), now),
+            Err(CompletionError::Unsignaled { wr_id: tag | 1 })
+        );
+        assert_eq!(t.stats().rejected_cqes, 3);
+        assert_eq!(t.outstanding(), 2);
+
+        let handled = t.handle_completion(&done(tag | 2), now).unwrap();
+        assert_eq!(
+            (handled.first, handled.seq, handled.retired),
+            (Seq(1), Seq(2), 2)
+        );
+        let payloads: Vec<u8> = std::iter::from_fn(|| t.poll_retired())
+            .map(|r| r.payload)
+            .collect();
+        assert_eq!(payloads, [1, 2]);
+
+        // Sequence numbers stay below the tag; a tag of more than one bit is refused.
+        let config = TrackerConfig::new(4, 4).wr_id_tag(tag).first_seq(tag);
+        assert_eq!(
+            SendTracker::<u8>::new(config, now).unwrap_err(),
+            ConfigError::FirstSeqTooHigh { end: tag }
+        );
+        let config = TrackerConfig::new(4, 4).wr_id_tag(tag).first_seq(tag - 1);
+        let mut t: SendTracker<u8> = SendTracker::new(config, now).unwrap();
+        let last = t.post(1, Signal::Auto, now).unwrap();
+        assert_eq!(
+            (last.wr_id, last.signal),
+            (u64::MAX, Some(SignalReason::Deadlock))
+        );
+        assert!(matches!(
+            t.post(2, Signal::Auto, now),
+            Err(PostError::SeqExhausted { payload: 2 })
+        ));
+        let config = TrackerConfig::new(4, 4).wr_id_tag(3 << 62);
+        assert_eq!(
+            SendTracker::<u8>::new(config, now).unwrap_err(),
+            ConfigError::WrIdTag(3 << 62)
+        );
     }
 }

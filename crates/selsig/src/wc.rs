@@ -211,7 +211,7 @@ impl WcOpcode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkCompletion {
     /// The `wr_id` of the work request (on a [`SignaledQueue`](crate::SignaledQueue)'s
-    /// sends, the sequence number with bit 63 set: [`send_wr_id`](crate::send_wr_id)).
+    /// sends, the sequence number with bit 63 set: [`SendTracker::wr_id`](crate::SendTracker::wr_id)).
     pub wr_id: u64,
     /// The completion status.
     pub status: WcStatus,

@@ -12,8 +12,13 @@ use selsig::{
     Access, CompletionQueue, ConfigError, ConnectOptions, CqBudget, CqCredits, CqError, Device,
     DrainError, Endpoint, MemoryRegion, Opcode, Outcome, Policy, PostFailure, PostWrError,
     ProviderError, QpCaps, QpInit, QpState, QueueConfig, QueuePair, QueueState, RecvWr, RemoteAddr,
-    SendWr, Seq, SharedCq, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion, send_wr_id,
+    SendWr, Seq, SharedCq, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion,
 };
+
+/// The `wr_id` a `SignaledQueue` posts work request `seq` with: bit 63 set.
+fn send_wr_id(seq: Seq) -> u64 {
+    seq.0 | selsig::SEND_WR_ID_BIT
+}
 
 /// A region of this many bytes (none of them held: reads and writes do nothing).
 #[derive(Debug)]
