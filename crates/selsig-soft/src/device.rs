@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use std::thread::{JoinHandle, Thread};
+use std::thread::JoinHandle;
 
 use selsig::{
     Access, AsyncEvent, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Local,
@@ -16,172 +16,14 @@ use selsig::{
     QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use crate::config::{MAX_CQE, MAX_QP_WR, Personality, SoftConfig};
 use crate::engine;
 use crate::mem;
 use crate::mr::{MrInner, MrTable, random_u32};
 use crate::ring::{self, CompletionRing, Cqe, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe};
+use crate::state::{CqInner, DeviceInner, PollState, Producer, QpInner, Registry};
 use crate::sync::Padded;
 use crate::times::ExecTimes;
-
-/// How the software NIC frees send-queue slots, and sizes its queues.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Personality {
-    /// Like mlx5 (rdma-core `providers/mlx5`): `max_send_wr` rounds up to a power of two; a
-    /// slot is freed only when the application polls a completion that covers it, so a
-    /// queue full of unsignaled work requests never drains. A receive's slot too is freed
-    /// only when its completion is polled.
-    #[default]
-    Mlx5,
-    /// Like the kernel's Soft-RoCE (`rxe`): `max_send_wr` reads back as requested but the
-    /// ring holds `2^k - 1 >= max_send_wr` work requests, and a slot is freed as soon as its
-    /// work request has executed, polled or not (a receive's when the NIC completes it).
-    Rxe,
-}
-
-impl Personality {
-    /// The lowercase name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Personality::Mlx5 => "mlx5",
-            Personality::Rxe => "rxe",
-        }
-    }
-}
-
-impl fmt::Display for Personality {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Personality {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "mlx5" => Ok(Personality::Mlx5),
-            "rxe" => Ok(Personality::Rxe),
-            other => Err(format!(
-                "unknown personality {other:?}: expected mlx5 or rxe"
-            )),
-        }
-    }
-}
-
-/// The largest [`SoftConfig::max_qp_wr`]: the slots a completion's 16-bit WQE counter
-/// can name (mlx5 devices report 32768).
-pub const MAX_QP_WR: u32 = 1 << 16;
-/// The largest `max_cqe` a device may have, what a ConnectX reports (2^22 - 1): a CQ of
-/// that size fills a ring of 2^22 64-byte entries (one kept empty), 256 MiB.
-pub const MAX_CQE: u32 = (1 << 22) - 1;
-
-/// Settings of a software device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SoftConfig {
-    /// The device's name.
-    pub name: String,
-    /// Queue semantics.
-    pub personality: Personality,
-    /// Largest `max_send_wr` / `max_recv_wr`: at most [`MAX_QP_WR`].
-    pub max_qp_wr: u32,
-    /// Largest CQ: at most [`MAX_CQE`].
-    pub max_cqe: u32,
-    /// Largest region in bytes.
-    pub max_mr_size: usize,
-}
-
-impl Default for SoftConfig {
-    fn default() -> Self {
-        SoftConfig {
-            name: "soft0".to_string(),
-            personality: Personality::Mlx5,
-            max_qp_wr: 32768,
-            max_cqe: MAX_CQE,
-            max_mr_size: 1 << 34,
-        }
-    }
-}
-
-/// The largest CQ rxe takes: `max_cqe` of the kernel's rxe (Linux 6.1's rxe0 reports
-/// 32767 and refuses a CQ of more).
-pub const RXE_MAX_CQE: u32 = 32767;
-
-impl SoftConfig {
-    /// The defaults with another personality (and its largest CQ: [`RXE_MAX_CQE`] for rxe).
-    pub fn with_personality(personality: Personality) -> Self {
-        SoftConfig {
-            personality,
-            max_cqe: match personality {
-                Personality::Mlx5 => MAX_CQE,
-                Personality::Rxe => RXE_MAX_CQE,
-            },
-            ..SoftConfig::default()
-        }
-    }
-}
-
-/// The device's state, shared by its handles and its NIC thread.
-#[derive(Debug)]
-pub(crate) struct DeviceInner {
-    pub(crate) name: String,
-    pub(crate) gid: [u8; 16],
-    pub(crate) config: SoftConfig,
-    /// Read-locked by the NIC thread for each pass: a line of its own.
-    pub(crate) mrs: Padded<RwLock<MrTable>>,
-    pub(crate) qps: Mutex<Registry>,
-    /// Bumped whenever the QP list or a QP's connection changes.
-    pub(crate) qps_version: AtomicU64,
-    /// The `qps_version` the NIC thread last took its list of QPs from: once it reaches a
-    /// version, no turn of the NIC serves a QP removed before it.
-    pub(crate) served_version: AtomicU64,
-    /// Counts the NIC thread's steps (a group of work requests fetched, a pass): a
-    /// destroy that waits for the thread to pass a QP by sees it move. Written by the NIC
-    /// thread only: a line of its own.
-    pub(crate) steps: Padded<AtomicU64>,
-    pub(crate) events: Mutex<VecDeque<AsyncEvent>>,
-    pub(crate) stop: AtomicBool,
-    /// Read by every doorbell: a line of its own.
-    pub(crate) sleeping: Padded<AtomicBool>,
-    pub(crate) engine_thread: OnceLock<Thread>,
-    next_id: AtomicU32,
-    /// Protection domains' ids: 64 bits, which never wrap, so that no two PDs ever share
-    /// one (CQ ids and QP numbers come from `next_id`, which wraps).
-    next_pd: AtomicU64,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct Registry {
-    pub(crate) list: Vec<Arc<QpInner>>,
-    pub(crate) by_num: HashMap<u32, Weak<QpInner>>,
-}
-
-impl DeviceInner {
-    /// Wakes the NIC thread if it sleeps (after a doorbell, a receive, a state change).
-    pub(crate) fn ring_doorbell(&self) {
-        // Pairs with the NIC's fence between setting `sleeping` and checking the queues:
-        // either it sees our new index, or we see it sleeping.
-        crate::sync::fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed)
-            && let Some(t) = self.engine_thread.get()
-        {
-            t.unpark();
-        }
-    }
-
-    pub(crate) fn push_event(&self, event: AsyncEvent) {
-        self.events.lock().push_back(event);
-    }
-
-    /// The NIC thread took a step (its only writer: no read-modify-write needed).
-    pub(crate) fn step(&self) {
-        let n = self.steps.load(Ordering::Relaxed);
-        self.steps.store(n.wrapping_add(1), Ordering::Relaxed);
-    }
-
-    /// Bumps `qps_version`; returns the new version.
-    fn bump(&self) -> u64 {
-        self.qps_version.fetch_add(1, Ordering::AcqRel) + 1
-    }
-}
 
 /// Stops and joins the NIC thread when the last handle of the device goes.
 #[derive(Debug)]
@@ -413,86 +255,6 @@ impl MemoryRegion for SoftMr {
     }
 }
 
-/// The completion queue's state, shared with the NIC thread.
-#[derive(Debug)]
-pub(crate) struct CqInner {
-    pub(crate) id: u32,
-    pub(crate) ring: CompletionRing,
-    pub(crate) error: AtomicBool,
-    /// The NIC's last view of `consumer` (only the NIC thread uses it).
-    pub(crate) seen_consumer: crate::sync::AtomicU64,
-    free_on_poll: bool,
-    /// mlx5: an overrun puts the CQ in the error state for good. rxe (Linux 6.1) drops
-    /// the completion that finds no room, raises `IBV_EVENT_CQ_ERR` for it and goes on.
-    overrun_is_fatal: bool,
-    /// Written by the poller: on a line of its own, away from the NIC's fields.
-    poll: Padded<Mutex<PollState>>,
-    send_queues: RwLock<HashMap<u32, Arc<SendRing>>>,
-    /// The receive queues completing here (mlx5 frees their slots as it polls).
-    recv_queues: RwLock<HashMap<u32, Arc<RecvRing>>>,
-}
-
-#[derive(Debug, Default)]
-struct PollState {
-    consumer: u64,
-    last_sq: Option<(u32, Arc<SendRing>)>,
-}
-
-impl CqInner {
-    /// Poller: removes the completions of QP `qpn` that were not polled yet, keeping the
-    /// others in order (mlx5's `__mlx5_cq_clean`: from the newest completion back to the
-    /// oldest, each kept one moves up by the number removed so far, then the consumer
-    /// index skips the freed slots). The NIC must no longer complete work of that QP;
-    /// it may go on appending others' completions meanwhile.
-    fn clean(&self, qpn: u32) {
-        let mut st = self.poll.lock();
-        let consumer = st.consumer;
-        let producer = consumer + self.ring.available(consumer);
-        let mut removed = 0;
-        for index in (consumer..producer).rev() {
-            let c = self.ring.read(index);
-            if c.qp_num == qpn {
-                removed += 1;
-            } else if removed > 0 {
-                self.ring.overwrite(index + removed, &c);
-            }
-        }
-        if st.last_sq.as_ref().is_some_and(|(n, _)| *n == qpn) {
-            st.last_sq = None;
-        }
-        st.consumer += removed;
-        self.ring.set_consumed(st.consumer);
-    }
-
-    /// NIC: appends a completion. A CQ with no room goes to the error state, and every
-    /// later completion is lost (mlx5); or it drops only that completion (rxe).
-    pub(crate) fn push(&self, cqe: &Cqe) -> Pushed {
-        if self.error.load(Ordering::Relaxed) {
-            return Pushed::Lost;
-        }
-        if !self.ring.push(cqe, &self.seen_consumer) {
-            if !self.overrun_is_fatal {
-                return Pushed::Dropped;
-            }
-            self.error.store(true, Ordering::Release);
-            return Pushed::Overrun;
-        }
-        Pushed::Done
-    }
-}
-
-/// What became of a completion the NIC appended to a CQ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pushed {
-    Done,
-    /// The CQ had no room: it went to the error state with this completion.
-    Overrun,
-    /// The CQ was in the error state already: the completion is lost.
-    Lost,
-    /// The CQ had no room and dropped this completion only (rxe): it stays usable.
-    Dropped,
-}
-
 /// A completion queue of a software device.
 #[derive(Debug)]
 pub struct SoftCq {
@@ -580,71 +342,6 @@ fn decode(c: &Cqe) -> WorkCompletion {
         qp_num: c.qp_num,
         imm_data: c.has_imm.then_some(c.imm),
         vendor_err: c.vendor_err,
-    }
-}
-
-/// A queue pair's state, shared with the NIC thread.
-#[derive(Debug)]
-pub(crate) struct QpInner {
-    pub(crate) qpn: u32,
-    pub(crate) pd: u64,
-    pub(crate) caps: QpCaps,
-    pub(crate) sq_sig_all: bool,
-    pub(crate) sq: Arc<SendRing>,
-    /// When each send work request finished, while recording.
-    pub(crate) times: ExecTimes,
-    pub(crate) rq: Arc<RecvRing>,
-    pub(crate) send_cq: Arc<CqInner>,
-    pub(crate) recv_cq: Arc<CqInner>,
-    state: AtomicU8,
-    /// What peers may do to this QP's memory (`qp_access_flags`).
-    pub(crate) access: AtomicU32,
-    pub(crate) rnr_retry: AtomicU8,
-    /// The transport retry count (rxe retries forever at 7).
-    pub(crate) retry_cnt: AtomicU8,
-    /// The path MTU in bytes: messages longer than this travel as several packets, which
-    /// the responder handles one at a time (set when the QP connects).
-    pub(crate) path_mtu: AtomicU32,
-    pub(crate) peer: Mutex<Option<Weak<QpInner>>>,
-    /// Slots are freed when completions are polled (mlx5), not when WQEs execute (rxe).
-    pub(crate) free_on_poll: bool,
-    /// Written by posters: on lines of their own, away from what the NIC reads.
-    post: Padded<Mutex<Producer>>,
-    recv_post: Padded<Mutex<u64>>,
-}
-
-#[derive(Debug, Default)]
-struct Producer {
-    head: u64,
-    /// The last seen value of the index that frees slots.
-    freed: u64,
-}
-
-impl QpInner {
-    pub(crate) fn state(&self) -> QpState {
-        QpState::try_from(u32::from(self.state.load(Ordering::Acquire))).unwrap_or(QpState::Err)
-    }
-
-    /// Moves to `to` if the state is still `from`.
-    fn transition(&self, from: QpState, to: QpState) -> bool {
-        self.state
-            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// The QP was destroyed: it is back in the reset state, where it neither executes
-    /// nor responds.
-    fn destroy(&self) {
-        self.state.store(QpState::Reset as u8, Ordering::Release);
-    }
-
-    /// Moves to the error state, whatever the state was.
-    pub(crate) fn set_error(&self) {
-        self.state.store(QpState::Err as u8, Ordering::Release);
-    }
-
-    fn freed(&self) -> u64 {
-        self.sq.freed(self.free_on_poll)
     }
 }
 

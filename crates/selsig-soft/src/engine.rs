@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use selsig::{Access, AsyncEvent, QpState, WcOpcode, WcStatus};
 
-use crate::device::{CqInner, DeviceInner, Personality, Pushed, QpInner};
+use crate::config::Personality;
 use crate::mem;
 use crate::mr::{MrInner, MrTable};
 use crate::ring::{Cqe, Wqe, op};
+use crate::state::{CqInner, DeviceInner, Pushed, QpInner};
 
 /// Work requests of one send queue executed per turn.
 pub(crate) const BUDGET: u64 = 256;

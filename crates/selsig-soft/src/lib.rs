@@ -75,6 +75,8 @@ pub(crate) mod ring;
 pub(crate) mod sync;
 
 #[cfg(not(loom))]
+mod config;
+#[cfg(not(loom))]
 mod device;
 #[cfg(not(loom))]
 mod engine;
@@ -82,10 +84,11 @@ mod engine;
 mod mem;
 #[cfg(not(loom))]
 mod mr;
+#[cfg(not(loom))]
+mod state;
 mod times;
 
 #[cfg(not(loom))]
-pub use device::{
-    MAX_CQE, MAX_QP_WR, Personality, RXE_MAX_CQE, SoftConfig, SoftCq, SoftDevice, SoftMr, SoftPd,
-    SoftQp,
-};
+pub use config::{MAX_CQE, MAX_QP_WR, Personality, RXE_MAX_CQE, SoftConfig};
+#[cfg(not(loom))]
+pub use device::{SoftCq, SoftDevice, SoftMr, SoftPd, SoftQp};
