@@ -54,9 +54,19 @@ impl VerbsCq {
     }
 }
 
+/// A completion as `ibv_poll_cq` wrote it, for a program that polls its CQ itself (the C
+/// library, a QP created elsewhere): see [`decode`] for what is kept.
+impl From<&sys::ibv_wc> for WorkCompletion {
+    #[inline]
+    fn from(wc: &sys::ibv_wc) -> WorkCompletion {
+        decode(wc)
+    }
+}
+
 /// The fields of a completion that `ibv_poll_cq(3)` defines for it; the others are 0
 /// (`None`): providers leave them unwritten (mlx5 writes no `byte_len` for a WRITE, no
-/// `imm_data` for a send with immediate, no `vendor_err` on success).
+/// `imm_data` for a send with immediate, no `vendor_err` on success). A status this crate
+/// does not know becomes `IBV_WC_GENERAL_ERR`, an opcode it does not know `None`.
 fn decode(wc: &sys::ibv_wc) -> WorkCompletion {
     let status = WcStatus::try_from(wc.status).unwrap_or(WcStatus::GeneralErr);
     let opcode = if status.is_success() {
