@@ -2,7 +2,8 @@
 # Runs selsig's tests that need an RDMA device against real rdma-core and the kernel's
 # Soft-RoCE (rxe0), inside the project's qemu VM (scripts/rxe-vm): this machine's kernel
 # may have no RDMA at all. The test binaries are built here (the VM runs them; compiling
-# under TCG would be slow), then run inside with --ignored.
+# under TCG would be slow), then run inside with --ignored; so is libselsig's C example
+# (examples/c/seed.c), built here with the system compiler.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -13,7 +14,7 @@ scripts/rxe-vm/build.sh
 # stdout; its exit code is checked apart from the pipeline's.) The same build gives the
 # `selsig` binary the CLI's tests run (a separate `cargo build -p selsig-cli` would compile
 # a second set of dependencies, with other features, for nothing).
-json=$(cargo test -q --no-run -p selsig-verbs -p selsig-cli --message-format=json-render-diagnostics) \
+json=$(cargo test -q --no-run -p selsig-verbs -p selsig-cli -p selsig-capi --message-format=json-render-diagnostics) \
   || { echo "verbs-tests: could not build the test binaries" >&2; exit 1; }
 mapfile -t bins < <(sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' <<< "$json" | grep -E '/(rxe|verbs)-[0-9a-f]+$' || true)
 [ "${#bins[@]}" = 2 ] || { echo "verbs-tests: expected the rxe and verbs test binaries, found: ${bins[*]}" >&2; exit 1; }
@@ -23,11 +24,19 @@ sel=$(sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p' <<< "$json" | tail -n
 # the clone (CARGO_TARGET_DIR=/tmp/...) is shared with it.
 case "$sel" in "$PWD"/*) ;; *) export SELSIG_VM_RW="${SELSIG_VM_RW:+$SELSIG_VM_RW:}$(dirname "$sel")" ;; esac
 
+# libselsig's C example, plain libibverbs with the static library the same build made,
+# compiled here and run in the VM: the seed, and a bad rkey on WR3.
+cseed="$(dirname "$sel")/c-seed"
+cc -std=c11 -O2 -Wall -Wextra -Werror -I crates/selsig-capi/include examples/c/seed.c \
+  "$(dirname "$sel")/libselsig_capi.a" -libverbs -lpthread -ldl -lm -o "$cseed"
+
 # GID index 1 is rxe0's stable IPv4-mapped RoCE v2 address (10.77.0.1) in the VM.
 cmd="set -e; export SELSIG_GID_INDEX=1 SELSIG_SERVE_ADDR=10.77.0.1 RUST_BACKTRACE=1"
 for b in "${bins[@]}"; do
   cmd="$cmd; echo $(printf '%q' "== $(basename "$b")"); $(printf '%q' "$b") --ignored --test-threads=1"
 done
+cmd="$cmd; echo '== examples/c/seed.c'; $(printf '%q' "$cseed") --device rxe0 --gid-index 1
+$(printf '%q' "$cseed") --device rxe0 --gid-index 1 --fail-at 3"
 # Last, as it takes rxe0's link down: a port that is not ACTIVE is the host's state (exit
 # code 1), named, not a bad option.
 cmd="$cmd; echo '== a port whose link is down'; ip link set dummy0 down; rc=0
