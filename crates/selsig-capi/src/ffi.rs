@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use selsig::{
     CompletionError, ConfigError, CqBudget, CqCredits, Outcome, Policy, PostError, QueueState,
-    RollbackError, SendTracker, Seq, Signal, TrackerConfig, WcStatus, WorkCompletion,
+    Retired, RollbackError, SendTracker, Seq, Signal, TrackerConfig, WcStatus, WorkCompletion,
 };
 use selsig_verbs::sys::ibv_wc;
 
@@ -503,15 +503,18 @@ pub unsafe extern "C" fn selsig_tracker_post_batch(
         if flags & !SELSIG_POST_SIGNAL != 0 {
             return SELSIG_ERR_INVALID;
         }
+        let signal = match flags & SELSIG_POST_SIGNAL != 0 {
+            true => Signal::Force,
+            false => Signal::Auto,
+        };
         let now = t.now();
-        let last = n.wrapping_sub(1);
-        for (i, (&cookie, slot)) in cookies.iter().zip(out.iter_mut()).enumerate() {
-            let signal = match i == last && flags & SELSIG_POST_SIGNAL != 0 {
-                true => Signal::Force,
-                false => Signal::Auto,
-            };
-            match t.inner.post(cookie, signal, now) {
-                Ok(p) => {
+        let mut slots = out.iter_mut();
+        let mut count = 0;
+        let result = t
+            .inner
+            .post_batch(cookies.iter().copied(), signal, now, |p| {
+                // (One decision per cookie, and `out` has as many slots.)
+                if let Some(slot) = slots.next() {
                     *slot = selsig_posted {
                         wr_id: p.wr_id,
                         send_flags: if p.signaled() {
@@ -520,12 +523,14 @@ pub unsafe extern "C" fn selsig_tracker_post_batch(
                             0
                         },
                     };
-                    *posted = i + 1;
+                    count += 1;
                 }
-                Err(e) => return post_error(&e),
-            }
+            });
+        *posted = count;
+        match result {
+            Ok(()) => SELSIG_OK,
+            Err(e) => post_error(&e),
         }
-        SELSIG_OK
     })
 }
 
@@ -621,27 +626,44 @@ pub unsafe extern "C" fn selsig_tracker_poll_retired(
         let t = arg!(tracker);
         let out = slice_mut!(out, max);
         let n = arg!(n);
-        *n = 0;
-        for slot in out.iter_mut() {
-            let Some(r) = t.inner.poll_retired() else {
-                break;
-            };
-            let (outcome, status) = match r.outcome {
-                Outcome::Completed => (SELSIG_COMPLETED, WcStatus::Success),
-                Outcome::Failed(status) => (SELSIG_FAILED, status),
-                Outcome::Flushed => (SELSIG_FLUSHED, WcStatus::WrFlushErr),
-            };
-            *slot = selsig_retired {
-                cookie: r.payload,
-                seq: r.seq.0,
-                outcome,
-                status: u32::from(status),
-                signaled: u32::from(r.signaled),
-            };
-            *n += 1;
+        let mut count = 0;
+        // All of them in one pass where they fit (markers among the pending are skipped),
+        // else one at a time.
+        if t.inner.pending_retired() <= out.len() {
+            let mut slots = out.iter_mut();
+            t.inner.poll_retired_with(|r| {
+                if let Some(slot) = slots.next() {
+                    *slot = retired_of(r);
+                    count += 1;
+                }
+            });
+        } else {
+            for slot in out.iter_mut() {
+                let Some(r) = t.inner.poll_retired() else {
+                    break;
+                };
+                *slot = retired_of(r);
+                count += 1;
+            }
         }
+        *n = count;
         SELSIG_OK
     })
+}
+
+fn retired_of(r: Retired<u64>) -> selsig_retired {
+    let (outcome, status) = match r.outcome {
+        Outcome::Completed => (SELSIG_COMPLETED, WcStatus::Success),
+        Outcome::Failed(status) => (SELSIG_FAILED, status),
+        Outcome::Flushed => (SELSIG_FLUSHED, WcStatus::WrFlushErr),
+    };
+    selsig_retired {
+        cookie: r.payload,
+        seq: r.seq.0,
+        outcome,
+        status: u32::from(status),
+        signaled: u32::from(r.signaled),
+    }
 }
 
 /// Confirms the unsignaled tail: when work requests after the last signaled one are

@@ -939,6 +939,42 @@ impl<T> SendTracker<T> {
         self.push(payload, signal, now)
     }
 
+    /// [`post`](Self::post) for each payload of a batch, in order, with the clock read
+    /// once: `signal` applies to the last of them, the others are [`Signal::Auto`]. Each
+    /// decision goes to `f` as it is made; post those work requests in that order. Stops
+    /// at the first one `post` would refuse and returns its error with its payload: the
+    /// payloads after it are not taken from the iterator. Where nothing can refuse one
+    /// part-way (room for them all, no shared CQ pool), the checks are made once for the
+    /// batch.
+    #[inline]
+    pub fn post_batch<I>(
+        &mut self,
+        payloads: I,
+        signal: Signal,
+        now: Instant,
+        mut f: impl FnMut(Posted),
+    ) -> Result<(), PostError<T>>
+    where
+        I: IntoIterator<Item = T>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let mut payloads = payloads.into_iter();
+        let n = payloads.len();
+        let signal_of = |i: usize| match i + 1 == n {
+            true => signal,
+            false => Signal::Auto,
+        };
+        let room = (self.reserved_room() as usize).min(n);
+        let now_ns = self.nanos(now);
+        for (i, payload) in payloads.by_ref().take(room).enumerate() {
+            f(self.push_reserved(payload, signal_of(i), now_ns));
+        }
+        for (i, payload) in payloads.enumerate() {
+            f(self.post(payload, signal_of(room + i), now)?);
+        }
+        Ok(())
+    }
+
     /// Posts a zero-length signaled marker if the unsignaled run is not empty; its
     /// completion confirms every earlier work request. Post it as a signaled zero-length
     /// RDMA WRITE with `wr_id = seq`. `Ok(None)`: nothing to confirm beyond what is
@@ -2361,5 +2397,66 @@ mod tests {
             SendTracker::<u8>::new(config, now).unwrap_err(),
             ConfigError::WrIdTag(3 << 62)
         );
+    }
+
+    /// A batch decides as posts one by one would, stops at the first refusal with its
+    /// payload, leaves the rest of the iterator alone, and signals the last one when asked.
+    #[test]
+    fn a_batch_posts_as_one_post_after_another_would() {
+        let now = Instant::now();
+        let config = || TrackerConfig::new(8, 8).policy(Policy::Every(3));
+        let mut one: SendTracker<u32> = SendTracker::new(config(), now).unwrap();
+        let mut batch: SendTracker<u32> = SendTracker::new(config(), now).unwrap();
+        let singles: Vec<Posted> = (0..5)
+            .map(|i| one.post(i, Signal::Auto, now).unwrap())
+            .collect();
+        let mut got = Vec::new();
+        batch
+            .post_batch(0..5, Signal::Auto, now, |p| got.push(p))
+            .unwrap();
+        assert_eq!(got, singles);
+
+        // Three slots left: three registered, the fourth refused with its payload, and the
+        // last two never taken from the iterator.
+        let mut rest = 5..11u32;
+        got.clear();
+        let e = batch
+            .post_batch(rest.by_ref(), Signal::Auto, now, |p| got.push(p))
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PostError::Full {
+                    payload: 8,
+                    capacity: 8
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(got.len(), 3);
+        assert_eq!(rest.collect::<Vec<_>>(), [9, 10]);
+        for (i, p) in got.iter().enumerate() {
+            assert_eq!(*p, one.post(5 + i as u32, Signal::Auto, now).unwrap());
+        }
+
+        // The last of a batch signaled when asked; the others as the policy says.
+        let mut t: SendTracker<u32> = SendTracker::new(config(), now).unwrap();
+        got.clear();
+        t.post_batch([1, 2], Signal::Force, now, |p| got.push(p))
+            .unwrap();
+        assert_eq!(
+            got.iter().map(|p| p.signal).collect::<Vec<_>>(),
+            [None, Some(SignalReason::Requested)]
+        );
+        // In the error state, or on a shared pool, each one is checked: the same answers.
+        let pool = CqCredits::new(2);
+        let mut shared: SendTracker<u32> =
+            SendTracker::new(TrackerConfig::new(8, 0).cq(CqBudget::Shared(pool)), now).unwrap();
+        got.clear();
+        let e = shared
+            .post_batch(1..4, Signal::Auto, now, |p| got.push(p))
+            .unwrap_err();
+        assert!(matches!(e, PostError::CqFull { payload: 3, .. }), "{e:?}");
+        assert_eq!(got[1].signal, Some(SignalReason::CqCredit));
     }
 }
