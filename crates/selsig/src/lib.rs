@@ -61,6 +61,7 @@
 #![warn(missing_docs)]
 
 pub mod buffer;
+mod claims;
 pub mod credits;
 pub mod policy;
 pub mod provider;
@@ -69,6 +70,7 @@ pub mod shared;
 pub mod stats;
 pub mod tracker;
 pub mod wc;
+mod work;
 
 pub use buffer::Buffer;
 pub use provider::{
