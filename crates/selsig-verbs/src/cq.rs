@@ -55,7 +55,9 @@ impl VerbsCq {
 }
 
 /// A completion as `ibv_poll_cq` wrote it, for a program that polls its CQ itself (the C
-/// library, a QP created elsewhere): see [`decode`] for what is kept.
+/// library, a QP created elsewhere). Only the fields `ibv_poll_cq(3)` defines for it are
+/// kept, the others are 0 (`None`); a status this crate does not know becomes
+/// `IBV_WC_GENERAL_ERR`, an opcode it does not know `None`.
 impl From<&sys::ibv_wc> for WorkCompletion {
     #[inline]
     fn from(wc: &sys::ibv_wc) -> WorkCompletion {
