@@ -5,9 +5,11 @@
 # libibverbs at run time and builds without it), procps (`kill`, which a CLI test runs), and
 # the Rust toolchain rust-toolchain.toml names, through rustup (installed if missing). Safe
 # to run again: it only installs what is missing. Needs root, or a user who may sudo.
+# cmake, clang and libclang-dev build the sideway example's bindings (examples/sideway, a
+# workspace of its own that CI builds and runs on Soft-RoCE).
 set -euo pipefail
 
-PKGS=(build-essential pkg-config curl ca-certificates libibverbs-dev procps)
+PKGS=(build-essential pkg-config curl ca-certificates libibverbs-dev procps cmake clang libclang-dev)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then

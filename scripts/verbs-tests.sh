@@ -2,8 +2,9 @@
 # Runs selsig's tests that need an RDMA device against real rdma-core and the kernel's
 # Soft-RoCE (rxe0), inside the project's qemu VM (scripts/rxe-vm): this machine's kernel
 # may have no RDMA at all. The test binaries are built here (the VM runs them; compiling
-# under TCG would be slow), then run inside with --ignored; so is libselsig's C example
-# (examples/c/seed.c), built here with the system compiler.
+# under TCG would be slow), then run inside with --ignored; so are libselsig's C example
+# (examples/c/seed.c), built here with the system compiler, and the sideway example
+# (examples/sideway).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -30,13 +31,20 @@ cseed="$(dirname "$sel")/c-seed"
 cc -std=c11 -O2 -Wall -Wextra -Werror -I crates/selsig-capi/include examples/c/seed.c \
   "$(dirname "$sel")/libselsig_capi.a" -libverbs -lpthread -ldl -lm -o "$cseed"
 
+# The same story on a queue pair made with sideway (examples/sideway, its own workspace).
+cargo build -q --release --locked --manifest-path examples/sideway/Cargo.toml --target-dir target/sideway
+cargo clippy -q --release --locked --manifest-path examples/sideway/Cargo.toml --target-dir target/sideway -- -D warnings
+swseed="$PWD/target/sideway/release/selsig-sideway-seed"
+
 # GID index 1 is rxe0's stable IPv4-mapped RoCE v2 address (10.77.0.1) in the VM.
 cmd="set -e; export SELSIG_GID_INDEX=1 SELSIG_SERVE_ADDR=10.77.0.1 RUST_BACKTRACE=1"
 for b in "${bins[@]}"; do
   cmd="$cmd; echo $(printf '%q' "== $(basename "$b")"); $(printf '%q' "$b") --ignored --test-threads=1"
 done
 cmd="$cmd; echo '== examples/c/seed.c'; $(printf '%q' "$cseed") --device rxe0 --gid-index 1
-$(printf '%q' "$cseed") --device rxe0 --gid-index 1 --fail-at 3"
+$(printf '%q' "$cseed") --device rxe0 --gid-index 1 --fail-at 3
+echo '== examples/sideway'; $(printf '%q' "$swseed") --device rxe0 --gid-index 1
+$(printf '%q' "$swseed") --device rxe0 --gid-index 1 --fail-at 3"
 # Last, as it takes rxe0's link down: a port that is not ACTIVE is the host's state (exit
 # code 1), named, not a bad option.
 cmd="$cmd; echo '== a port whose link is down'; ip link set dummy0 down; rc=0
