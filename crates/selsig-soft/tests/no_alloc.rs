@@ -1,0 +1,115 @@
+//! Zero heap allocations per work request in steady state, through the whole stack: a
+//! million RDMA WRITEs posted in batches through `SignaledQueue` on the software NIC (its
+//! NIC thread included), polled, every buffer handed back and posted again, allocate
+//! nothing once the queue and its buffers are made. A global allocator counts, in every
+//! thread. (One test in this binary: the count is process-wide.)
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use selsig::{
+    Access, Buffer, Completion, ConnectOptions, Device, MemoryRegion, Policy, QpCaps, QpInit,
+    SignaledQueue, Work, connect_pair,
+};
+use selsig_soft::{SoftConfig, SoftDevice, SoftMr};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed to the system allocator unchanged; the counter is an atomic.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const DEPTH: u32 = 256;
+const SIZE: usize = 64;
+
+/// Streams `count` WRITEs: batches of up to 32 from the free buffers, polling after each.
+fn stream(
+    queue: &mut SignaledQueue<SoftDevice, ()>,
+    free: &mut Vec<Buffer<SoftMr>>,
+    done: &mut Vec<Completion<SoftMr, ()>>,
+    target: selsig::RemoteAddr,
+    count: u64,
+) {
+    let (mut posted, mut retired) = (0u64, 0u64);
+    while retired < count {
+        if posted < count && !free.is_empty() {
+            let room = free.len().min(32).min(queue.available() as usize);
+            let k = (room as u64).min(count - posted) as usize;
+            let at = free.len() - k;
+            let mut works = free.drain(at..).map(|buf| {
+                let t = target.offset(buf.offset() as u64);
+                Work::write(buf, t, ())
+            });
+            posted += queue.post_batch(&mut works).expect("room for the batch") as u64;
+        }
+        if posted == count {
+            queue.confirm_all().expect("a confirm marker");
+        }
+        queue.poll(done).expect("poll");
+        retired += done.len() as u64;
+        free.extend(done.drain(..).filter_map(|c| c.buffer));
+    }
+}
+
+#[test]
+fn a_million_writes_through_the_queue_on_the_soft_nic_allocate_nothing() {
+    let wrs = if cfg!(miri) { 1_000 } else { 1_000_000 };
+    for every in [64, 1] {
+        let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = Arc::new(dev.create_cq(2 * DEPTH).unwrap());
+        let init = QpInit {
+            caps: QpCaps {
+                max_send_wr: DEPTH,
+                max_recv_wr: 1,
+                ..QpCaps::default()
+            },
+            sq_sig_all: false,
+        };
+        let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+        let b = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+        connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+        let n = DEPTH as usize;
+        let local = dev.reg_mr(&pd, n * SIZE, Access::LOCAL_WRITE).unwrap();
+        let remote = dev
+            .reg_mr(&pd, n * SIZE, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let (mut free, _) = Buffer::new(local).split_into(n, SIZE).ok().unwrap();
+        let mut queue: SignaledQueue<SoftDevice, ()> =
+            SignaledQueue::new(a, cq, Policy::Every(every)).unwrap();
+        let mut done = Vec::with_capacity(n);
+        let target = remote.remote(0);
+        // Warm up: the histograms' buckets, every vector at its size.
+        stream(&mut queue, &mut free, &mut done, target, wrs / 4);
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        stream(&mut queue, &mut free, &mut done, target, wrs);
+        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        assert_eq!(free.len(), n, "every buffer back");
+        assert_eq!(
+            allocations, 0,
+            "every {every}: {allocations} allocations for {wrs} WRITEs"
+        );
+        drop(queue);
+        drop(b);
+    }
+}
