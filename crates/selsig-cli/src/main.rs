@@ -21,9 +21,6 @@ mod chart;
 mod common;
 mod demo;
 mod remote;
-mod runner;
-mod scenario;
-mod trace;
 
 /// selsig: selective signaling for RDMA send queues, done right.
 ///
@@ -614,6 +611,25 @@ fn same_file(a: &Path, b: &Path) -> bool {
         )
 }
 
+/// A scenario to run on the device the options open (`selsig_scenario::run`, with what
+/// the device is).
+struct RunOn<'a>(&'a selsig_scenario::Scenario);
+
+impl common::OnDevice for RunOn<'_> {
+    type Output = selsig_scenario::RunResult;
+
+    fn run<D: selsig::Device>(
+        self,
+        dev: &D,
+        info: &common::DeviceInfo,
+    ) -> anyhow::Result<selsig_scenario::RunResult> {
+        let options = selsig_scenario::RunOptions::new()
+            .rxe(info.rxe)
+            .gid_index(info.gid_index);
+        Ok(selsig_scenario::run(self.0, dev, &options)?)
+    }
+}
+
 fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     // `--trace -`: standard output, as without --trace, but even when quiet.
     let trace_to_stdout = args.trace.as_deref() == Some(Path::new("-"));
@@ -640,30 +656,26 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
             )));
         }
     }
-    let scenario = scenario::load(&args.file).map_err(|e| Failure::Input(e.into()))?;
+    let scenario = selsig_scenario::load(&args.file).map_err(|e| Failure::Input(e.into()))?;
     let trace_file = match trace_path {
         Some(path) => Some(OutputFile::open("--trace", path)?),
         None => None,
     };
     if !args.quiet {
-        say!("scenario {}: {}", scenario.name, scenario.description);
+        say!("scenario {}: {}", scenario.name(), scenario.description());
     }
     let mut provider = args.provider.clone();
     // The scenario's personality, unless the command line names one; the verbs provider
     // has the device's own (the scenario's is ignored there, as documented).
     if provider.personality.is_none() && provider.provider == common::ProviderKind::Soft {
-        provider.personality = scenario.personality.map(|p| match p {
-            selsig_soft::Personality::Mlx5 => common::PersonalityArg::Mlx5,
-            selsig_soft::Personality::Rxe => common::PersonalityArg::Rxe,
+        provider.personality = scenario.personality().map(|p| match p {
+            selsig_scenario::Personality::Mlx5 => common::PersonalityArg::Mlx5,
+            selsig_scenario::Personality::Rxe => common::PersonalityArg::Rxe,
         });
     }
-    let result = common::with_device(&provider, &scenario)
+    let result = common::with_device(&provider, RunOn(&scenario))
         .map_err(|e| Failure::of_run(e.context(format!("scenario {shown}"))))?;
-    let mut text = String::new();
-    for event in &result.trace {
-        text.push_str(&event.line());
-        text.push('\n');
-    }
+    let text = result.trace_text();
     if let Some(e) = result.error {
         // The trace up to the failed step goes where the trace goes, unless that is a
         // file (replaced only by a complete run).
@@ -671,7 +683,8 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
             // The step's error is the one to report.
             let _ = print_out(&text);
         }
-        return Err(Failure::of_run(e.context(format!("scenario {shown}"))));
+        let e = anyhow::Error::new(e).context(format!("scenario {shown}"));
+        return Err(Failure::of_run(e));
     }
     match trace_file {
         Some(file) => write_outputs(vec![(file, text)])?,
@@ -681,7 +694,7 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     if let Some(why) = &result.differs {
         say!(
             "note: scenario {}: the rxe expectations apply: {why}",
-            scenario.name
+            scenario.name()
         );
     }
     if result.failures.is_empty() {
@@ -690,11 +703,11 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         } else {
             format!("expectations met ({})", result.checked.join(", "))
         };
-        say!("scenario {}: {what}", scenario.name);
+        say!("scenario {}: {what}", scenario.name());
         Ok(ExitCode::SUCCESS)
     } else {
         for f in &result.failures {
-            say!("error: scenario {}: {f}", scenario.name);
+            say!("error: scenario {}: {f}", scenario.name());
         }
         Ok(ExitCode::from(1))
     }

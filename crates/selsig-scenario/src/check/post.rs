@@ -1,0 +1,353 @@
+//! `post = { qp, op, local, remote, size, count, ... }`: the fields of a post step, its
+//! fault, whether its bytes lie in its regions, and what it does to the peer's receives.
+
+use selsig::Access;
+
+use crate::error::ScenarioError;
+use crate::format::PostStep;
+use crate::model::{Action, Fault, Op, Post, SignalChoice};
+
+use super::bounds::unusable;
+use super::checker::{MAX_COUNT, MAX_REGION, MAX_TOTAL};
+use super::steps::{Here, Steps};
+
+impl Steps<'_> {
+    /// A post step.
+    pub fn post(&mut self, at: &Here, p: &PostStep) -> Result<Action, ScenarioError> {
+        let qp = self.find_qp(&p.qp, at, false)?.index;
+        let op = match p.op.as_str() {
+            "write" => Op::Write,
+            "write_imm" => Op::WriteImm,
+            "read" => Op::Read,
+            "send" => Op::Send,
+            "send_imm" => Op::SendImm,
+            o => {
+                return Err(self.here(
+                    at,
+                    format!("unknown op {o:?}: expected write, write_imm, read, send or send_imm"),
+                ));
+            }
+        };
+        let (local_offset, remote_offset, stride) = self.post_sizes(at, p)?;
+        let (local, remote) = self.post_regions(at, p, op)?;
+        let signal = match p.signal.as_str() {
+            "auto" => SignalChoice::Auto,
+            "force" => SignalChoice::Force,
+            "last" => SignalChoice::Last,
+            o => {
+                return Err(self.here(at, format!("signal {o:?} is not auto, force or last")));
+            }
+        };
+        if p.inline && (op == Op::Read || p.size > 64) {
+            return Err(self.here(
+                at,
+                "inline data is for WRITEs and SENDs of at most 64 bytes".into(),
+            ));
+        }
+        let fault = self.post_fault(at, p, local.is_some(), remote.is_some())?;
+        let post = Post {
+            qp,
+            op,
+            local,
+            remote,
+            size: p.size,
+            count: p.count,
+            local_offset,
+            remote_offset,
+            stride,
+            signal,
+            inline: p.inline,
+            imm: p.imm.unwrap_or(0),
+            fault,
+        };
+        self.post_extent(at, p, &post)?;
+        self.post_receives(&post);
+        Ok(Action::Post(post))
+    }
+
+    /// The count, size, offsets and stride of a post, in range; returns the offsets and the
+    /// stride, defaults applied.
+    fn post_sizes(&mut self, at: &Here, p: &PostStep) -> Result<(u64, u64, u64), ScenarioError> {
+        if p.count == 0 || p.count > MAX_COUNT {
+            return Err(self.here(
+                at,
+                format!("count {} is out of range 1..={MAX_COUNT}", p.count),
+            ));
+        }
+        self.total += p.count;
+        if self.total > MAX_TOTAL {
+            return Err(self.here(
+                at,
+                format!(
+                    "the steps so far post {} work requests and receives: a scenario \
+                     posts at most {MAX_TOTAL}",
+                    self.total
+                ),
+            ));
+        }
+        if p.size > MAX_REGION {
+            return Err(self.here(
+                at,
+                format!("size {} is larger than any region ({MAX_REGION})", p.size),
+            ));
+        }
+        let stride = p.stride.unwrap_or(p.size);
+        let local_offset = p.local_offset.unwrap_or(0);
+        let remote_offset = p.remote_offset.unwrap_or(0);
+        // Bounded like sizes, region or not, so that no offset arithmetic overflows.
+        for (field, value) in [
+            ("local_offset", local_offset),
+            ("remote_offset", remote_offset),
+            ("stride", stride),
+        ] {
+            if value > MAX_REGION {
+                return Err(self.here(
+                    at,
+                    format!("{field} {value} is larger than any region ({MAX_REGION})"),
+                ));
+            }
+        }
+        Ok((local_offset, remote_offset, stride))
+    }
+
+    /// The local and remote regions of a post, and the fields that need them (or would
+    /// change nothing).
+    fn post_regions(
+        &self,
+        at: &Here,
+        p: &PostStep,
+        op: Op,
+    ) -> Result<(Option<usize>, Option<usize>), ScenarioError> {
+        let local = match &p.local {
+            Some(l) => Some(self.find_region(l, at)?),
+            None if p.size > 0 => {
+                return Err(self.here(
+                    at,
+                    format!("a {} of {} bytes needs a local region", p.op, p.size),
+                ));
+            }
+            None => None,
+        };
+        let needs_remote = matches!(op, Op::Write | Op::WriteImm | Op::Read);
+        let remote = match (&p.remote, needs_remote) {
+            (Some(r), true) => Some(self.find_region(r, at)?),
+            (Some(_), false) => {
+                return Err(self.here(at, format!("a {} has no remote region", p.op)));
+            }
+            (None, true) => {
+                return Err(self.here(at, format!("a {} needs a remote region", p.op)));
+            }
+            (None, false) => None,
+        };
+        // Fields that would change nothing are refused, not ignored.
+        if p.local_offset.is_some() && local.is_none() {
+            return Err(self.here(at, "local_offset needs a local region".into()));
+        }
+        if p.remote_offset.is_some() && remote.is_none() {
+            return Err(self.here(
+                at,
+                format!("remote_offset: a {} has no remote region", p.op),
+            ));
+        }
+        if p.stride.is_some() && local.is_none() && remote.is_none() {
+            return Err(self.here(
+                at,
+                "stride needs a local or remote region (it moves their offsets)".into(),
+            ));
+        }
+        if p.imm.is_some() && !matches!(op, Op::WriteImm | Op::SendImm) {
+            return Err(self.here(
+                at,
+                format!(
+                    "imm: a {} carries no immediate data (write_imm and send_imm do)",
+                    p.op
+                ),
+            ));
+        }
+        if p.fault_at.is_some() && p.fault.is_none() {
+            return Err(self.here(at, "fault_at needs a fault".into()));
+        }
+        if let Some(l) = local.filter(|_| p.inline)
+            && let Some(k) = self.deregistered[l]
+        {
+            return Err(self.here(
+                at,
+                format!(
+                    "inline data from region {:?}, which step {k} deregistered",
+                    self.regions[l].name
+                ),
+            ));
+        }
+        Ok((local, remote))
+    }
+
+    /// The fault of a post, and the work request it breaks.
+    fn post_fault(
+        &self,
+        at: &Here,
+        p: &PostStep,
+        has_local: bool,
+        has_remote: bool,
+    ) -> Result<Option<(Fault, u64)>, ScenarioError> {
+        let Some(f) = p.fault.as_deref() else {
+            return Ok(None);
+        };
+        let kind = match f {
+            "bad_rkey" => Fault::BadRkey,
+            "bad_lkey" => Fault::BadLkey,
+            "out_of_bounds" => Fault::OutOfBounds,
+            o => {
+                return Err(self.here(
+                    at,
+                    format!("unknown fault {o:?}: expected bad_rkey, bad_lkey or out_of_bounds"),
+                ));
+            }
+        };
+        if p.size == 0 {
+            return Err(self.here(at, format!(
+                "fault {f:?} needs a post of more than 0 bytes: a zero-length transfer uses no key and touches no memory"
+            )));
+        }
+        if kind == Fault::OutOfBounds && p.size < 2 {
+            return Err(self.here(at,
+                "fault \"out_of_bounds\" needs a post of 2 bytes or more: one byte cannot start in the region and end beyond it".into(),
+            ));
+        }
+        let fault_at = p.fault_at.unwrap_or(1);
+        if fault_at == 0 || fault_at > p.count {
+            return Err(self.here(
+                at,
+                format!(
+                    "fault_at {fault_at} names no work request of the {}",
+                    p.count
+                ),
+            ));
+        }
+        if kind != Fault::BadLkey && !has_remote {
+            return Err(self.here(at, format!("fault {f:?} needs a remote region")));
+        }
+        if kind == Fault::BadLkey && (!has_local || p.inline) {
+            return Err(self.here(
+                at,
+                "fault \"bad_lkey\" needs a local region, not inline data".into(),
+            ));
+        }
+        Ok(Some((kind, fault_at)))
+    }
+
+    /// Whether every work request's bytes lie in its regions (faults aside), and the fields
+    /// that would change nothing for this count and size.
+    fn post_extent(&self, at: &Here, p: &PostStep, post: &Post) -> Result<(), ScenarioError> {
+        if p.stride.is_some() && p.count == 1 {
+            return Err(self.here(at,
+                "stride with count 1: it moves the offsets of later work requests, and there are none"
+                    .into(),
+            ));
+        }
+        if p.size == 0 && p.inline {
+            return Err(self.here(
+                at,
+                "inline with size 0: a zero-length transfer carries no data".into(),
+            ));
+        }
+        // Every work request's bytes must lie in its regions (faults aside).
+        let regions = self.regions;
+        let last = p.count - 1;
+        if let Some(l) = post.local {
+            let end = post.local_offset + last * post.stride + p.size;
+            if end > regions[l].size as u64 {
+                return Err(self.here(
+                    at,
+                    format!(
+                        "the local bytes end at {end}, beyond region {:?} ({} bytes)",
+                        regions[l].name, regions[l].size
+                    ),
+                ));
+            }
+        }
+        if let Some(r) = post.remote {
+            let end = post.remote_offset + last * post.stride + p.size;
+            if end > regions[r].size as u64 {
+                return Err(self.here(
+                    at,
+                    format!(
+                        "the remote bytes end at {end}, beyond region {:?} ({} bytes)",
+                        regions[r].name, regions[r].size
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What a post does to its peer's receive queue: the receives its SENDs and WRITEs with
+    /// immediate use, and whether it may put the QP or the peer in the error state.
+    fn post_receives(&mut self, p: &Post) {
+        let (regions, deregistered) = (self.regions, &self.deregistered);
+        let cannot_use = |i: usize, need: Access| unusable(&regions[i], deregistered[i], need);
+        let (op, fault) = (p.op, p.fault);
+        let bound = &mut self.recv_bounds[p.qp];
+        // Without a fault, a request may still fail. At the peer, which goes to the
+        // error state and flushes its receives: a remote region it may not touch, a
+        // QP that does not allow it (at any length: rxe checks that first), or a
+        // SEND longer than its receive or into one the NIC cannot write. Here: a
+        // local region it cannot use. A zero-length transfer uses no key. Taken as
+        // possible errors, they loosen the bounds.
+        let remote_need = match op {
+            Op::Write | Op::WriteImm => Some(Access::REMOTE_WRITE),
+            Op::Read => Some(Access::REMOTE_READ),
+            Op::Send | Op::SendImm => None,
+        };
+        let fails_at_peer = remote_need.is_some_and(|need| {
+            !self.qps[p.qp].peer_access.contains(need)
+                || (p.size > 0 && p.remote.is_some_and(|r| cannot_use(r, need)))
+        });
+        let local_need = match op {
+            Op::Read => Access::LOCAL_WRITE,
+            _ => Access::empty(),
+        };
+        // A local region the NIC cannot use fails the first work request on this
+        // side (every one uses the region): none reaches the peer.
+        let fails_here =
+            p.size > 0 && !p.inline && p.local.is_some_and(|l| cannot_use(l, local_need));
+        // SENDs and WRITEs with immediate use the peer's receives, in order, unless
+        // the QP is in the error state (they are flushed) or drained (they are
+        // refused): up to a bad local key or a local region it cannot use, which
+        // fail on this side; a bad remote key or address fails at the peer, which
+        // goes to the error state too and flushes its receives.
+        let takes_posts = !bound.requester_error && !bound.drained;
+        if matches!(op, Op::Send | Op::SendImm | Op::WriteImm) && takes_posts {
+            let n = match fault {
+                _ if fails_here => 0,
+                Some((Fault::BadLkey, at)) => at - 1,
+                _ => p.count,
+            };
+            bound.consumers += n;
+            let writes = match op {
+                Op::Send | Op::SendImm => Some(p.size),
+                _ => None,
+            };
+            if n > 0 {
+                bound.waiting_sends.push_back((writes, n));
+            }
+        }
+        // A drained queue refuses the posts: nothing of them reaches a NIC.
+        match fault {
+            _ if bound.drained => {}
+            Some((Fault::BadLkey, _)) => bound.requester_error = true,
+            Some(_) => {
+                bound.requester_error = true;
+                bound.flushed = true;
+            }
+            None => {
+                if fails_at_peer {
+                    bound.flushed = true;
+                }
+                if fails_at_peer || fails_here {
+                    bound.requester_error = true;
+                }
+            }
+        }
+        bound.match_receives(|i| cannot_use(i, Access::LOCAL_WRITE));
+    }
+}

@@ -1,0 +1,275 @@
+//! The checked scenario: names resolved to indices, values in range, what the runner runs.
+
+use std::collections::BTreeMap;
+
+use selsig::{Access, Policy, WcStatus};
+use serde::Deserialize;
+
+/// A scenario ready to run: names resolved, values in range. Made by [`load`](crate::load)
+/// or [`parse`](crate::parse), run by [`run`](crate::run()).
+#[derive(Debug)]
+pub struct Scenario {
+    pub(crate) name: String,
+    pub(crate) description: String,
+    pub(crate) personality: Option<Personality>,
+    pub(crate) cqs: Vec<Cq>,
+    pub(crate) qps: Vec<Qp>,
+    pub(crate) regions: Vec<Region>,
+    pub(crate) steps: Vec<Action>,
+    pub(crate) expect: Expect,
+    /// The expectations on rxe, where they differ (see `differs`).
+    pub(crate) expect_rxe: Option<Expect>,
+    /// Why a provider differs, by provider.
+    pub(crate) differs: BTreeMap<String, String>,
+}
+
+impl Scenario {
+    /// The scenario's name: the file's name without its extension (`seed` for
+    /// `scenarios/seed.toml`), `stdin` for standard input, or what [`parse`](crate::parse)
+    /// was given.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the scenario shows (its `description`).
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// The software NIC's personality the file asks for (`[device] personality`), if any:
+    /// open `selsig_soft::SoftDevice` with it, and run with
+    /// [`RunOptions::rxe`](crate::RunOptions::rxe) for [`Personality::Rxe`]. Other providers
+    /// have their own.
+    pub fn personality(&self) -> Option<Personality> {
+        self.personality
+    }
+
+    /// The name of a QP endpoint (`a`, `a.peer`).
+    pub(crate) fn qp_name(&self, r: QpRef) -> String {
+        let base = &self.qps[r.index].name;
+        if r.peer {
+            format!("{base}.peer")
+        } else {
+            base.clone()
+        }
+    }
+}
+
+/// The software NIC's personality a scenario names (`[device] personality`), as
+/// `selsig_soft::Personality` has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Personality {
+    /// `mlx5`: a send-queue slot is freed when a completion covering it is polled.
+    Mlx5,
+    /// `rxe`: a send-queue slot is freed when its work request executes (kernel Soft-RoCE).
+    Rxe,
+}
+
+impl std::str::FromStr for Personality {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mlx5" => Ok(Personality::Mlx5),
+            "rxe" => Ok(Personality::Rxe),
+            other => Err(format!(
+                "unknown personality {other:?}: expected mlx5 or rxe"
+            )),
+        }
+    }
+}
+
+/// What a run must show; each field is checked when given.
+#[derive(Debug, Default)]
+pub(crate) struct Expect {
+    /// Every completion of the run, in trace order.
+    pub cqes: Option<Vec<ExpectCqe>>,
+    /// Outcomes per QP: ranges of sequence numbers, e.g. `["1-2 completed", "3 failed:rem_access_err"]`.
+    pub outcomes: Option<BTreeMap<String, Vec<String>>>,
+    /// FNV-1a 64 digests of regions at the end (hex).
+    pub digests: Option<BTreeMap<String, String>>,
+    /// Asynchronous events, as `type:qp` (e.g. `qp_access_err:a.peer`).
+    pub events: Option<Vec<String>>,
+}
+
+/// One completion of `expect.cqes`, as written (and as the run checks it).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ExpectCqe {
+    pub qp: String,
+    pub wr_id: u64,
+    pub status: String,
+    pub opcode: Option<String>,
+    pub byte_len: Option<u32>,
+    /// Immediate data: only in successful completions of receives.
+    pub imm: Option<u32>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub name: String,
+    pub size: u32,
+    /// QPs whose send queue reports to it.
+    pub senders: usize,
+}
+
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub name: String,
+    pub depth: u32,
+    pub sq_sig_all: bool,
+    pub policy: Policy,
+    pub send_cq: usize,
+    pub peer_cq: usize,
+    pub peer_access: Access,
+    pub rnr_retry: u8,
+    pub retry_cnt: u8,
+    pub peer_depth: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Region {
+    pub name: String,
+    pub size: usize,
+    pub access: Access,
+    pub fill: Fill,
+    pub other_pd: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fill {
+    Zero,
+    Pattern,
+    Byte(u8),
+}
+
+/// An endpoint of a step: a requester QP or its peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QpRef {
+    pub index: usize,
+    pub peer: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Write,
+    WriteImm,
+    Read,
+    Send,
+    SendImm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SignalChoice {
+    Auto,
+    Force,
+    Last,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    BadRkey,
+    BadLkey,
+    OutOfBounds,
+}
+
+#[derive(Debug)]
+pub(crate) struct Post {
+    pub qp: usize,
+    pub op: Op,
+    pub local: Option<usize>,
+    pub remote: Option<usize>,
+    pub size: u64,
+    pub count: u64,
+    pub local_offset: u64,
+    pub remote_offset: u64,
+    pub stride: u64,
+    pub signal: SignalChoice,
+    pub inline: bool,
+    pub imm: u32,
+    pub fault: Option<(Fault, u64)>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Recv {
+    pub qp: QpRef,
+    pub region: Option<usize>,
+    pub size: u64,
+    pub count: u64,
+    pub offset: u64,
+}
+
+#[derive(Debug)]
+pub(crate) enum Action {
+    Post(Post),
+    Recv(Recv),
+    PollIdle,
+    PollCqes(u64),
+    Confirm(usize),
+    Drain(usize),
+    Dereg(usize),
+    ToError(QpRef),
+}
+
+impl Action {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Action::Post(_) => "post",
+            Action::Recv(_) => "recv",
+            Action::PollIdle | Action::PollCqes(_) => "poll",
+            Action::Confirm(_) => "confirm",
+            Action::Drain(_) => "drain",
+            Action::Dereg(_) => "dereg",
+            Action::ToError(_) => "to_error",
+        }
+    }
+}
+
+/// One item of `expect.outcomes`: `"1-2 completed"`, `"3 failed:rem_access_err"`,
+/// `"4-8 flushed"`. Returns (first, last, outcome, status).
+pub(crate) fn parse_outcome_range(
+    item: &str,
+) -> Result<(u64, u64, String, Option<String>), String> {
+    let bad = || {
+        format!(
+            "{item:?} is not like \"1-2 completed\", \"3 failed:rem_access_err\" or \"4-8 flushed\""
+        )
+    };
+    let (range, what) = item.trim().split_once(' ').ok_or_else(bad)?;
+    let (first, last) = match range.split_once('-') {
+        Some((a, b)) => (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?),
+        None => {
+            let n = range.parse().map_err(|_| bad())?;
+            (n, n)
+        }
+    };
+    if first == 0 || last < first {
+        return Err(bad());
+    }
+    let (outcome, status) = match what.trim().split_once(':') {
+        Some((o, s)) => (o.to_string(), Some(s.to_string())),
+        None => (what.trim().to_string(), None),
+    };
+    match (outcome.as_str(), status.as_deref()) {
+        ("completed" | "flushed", None) => {}
+        // A success is a completion, and a flush a work request flushed, never failed.
+        ("failed", Some(s @ ("success" | "wr_flush_err"))) => {
+            let instead = if s == "success" {
+                "completed"
+            } else {
+                "flushed"
+            };
+            return Err(format!(
+                "{item:?}: a work request whose completion is {s} is {instead}, never failed (write \"{first}{} {instead}\")",
+                if last > first {
+                    format!("-{last}")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        ("failed", Some(s)) if WcStatus::ALL.iter().any(|x| x.short_name() == s) => {}
+        _ => return Err(bad()),
+    }
+    Ok((first, last, outcome, status))
+}

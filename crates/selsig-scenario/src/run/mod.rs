@@ -1,0 +1,217 @@
+//! Runs a checked scenario on any provider and produces its canonical trace.
+//!
+//! The parts, in order: `side` (what is kept per queue pair and region), `runner` (the
+//! run's state, what it waits for, the canonical order of events), `poll` (poll steps and
+//! waits), `work` (the steps that post), `setup` (what the scenario names, made on the
+//! device), `expect` (the expectations checked against the trace), then here: the steps in
+//! order, and the public entry point.
+
+use anyhow::{Result, anyhow};
+use selsig::{Device, MemoryRegion, QueuePair};
+
+use crate::bytes::fnv1a64;
+use crate::error::RunError;
+use crate::model::{Action, Expect, Scenario};
+use crate::trace::Event;
+
+mod expect;
+mod poll;
+mod runner;
+mod setup;
+mod side;
+mod work;
+
+use expect::check;
+use runner::{Runner, canonical};
+
+/// How to run a scenario: what the device is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunOptions {
+    /// The device behaves like the kernel's Soft-RoCE (verbs on an rxe device, or
+    /// `selsig_soft` with its rxe personality): the scenario's `[expect.rxe]` apply, where
+    /// it has them.
+    pub rxe: bool,
+    /// The GID index to connect the queue pairs with (RoCE; `None`: the provider's default,
+    /// or none on InfiniBand and the software NIC).
+    pub gid_index: Option<u8>,
+}
+
+impl RunOptions {
+    /// The defaults: not rxe, no GID index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets [`rxe`](Self::rxe).
+    pub fn rxe(mut self, rxe: bool) -> Self {
+        self.rxe = rxe;
+        self
+    }
+
+    /// Sets [`gid_index`](Self::gid_index).
+    pub fn gid_index(mut self, gid_index: Option<u8>) -> Self {
+        self.gid_index = gid_index;
+        self
+    }
+}
+
+/// The trace and whether the expectations held.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct RunResult {
+    /// The canonical trace: every event of the run, or up to the step that failed.
+    pub trace: Vec<Event>,
+    /// Expectations that did not hold (empty: all met, or none given).
+    pub failures: Vec<String>,
+    /// What was checked, for the summary line.
+    pub checked: Vec<String>,
+    /// Why the expectations for rxe were used (the scenario's `differs.rxe`).
+    pub differs: Option<String>,
+    /// The step that failed (the trace ends there; expectations were not checked).
+    pub error: Option<RunError>,
+}
+
+impl RunResult {
+    /// Every step ran and every expectation held (or none was given).
+    pub fn passed(&self) -> bool {
+        self.error.is_none() && self.failures.is_empty()
+    }
+
+    /// The trace as `selsig run` prints it: one JSON line per event, each ending in a
+    /// newline.
+    pub fn trace_text(&self) -> String {
+        let mut text = String::new();
+        for event in &self.trace {
+            text.push_str(&event.line());
+            text.push('\n');
+        }
+        text
+    }
+}
+
+/// Runs `scenario` on `device` and checks its expectations (`[expect]`, or `[expect.rxe]`
+/// where `options` say the device is rxe).
+///
+/// Every object the scenario names is created on `device` first; a device that refuses
+/// one is an `Err`. From then on the run always returns its [`RunResult`]: a step that
+/// fails ends the trace there and is the result's [`error`](RunResult::error). Neither
+/// stops anything else the device does; the objects are destroyed before this returns.
+pub fn run<D: Device>(
+    scenario: &Scenario,
+    device: &D,
+    options: &RunOptions,
+) -> Result<RunResult, RunError> {
+    let (expect, differs) = match (&scenario.expect_rxe, options.rxe) {
+        (Some(rxe), true) => (rxe, scenario.differs.get("rxe").cloned()),
+        _ => (&scenario.expect, None),
+    };
+    let mut result = Runner::new(scenario, device, options.gid_index)
+        .and_then(|runner| runner.run(expect))
+        .map_err(RunError::new)?;
+    result.differs = differs;
+    Ok(result)
+}
+
+impl<D: Device> Runner<'_, D> {
+    /// Runs the steps in order, then reads the regions' digests and checks `expect`.
+    fn run(mut self, expect: &Expect) -> Result<RunResult> {
+        for (n, action) in self.sc.steps.iter().enumerate() {
+            self.trace.push(Event::Step {
+                n: n + 1,
+                kind: action.kind(),
+            });
+            if let Err(e) = self.step(action) {
+                let e = e.context(format!("step {} ({})", n + 1, action.kind()));
+                return Ok(self.stopped(e));
+            }
+        }
+        // Completions a last wait for room polled for others, and events that arrived
+        // since the last poll.
+        let mut events = std::mem::take(&mut self.deferred);
+        if let Err(e) = self.handle_stash(&mut events) {
+            let e = self.failed(events, e);
+            return Ok(self.stopped(e));
+        }
+        self.async_events(&mut events);
+        canonical(&mut events, self.sc);
+        self.trace.extend(events);
+        // Regions are read only once the NIC is done with them, and every work request
+        // must have its outcome.
+        if !self.idle() {
+            let e = anyhow!(
+                "the run ended with work outstanding (end it with `poll = \"idle\"` or \
+                 `drain`): {}",
+                self.outstanding(None).join("; ")
+            );
+            return Ok(self.stopped(e));
+        }
+        for (r, k) in self.sc.regions.iter().zip(&self.regions) {
+            if let Some(mr) = &k.mr {
+                let mut bytes = vec![0u8; k.len];
+                mr.read(0, &mut bytes)?;
+                self.trace.push(Event::Digest {
+                    region: r.name.clone(),
+                    fnv1a64: format!("{:016x}", fnv1a64(&bytes)),
+                });
+            }
+        }
+        let (failures, checked) = check(expect, &self.trace);
+        Ok(RunResult {
+            trace: self.trace,
+            failures,
+            checked,
+            differs: None,
+            error: None,
+        })
+    }
+
+    /// A run that failed: the trace so far (with what it polled last, in canonical order)
+    /// shows what led there.
+    fn stopped(mut self, error: anyhow::Error) -> RunResult {
+        let mut events = std::mem::take(&mut self.deferred);
+        // Best effort: the step's error is the one to report.
+        let _ = self.handle_stash(&mut events);
+        canonical(&mut events, self.sc);
+        self.trace.extend(events);
+        RunResult {
+            trace: self.trace,
+            failures: Vec::new(),
+            checked: Vec::new(),
+            differs: None,
+            error: Some(RunError::new(error)),
+        }
+    }
+
+    /// Runs one step.
+    fn step(&mut self, action: &Action) -> Result<()> {
+        match action {
+            Action::Post(p) => self.post(p),
+            Action::Recv(r) => self.recv(r),
+            Action::PollIdle => self.poll_until(None),
+            Action::PollCqes(n) => self.poll_until(Some(*n)),
+            Action::Confirm(q) => self.confirm(*q),
+            Action::Drain(q) => self.drain(*q),
+            Action::Dereg(r) => {
+                self.regions[*r].mr = None;
+                self.trace.push(Event::Dereg {
+                    region: self.sc.regions[*r].name.clone(),
+                });
+                Ok(())
+            }
+            Action::ToError(r) => {
+                let side = &mut self.sides[r.index];
+                if r.peer {
+                    side.peer.to_error()?;
+                    side.peer_flushable = true;
+                } else {
+                    side.queue.qp().to_error()?;
+                }
+                self.trace.push(Event::ToError {
+                    qp: self.sc.qp_name(*r),
+                });
+                Ok(())
+            }
+        }
+    }
+}
