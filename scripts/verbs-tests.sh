@@ -28,6 +28,7 @@ case "$sel" in "$PWD"/*) ;; *) export SELSIG_VM_RW="${SELSIG_VM_RW:+$SELSIG_VM_R
 # libselsig's C example, plain libibverbs with the static library the same build made,
 # compiled here and run in the VM: the seed, and a bad rkey on WR3.
 cseed="$(dirname "$sel")/c-seed"
+cargo build -q -p selsig-capi --lib  # (`cargo test` builds its rlib only)
 cc -std=c11 -O2 -Wall -Wextra -Werror -I crates/selsig-capi/include examples/c/seed.c \
   "$(dirname "$sel")/libselsig_capi.a" -libverbs -lpthread -ldl -lm -o "$cseed"
 

@@ -1,6 +1,6 @@
 //! The C test (tests/c/tracker_test.c: a loop that plays the NIC, no device needed),
 //! compiled with the system C compiler against include/selsig.h and the static library
-//! cargo built for this test, then run.
+//! (built here by cargo), then run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,11 +14,32 @@ fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// Builds the static library (`cargo test` builds the crate's rlib only) into this test's
+/// target directory and profile, and returns its path.
+fn static_library() -> PathBuf {
+    let profile = profile_dir();
+    let target = profile.parent().expect("target/<profile>");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut build = Command::new(&cargo);
+    build
+        .args(["build", "-q", "-p", "selsig-capi", "--lib", "--target-dir"])
+        .arg(target);
+    if profile.file_name().is_some_and(|p| p == "release") {
+        build.arg("--release");
+    }
+    let status = build
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cargo:?}: {e}"));
+    assert!(status.success(), "cargo build -p selsig-capi failed");
+    let lib = profile.join("libselsig_capi.a");
+    assert!(lib.exists(), "cargo built no {}", lib.display());
+    lib
+}
+
 #[test]
 fn the_c_test_passes() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let lib = profile_dir().join("libselsig_capi.a");
-    assert!(lib.exists(), "cargo built no {}", lib.display());
+    let lib = static_library();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tracker_test");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let built = Command::new(&cc)

@@ -4,34 +4,11 @@
 //! with `selsig_tracker_poll_retired`: nothing allocated once the tracker is made. A global
 //! allocator counts. (One test in this binary: the count is process-wide.)
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use selsig_testkit::alloc::{Counting, allocations};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use selsig_capi::*;
 use selsig_verbs::sys::ibv_wc;
-
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; the counter is an atomic.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -132,9 +109,9 @@ fn a_million_work_requests_through_the_c_api_allocate_nothing() {
             retired: vec![selsig_retired::default(); DEPTH],
         };
         stream(t, &mut b);
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = allocations();
         let sum = stream(t, &mut b);
-        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let allocations = allocations() - before;
         assert_eq!(sum, WRS * (WRS - 1) / 2, "every cookie back once");
         assert_eq!(
             allocations, 0,

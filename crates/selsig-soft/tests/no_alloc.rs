@@ -4,37 +4,14 @@
 //! nothing once the queue and its buffers are made. A global allocator counts, in every
 //! thread. (One test in this binary: the count is process-wide.)
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use selsig_testkit::alloc::{Counting, allocations};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use selsig::{
     Access, Buffer, Completion, ConnectOptions, Device, MemoryRegion, Policy, QpCaps, QpInit,
     SignaledQueue, Work, connect_pair,
 };
 use selsig_soft::{SoftConfig, SoftDevice, SoftMr};
-
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; the counter is an atomic.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -101,9 +78,9 @@ fn a_million_writes_through_the_queue_on_the_soft_nic_allocate_nothing() {
         let target = remote.remote(0);
         // Warm up: the histograms' buckets, every vector at its size.
         stream(&mut queue, &mut free, &mut done, target, wrs / 4);
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = allocations();
         stream(&mut queue, &mut free, &mut done, target, wrs);
-        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let allocations = allocations() - before;
         assert_eq!(free.len(), n, "every buffer back");
         assert_eq!(
             allocations, 0,

@@ -12,9 +12,7 @@ use selsig::{
 };
 use selsig_soft::{Personality, SoftConfig, SoftCq, SoftDevice, SoftMr, SoftQp};
 
-mod support {
-    pub mod rxe_errors;
-}
+use selsig_testkit as support;
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -1058,8 +1058,7 @@ fn bad_options_and_objects_of_another_opening_are_refused_before_anything_change
     }
 }
 
-#[path = "../../selsig-soft/tests/support/rxe_errors.rs"]
-mod rxe_errors;
+use selsig_testkit::rxe_errors;
 
 /// What the `rxe_` tests are about: on another device they print what it did, for the
 /// record (docs/semantics.md), and fail, as they checked nothing (skip them there:

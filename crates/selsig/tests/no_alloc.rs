@@ -3,33 +3,10 @@
 //! collected) allocate nothing once the tracker is made. A global allocator counts.
 //! (One test in this binary: the count is process-wide.)
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+use selsig_testkit::alloc::{Counting, allocations};
 use std::time::Instant;
 
 use selsig::{Policy, SendTracker, Signal, TrackerConfig, WcStatus, WorkCompletion};
-
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; the counter is an atomic.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -84,9 +61,9 @@ fn a_million_work_requests_through_the_tracker_allocate_nothing() {
         let mut signaled = Vec::with_capacity(DEPTH as usize);
         // Warm up: the lag histogram's buckets, the rings at their size.
         stream(&mut tracker, batches, &mut signaled);
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = allocations();
         let sum = stream(&mut tracker, batches, &mut signaled);
-        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let allocations = allocations() - before;
         assert_eq!(sum, WRS * (WRS - 1) / 2, "every payload back once");
         assert_eq!(
             allocations, 0,
