@@ -53,6 +53,7 @@ const struct selsig_layout_entry selsig_verbs_layout[] = {
 	SIZE(ibv_async_event), OFF(ibv_async_event, event_type),
 	{ "value IBV_QPT_RC", IBV_QPT_RC }, { "value IBV_QPS_RTS", IBV_QPS_RTS },
 	{ "value IBV_QPS_ERR", IBV_QPS_ERR }, { "value IBV_QP_DEST_QPN", IBV_QP_DEST_QPN },
+	{ "value IBV_QP_CAP", IBV_QP_CAP },
 	{ "value IBV_QP_MAX_DEST_RD_ATOMIC", IBV_QP_MAX_DEST_RD_ATOMIC },
 	{ "value IBV_WR_RDMA_READ", IBV_WR_RDMA_READ }, { "value IBV_WR_SEND_WITH_IMM", IBV_WR_SEND_WITH_IMM },
 	{ "value IBV_SEND_SIGNALED", IBV_SEND_SIGNALED }, { "value IBV_SEND_INLINE", IBV_SEND_INLINE },

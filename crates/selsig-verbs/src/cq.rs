@@ -8,9 +8,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use selsig::{CompletionQueue, CqError, WcOpcode, WcStatus, WorkCompletion};
+use selsig::{CompletionQueue, CqError, ProviderError, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::device::Context;
+use crate::device::{Context, VerbsDevice};
 use crate::error::{destroy_error, report};
 use crate::sys;
 
@@ -23,6 +23,8 @@ pub(crate) struct CqInner {
     /// A failure of `poll_cq` after completions of the same call were handed over: the
     /// next poll reports it (0: none).
     pub(crate) failed: AtomicI32,
+    /// Created here, and destroyed on `Drop`; else the program's ([`VerbsCq::from_raw`]).
+    pub(crate) owned: bool,
 }
 
 // SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers (libmlx5
@@ -33,6 +35,9 @@ unsafe impl Sync for CqInner {}
 
 impl Drop for CqInner {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: every QP using this CQ holds an `Arc<CqInner>`: none is left.
         let rc = unsafe { (self.ctx.v.fns.destroy_cq)(self.cq.as_ptr()) };
         if rc != 0 {
@@ -47,6 +52,44 @@ pub struct VerbsCq {
 }
 
 impl VerbsCq {
+    /// A completion queue the program created itself (`ibv_create_cq`) on `dev`'s context,
+    /// for [`VerbsQp::from_raw`](crate::VerbsQp::from_raw): polled as any other, and never
+    /// destroyed here.
+    ///
+    /// # Safety
+    ///
+    /// `cq` is a live CQ of `dev`'s context, and stays so until the returned CQ and every
+    /// queue pair wrapped with it are dropped. Whoever polls it through this handle polls it
+    /// alone (a completion polled elsewhere is lost to selsig).
+    pub unsafe fn from_raw(
+        dev: &VerbsDevice,
+        cq: *mut sys::ibv_cq,
+    ) -> Result<VerbsCq, ProviderError> {
+        let cq = NonNull::new(cq).ok_or(ProviderError::Invalid {
+            what: "completion queue",
+            why: "it is NULL".to_string(),
+        })?;
+        // SAFETY: a live CQ (the caller's contract).
+        let context = unsafe { (*cq.as_ptr()).context };
+        if context != dev.ctx.ctx.as_ptr() {
+            return Err(ProviderError::Invalid {
+                what: "completion queue",
+                why: format!(
+                    "it belongs to another device context than {}'s",
+                    dev.ctx.name
+                ),
+            });
+        }
+        Ok(VerbsCq {
+            inner: Arc::new(CqInner {
+                cq,
+                ctx: Arc::clone(&dev.ctx),
+                failed: AtomicI32::new(0),
+                owned: false,
+            }),
+        })
+    }
+
     /// The CQ's handle, as in [`AsyncEvent::CqErr`].
     pub fn handle(&self) -> u32 {
         // SAFETY: the CQ is valid until `Drop`.

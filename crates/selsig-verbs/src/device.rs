@@ -55,6 +55,8 @@ pub(crate) struct Context {
     pub(crate) v: &'static Verbs,
     pub(crate) ctx: NonNull<sys::ibv_context>,
     pub(crate) name: String,
+    /// Opened here, and closed on `Drop`; else the program's ([`VerbsDevice::from_raw`]).
+    pub(crate) owned: bool,
 }
 
 // SAFETY: libibverbs contexts may be used from any thread (the library locks internally);
@@ -65,6 +67,9 @@ unsafe impl Sync for Context {}
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: the context was opened by `ibv_open_device` and every object created
         // from it holds an `Arc<Context>`, so none is left when this runs.
         let rc = unsafe { (self.v.fns.close_device)(self.ctx.as_ptr()) };
@@ -272,7 +277,6 @@ impl VerbsDevice {
     pub fn open(options: &VerbsOptions) -> Result<VerbsDevice, ProviderError> {
         locks_kept(std::env::var_os(SINGLE_THREADED).as_deref())?;
         let v = verbs()?;
-        let port = options.port.unwrap_or(1);
         let mut n: c_int = 0;
         // SAFETY: as in `device_names`; the chosen device is opened before the list is
         // freed, which the API allows.
@@ -321,13 +325,70 @@ impl VerbsDevice {
             (v.fns.free_device_list)(list);
             result?
         };
-        let ctx = Arc::new(Context { v, ctx, name });
-        // Asynchronous events are read without blocking.
-        // SAFETY: `async_fd` is the context's event file descriptor, open while it is.
-        unsafe {
-            let fd = (*ctx.ctx.as_ptr()).async_fd;
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+        let ctx = Arc::new(Context {
+            v,
+            ctx,
+            name,
+            owned: true,
+        });
+        Self::describe(ctx, options)
+    }
+
+    /// A device of a context the program opened itself (`ibv_open_device`), for
+    /// [`VerbsCq::from_raw`](crate::VerbsCq::from_raw) and
+    /// [`VerbsQp::from_raw`](crate::VerbsQp::from_raw): its port is checked as
+    /// [`open`](Self::open) checks it (`options.device` is not read). The context stays the
+    /// program's: it is not closed, and its asynchronous events are the program's to read
+    /// ([`poll_async_event`](selsig::Device::poll_async_event) finds none).
+    ///
+    /// # Safety
+    ///
+    /// `ctx` is an open device context of the libibverbs this process loaded, and it stays
+    /// open until the device and everything made or wrapped with it are dropped.
+    pub unsafe fn from_raw(
+        ctx: *mut sys::ibv_context,
+        options: &VerbsOptions,
+    ) -> Result<VerbsDevice, ProviderError> {
+        locks_kept(std::env::var_os(SINGLE_THREADED).as_deref())?;
+        let v = verbs()?;
+        let ctx = NonNull::new(ctx).ok_or(ProviderError::Invalid {
+            what: "device context",
+            why: "it is NULL".to_string(),
+        })?;
+        // SAFETY: an open context (the caller's contract), whose `device` is its device.
+        let name = unsafe {
+            let p = (v.fns.get_device_name)((*ctx.as_ptr()).device);
+            if p.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        let ctx = Arc::new(Context {
+            v,
+            ctx,
+            name,
+            owned: false,
+        });
+        Self::describe(ctx, options)
+    }
+
+    /// The device of an open context: its limits, its port (which must be active) and the
+    /// GID in use.
+    fn describe(ctx: Arc<Context>, options: &VerbsOptions) -> Result<VerbsDevice, ProviderError> {
+        let v = ctx.v;
+        let port = options.port.unwrap_or(1);
+        // Asynchronous events are read without blocking (a program's own context is left
+        // as it is: its events are the program's).
+        if ctx.owned {
+            // SAFETY: `async_fd` is the context's event file descriptor, open while it is.
+            let fd = unsafe { (*ctx.ctx.as_ptr()).async_fd };
+            // SAFETY: fcntl on an open descriptor, reading and setting its flags.
+            let set = unsafe {
+                let flags = libc::fcntl(fd, libc::F_GETFL);
+                flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
+            };
+            if !set {
                 return Err(os("fcntl(async_fd, O_NONBLOCK)"));
             }
         }

@@ -10,6 +10,8 @@ use crate::sys;
 pub(crate) struct PdInner {
     pub(crate) pd: NonNull<sys::ibv_pd>,
     pub(crate) ctx: Arc<Context>,
+    /// Allocated here, and deallocated on `Drop`; else the program's.
+    pub(crate) owned: bool,
 }
 
 // SAFETY: a protection domain is a handle the thread-safe verbs take; owned until `Drop`.
@@ -19,6 +21,9 @@ unsafe impl Sync for PdInner {}
 
 impl Drop for PdInner {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: every MR and QP of this PD holds an `Arc<PdInner>`: none is left.
         let rc = unsafe { (self.ctx.v.fns.dealloc_pd)(self.pd.as_ptr()) };
         if rc != 0 {

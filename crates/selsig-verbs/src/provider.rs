@@ -35,6 +35,7 @@ impl Device for VerbsDevice {
             inner: Arc::new(PdInner {
                 pd,
                 ctx: Arc::clone(&self.ctx),
+                owned: true,
             }),
         })
     }
@@ -123,6 +124,7 @@ impl Device for VerbsDevice {
                 cq,
                 ctx: Arc::clone(&self.ctx),
                 failed: AtomicI32::new(0),
+                owned: true,
             }),
         })
     }
@@ -191,10 +193,16 @@ impl Device for VerbsDevice {
             state: AtomicU32::new(sys::IBV_QPS_RESET),
             reached_rts: AtomicBool::new(false),
             attr_calls: Mutex::new(()),
+            owned: true,
         })
     }
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
+        // A program's own context: its events are the program's to read (its descriptor
+        // may block).
+        if !self.ctx.owned {
+            return None;
+        }
         // SAFETY: `ev` is filled by `get_async_event` (non-blocking: the fd was set
         // O_NONBLOCK at open), read, then acknowledged as the API requires. The QP or CQ
         // it points to is alive until then: destroying one waits for the acknowledgement

@@ -13,7 +13,7 @@ use selsig::{
     QpCaps, QpState, QueuePair, RecvWr, SendWr,
 };
 
-use crate::cq::{CqInner, NO_WR_ID};
+use crate::cq::{CqInner, NO_WR_ID, VerbsCq};
 use crate::device::{Limits, VerbsDevice, mtu_bytes, mtu_enum};
 use crate::error::{Queue, destroy_error, errno_of, post_result, report};
 use crate::pd::PdInner;
@@ -84,6 +84,8 @@ pub struct VerbsQp {
     pub(crate) reached_rts: AtomicBool,
     /// Held across `ibv_modify_qp` and `ibv_query_qp`, which write `ibv_qp.state` unlocked.
     pub(crate) attr_calls: Mutex<()>,
+    /// Created here, and destroyed on `Drop`; else the program's ([`VerbsQp::from_raw`]).
+    pub(crate) owned: bool,
 }
 
 // SAFETY: `ibv_post_send` and `ibv_post_recv` are thread-safe (libmlx5 unless
@@ -102,6 +104,9 @@ unsafe impl Sync for VerbsQp {}
 
 impl Drop for VerbsQp {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: the QP was created by `ibv_create_qp`; its PD and CQs are still alive
         // (this struct holds them), as the destroy requires.
         let rc = unsafe { (self.dev.v().fns.destroy_qp)(self.qp.as_ptr()) };
@@ -127,6 +132,100 @@ fn state_name(s: u32) -> QpState {
 }
 
 impl VerbsQp {
+    /// An RC queue pair the program created itself (`ibv_create_qp`) on `dev`'s context,
+    /// whose send and receive completions go to `send_cq` and `recv_cq` (wrapped with
+    /// [`VerbsCq::from_raw`](crate::VerbsCq::from_raw)), so that a
+    /// [`SignaledQueue`](selsig::SignaledQueue) drives it. Its capacities, state and
+    /// `sq_sig_all` are read with `ibv_query_qp`; it may be connected already (in RTS), or
+    /// be connected through [`QueuePair::connect`]. It is never destroyed here.
+    ///
+    /// # Safety
+    ///
+    /// `qp` is a live QP of `dev`'s context, and stays so until the returned queue pair is
+    /// dropped; while it lives, nothing else posts to its send queue or modifies it (its
+    /// work requests and state are the tracker's to account for).
+    pub unsafe fn from_raw(
+        dev: &VerbsDevice,
+        qp: *mut sys::ibv_qp,
+        send_cq: &VerbsCq,
+        recv_cq: &VerbsCq,
+    ) -> Result<VerbsQp, ProviderError> {
+        let invalid = |why: String| ProviderError::Invalid {
+            what: "queue pair",
+            why,
+        };
+        let qp = NonNull::new(qp).ok_or_else(|| invalid("it is NULL".to_string()))?;
+        // SAFETY: a live QP (the caller's contract); these fields are set at its creation.
+        let (context, pd, sends, receives, qp_type) = unsafe {
+            let q = &*qp.as_ptr();
+            (q.context, q.pd, q.send_cq, q.recv_cq, q.qp_type)
+        };
+        if context != dev.ctx.ctx.as_ptr() {
+            return Err(invalid(format!(
+                "it belongs to another device context than {}'s",
+                dev.ctx.name
+            )));
+        }
+        if qp_type != sys::IBV_QPT_RC {
+            return Err(invalid(format!(
+                "its type is {qp_type}, not RC ({})",
+                sys::IBV_QPT_RC
+            )));
+        }
+        if sends != send_cq.inner.cq.as_ptr() || receives != recv_cq.inner.cq.as_ptr() {
+            return Err(invalid(
+                "its send or receive CQ is not the one given".to_string(),
+            ));
+        }
+        let pd = NonNull::new(pd).ok_or_else(|| invalid("it has no PD".to_string()))?;
+        let mut attr = sys::ibv_qp_attr::default();
+        // SAFETY: `init` is zeroed plain data; `attr` and `init` are valid to fill.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live QP; `attr` and `init` are valid to fill.
+        let rc = unsafe {
+            (dev.v().fns.query_qp)(
+                qp.as_ptr(),
+                &mut attr,
+                sys::IBV_QP_STATE | sys::IBV_QP_CAP,
+                &mut init,
+            )
+        };
+        if rc != 0 {
+            return Err(ProviderError::Os {
+                verb: "ibv_query_qp",
+                source: io::Error::from_raw_os_error(rc.abs()),
+            });
+        }
+        let c = attr.cap;
+        let state = attr.qp_state;
+        Ok(VerbsQp {
+            qp,
+            _pd: Arc::new(PdInner {
+                pd,
+                ctx: Arc::clone(&dev.ctx),
+                owned: false,
+            }),
+            _send_cq: Arc::clone(&send_cq.inner),
+            _recv_cq: Arc::clone(&recv_cq.inner),
+            caps: QpCaps {
+                max_send_wr: c.max_send_wr,
+                max_recv_wr: c.max_recv_wr,
+                max_send_sge: c.max_send_sge,
+                max_recv_sge: c.max_recv_sge,
+                max_inline_data: c.max_inline_data,
+            },
+            sq_sig_all: init.sq_sig_all != 0,
+            dev: dev.clone(),
+            psn: AtomicU32::new(u32::MAX),
+            state: AtomicU32::new(state),
+            // RTS, SQD and SQE come after RTS; in the error state, whether it was reached
+            // cannot be told, and posts are taken as refused.
+            reached_rts: AtomicBool::new((sys::IBV_QPS_RTS..sys::IBV_QPS_ERR).contains(&state)),
+            attr_calls: Mutex::new(()),
+            owned: false,
+        })
+    }
+
     /// The attributes `mask` names (`ibv_query_qp`); `None` if they cannot be read.
     fn query(&self, mask: c_int) -> Option<sys::ibv_qp_attr> {
         let _calls = self.attr_calls.lock().unwrap_or_else(|e| e.into_inner());

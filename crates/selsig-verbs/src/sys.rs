@@ -426,6 +426,7 @@ pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
 pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
 pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
 pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+pub const IBV_QP_CAP: c_int = 1 << 19;
 pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
 pub const IBV_WR_RDMA_WRITE: c_uint = 0;
 pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_uint = 1;
@@ -706,6 +707,7 @@ mod layout {
             ("value IBV_QPS_RTS".into(), IBV_QPS_RTS as usize),
             ("value IBV_QPS_ERR".into(), IBV_QPS_ERR as usize),
             ("value IBV_QP_DEST_QPN".into(), IBV_QP_DEST_QPN as usize),
+            ("value IBV_QP_CAP".into(), IBV_QP_CAP as usize),
             (
                 "value IBV_QP_MAX_DEST_RD_ATOMIC".into(),
                 IBV_QP_MAX_DEST_RD_ATOMIC as usize,

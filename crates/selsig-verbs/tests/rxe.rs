@@ -1229,3 +1229,175 @@ fn dropped_objects_are_destroyed_in_the_kernel() {
     }
     assert_eq!(kernel_resources(dev.name()), before);
 }
+
+/// The verbs objects of a program that made them with libibverbs itself.
+struct Foreign {
+    v: selsig_verbs::sys::Verbs,
+    ctx: *mut selsig_verbs::sys::ibv_context,
+    pd: *mut selsig_verbs::sys::ibv_pd,
+    cqs: [*mut selsig_verbs::sys::ibv_cq; 2],
+    qps: [*mut selsig_verbs::sys::ibv_qp; 2],
+}
+
+/// Opens the first device and makes a PD, two CQs and two RC QPs as a C program would.
+fn foreign(depth: u32) -> Foreign {
+    use selsig_verbs::sys;
+    let v = sys::Verbs::load().unwrap_or_else(|e| panic!("{NEEDS_DEVICE}: {e}"));
+    // SAFETY: libibverbs' documented calls, each result checked; the list is freed after
+    // the device is opened, as the API allows.
+    unsafe {
+        let mut n = 0;
+        let list = (v.fns.get_device_list)(&mut n);
+        assert!(!list.is_null() && n > 0, "{NEEDS_DEVICE}");
+        let ctx = (v.fns.open_device)(*list);
+        (v.fns.free_device_list)(list);
+        assert!(!ctx.is_null(), "ibv_open_device");
+        let pd = (v.fns.alloc_pd)(ctx);
+        assert!(!pd.is_null(), "ibv_alloc_pd");
+        let cq = || {
+            let cq = (v.fns.create_cq)(ctx, 64, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+            assert!(!cq.is_null(), "ibv_create_cq");
+            cq
+        };
+        let cqs = [cq(), cq()];
+        let qp = |cq| {
+            let mut attr = sys::ibv_qp_init_attr {
+                qp_context: std::ptr::null_mut(),
+                send_cq: cq,
+                recv_cq: cq,
+                srq: std::ptr::null_mut(),
+                cap: sys::ibv_qp_cap {
+                    max_send_wr: depth,
+                    max_recv_wr: 1,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: sys::IBV_QPT_RC,
+                sq_sig_all: 0,
+            };
+            let qp = (v.fns.create_qp)(pd, &mut attr);
+            assert!(!qp.is_null(), "ibv_create_qp");
+            qp
+        };
+        let qps = [qp(cqs[0]), qp(cqs[1])];
+        Foreign {
+            v,
+            ctx,
+            pd,
+            cqs,
+            qps,
+        }
+    }
+}
+
+/// A queue pair the program made with libibverbs itself, wrapped (`VerbsDevice::from_raw`,
+/// `VerbsCq::from_raw`, `VerbsQp::from_raw`), is driven by a `SignaledQueue`: the seed (8
+/// WRITEs, every 4th signaled, only two completions) and a bad rkey on WR3 (1-2 completed,
+/// 3 failed, 4-8 flushed), the memory checked. Dropping the wrappers destroys nothing: the
+/// program destroys every object after them, each destroy succeeding.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_queue_pair_the_program_made_is_driven_by_a_signaled_queue() {
+    for fail_at in [None, Some(3usize)] {
+        let f = foreign(16);
+        let options = VerbsOptions {
+            gid_index: std::env::var("SELSIG_GID_INDEX")
+                .ok()
+                .and_then(|g| g.parse().ok()),
+            ..VerbsOptions::default()
+        };
+        // The program's memory, registered by the program.
+        let src: Vec<u8> = (0..8 * 64).map(|i| (i / 64 + 1) as u8).collect();
+        let mut dst = vec![0u8; 8 * 64];
+        // SAFETY: both vectors outlive the regions (deregistered below, before they drop).
+        let (src_mr, dst_mr) = unsafe {
+            // (selsig's access bits are ibv_access_flags'.)
+            let access = Access::LOCAL_WRITE.bits() as i32;
+            let remote = (Access::LOCAL_WRITE | Access::REMOTE_WRITE).bits() as i32;
+            let s = (f.v.fns.reg_mr)(f.pd, src.as_ptr() as *mut _, src.len(), access);
+            let d = (f.v.fns.reg_mr)(f.pd, dst.as_mut_ptr().cast(), dst.len(), remote);
+            assert!(!s.is_null() && !d.is_null(), "ibv_reg_mr");
+            (s, d)
+        };
+        {
+            // SAFETY: the program's objects stay alive until the wrappers are dropped at the
+            // end of this block; nothing else posts to the QPs meanwhile.
+            let (dev, a, b, cq_a) = unsafe {
+                let dev = VerbsDevice::from_raw(f.ctx, &options).unwrap();
+                let cq_a = Arc::new(VerbsCq::from_raw(&dev, f.cqs[0]).unwrap());
+                let cq_b = Arc::new(VerbsCq::from_raw(&dev, f.cqs[1]).unwrap());
+                let a = VerbsQp::from_raw(&dev, f.qps[0], &cq_a, &cq_a).unwrap();
+                let b = VerbsQp::from_raw(&dev, f.qps[1], &cq_b, &cq_b).unwrap();
+                // A QP with another CQ than its own is refused.
+                assert!(VerbsQp::from_raw(&dev, f.qps[0], &cq_b, &cq_b).is_err());
+                (dev, a, b, cq_a)
+            };
+            assert!(a.caps().max_send_wr >= 16, "{:?}", a.caps());
+            assert!(!a.sq_sig_all());
+            let connect = ConnectOptions {
+                gid_index: dev.gid_index(),
+                ..ConnectOptions::default()
+            };
+            connect_pair(&a, &b, &connect).unwrap();
+            // SAFETY: the regions are live until deregistered below.
+            let (lkey, rkey) = unsafe { ((*src_mr).lkey, (*dst_mr).rkey) };
+            let mut queue: SignaledQueue<VerbsDevice, usize> =
+                SignaledQueue::new(a, cq_a, Policy::Every(4)).unwrap();
+            for i in 0..8 {
+                let local = selsig::Sge {
+                    addr: src.as_ptr() as u64 + i as u64 * 64,
+                    length: 64,
+                    lkey,
+                };
+                let remote = RemoteAddr {
+                    addr: dst.as_ptr() as u64 + i as u64 * 64,
+                    rkey: rkey ^ if fail_at == Some(i + 1) { 0x5a5a5a } else { 0 },
+                };
+                queue
+                    .post(Work::raw(Opcode::RdmaWrite, Some(local), remote, i))
+                    .unwrap();
+            }
+            let mut done = Vec::new();
+            queue.drain(Duration::from_secs(20), &mut done).unwrap();
+            let outcomes: Vec<(usize, Outcome)> =
+                done.iter().map(|c| (c.user, c.outcome)).collect();
+            let want: Vec<(usize, Outcome)> = (0..8)
+                .map(|i| match fail_at {
+                    Some(k) if i + 1 == k => (i, Outcome::Failed(WcStatus::RemAccessErr)),
+                    Some(k) if i + 1 > k => (i, Outcome::Flushed),
+                    _ => (i, Outcome::Completed),
+                })
+                .collect();
+            assert_eq!(outcomes, want, "fail at {fail_at:?}");
+            if fail_at.is_none() {
+                assert_eq!(queue.stats().cqes, 2, "CQE4 and CQE8 only");
+            }
+            drop(queue);
+            drop(b);
+        }
+        for (i, landed) in dst.chunks(64).enumerate() {
+            let completed = fail_at.is_none_or(|k| i + 1 < k);
+            assert_eq!(
+                landed == &src[i * 64..(i + 1) * 64],
+                completed,
+                "WR{}",
+                i + 1
+            );
+        }
+        // The wrappers destroyed nothing: every destroy of the program's succeeds.
+        // SAFETY: the program's objects, destroyed once, children first.
+        unsafe {
+            for qp in f.qps {
+                assert_eq!((f.v.fns.destroy_qp)(qp), 0);
+            }
+            for cq in f.cqs {
+                assert_eq!((f.v.fns.destroy_cq)(cq), 0);
+            }
+            assert_eq!((f.v.fns.dereg_mr)(src_mr), 0);
+            assert_eq!((f.v.fns.dereg_mr)(dst_mr), 0);
+            assert_eq!((f.v.fns.dealloc_pd)(f.pd), 0);
+            assert_eq!((f.v.fns.close_device)(f.ctx), 0);
+        }
+    }
+}
