@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What crossing the C boundary costs per work request: libselsig's batch calls from C
 # (crates/selsig-capi/benches/post_retire.c) beside the Rust tracker doing the same stream
-# (criterion, crates/selsig/benches/tracker.rs post_and_retire), in one run on this
+# (criterion, crates/selsig/benches/tracker.rs: the same batch calls, post_batch_and_retire,
+# and one call per work request, post_and_retire), in one run on this
 # machine. Both with the release profile (LTO). Figures: docs/performance.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +15,5 @@ cc -std=c11 -O2 -Wall -Wextra -Werror -I crates/selsig-capi/include \
 echo "== the C API (median of 15 runs)"
 "$out"
 echo "== the Rust tracker (criterion)"
-cargo bench -q -p selsig --bench tracker -- post_and_retire 2>&1 | grep -E 'time:|post_and_retire' || true
+cargo bench -q -p selsig --bench tracker -- 'post_and_retire|post_batch_and_retire' 2>&1 \
+  | grep -E 'time:|and_retire' || true

@@ -78,5 +78,51 @@ fn bench(c: &mut Criterion, name: &str, per_wr_instant: bool) {
     group.finish();
 }
 
-criterion_group!(benches, post_and_retire, distinct_timestamps);
+/// The stream of `post_and_retire` in batch calls, as libselsig's C benchmark makes them
+/// (`crates/selsig-capi/benches/post_retire.c`): `post_batch` of up to 256 until the queue
+/// is full, every completion of the batch handed over, the retired ones collected in one
+/// pass. The C benchmark's figure less this one is what crossing the C boundary costs.
+fn post_batch_and_retire(c: &mut Criterion) {
+    let mut group = c.benchmark_group("post_batch_and_retire");
+    group.throughput(Throughput::Elements(BATCH));
+    for every in [1u32, 16, 64] {
+        group.bench_with_input(BenchmarkId::new("every", every), &every, |b, &every| {
+            let config = TrackerConfig::new(DEPTH, DEPTH).policy(Policy::Every(every));
+            let mut tracker: SendTracker<u64> =
+                SendTracker::new(config, Instant::now()).expect("valid config");
+            let mut signaled: Vec<u64> = Vec::with_capacity(DEPTH as usize);
+            b.iter(|| {
+                let mut sum = 0u64;
+                let mut done = 0u64;
+                while done < BATCH {
+                    let want = (BATCH - done).min(u64::from(DEPTH)) as usize;
+                    let first = done;
+                    let now = Instant::now();
+                    let payloads = (0..want).map(|i| first + i as u64);
+                    let _ = tracker.post_batch(payloads, Signal::Auto, now, |p| {
+                        done += 1;
+                        if p.signaled() {
+                            signaled.push(p.wr_id);
+                        }
+                    });
+                    for &wr_id in &signaled {
+                        let wc = WorkCompletion::new(wr_id, WcStatus::Success, 0);
+                        let _ = tracker.handle_completion(&wc, now);
+                    }
+                    signaled.clear();
+                    tracker.poll_retired_with(|r| sum = sum.wrapping_add(r.payload));
+                }
+                black_box(sum)
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    post_and_retire,
+    distinct_timestamps,
+    post_batch_and_retire
+);
 criterion_main!(benches);
