@@ -29,6 +29,9 @@ case "$sel" in "$PWD"/*) ;; *) export SELSIG_VM_RW="${SELSIG_VM_RW:+$SELSIG_VM_R
 # compiled here and run in the VM: the seed, and a bad rkey on WR3.
 cseed="$(dirname "$sel")/c-seed"
 cargo build -q -p selsig-capi --lib  # (`cargo test` builds its rlib only)
+# The bare tracker over queue pairs of selsig-verbs, posted and polled by the program.
+cargo build -q -p selsig-verbs --example tracker_seed
+tseed="$(dirname "$sel")/examples/tracker_seed"
 cc -std=c11 -O2 -Wall -Wextra -Werror -I crates/selsig-capi/include examples/c/seed.c \
   "$(dirname "$sel")/libselsig_capi.a" -libverbs -lpthread -ldl -lm -o "$cseed"
 
@@ -44,6 +47,8 @@ for b in "${bins[@]}"; do
 done
 cmd="$cmd; echo '== examples/c/seed.c'; $(printf '%q' "$cseed") --device rxe0 --gid-index 1
 $(printf '%q' "$cseed") --device rxe0 --gid-index 1 --fail-at 3
+echo '== selsig-verbs/examples/tracker_seed.rs'; $(printf '%q' "$tseed") --device rxe0 --gid-index 1
+$(printf '%q' "$tseed") --device rxe0 --gid-index 1 --fail-at 3
 echo '== examples/sideway'; $(printf '%q' "$swseed") --device rxe0 --gid-index 1
 $(printf '%q' "$swseed") --device rxe0 --gid-index 1 --fail-at 3"
 # Last, as it takes rxe0's link down: a port that is not ACTIVE is the host's state (exit
