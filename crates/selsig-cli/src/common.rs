@@ -184,7 +184,7 @@ fn parse_device(text: &str) -> std::result::Result<String, String> {
 /// `selsig serve`'s address for `--connect`: not empty, and a port (if any) a number.
 pub fn parse_host(text: &str) -> std::result::Result<String, String> {
     let host = not_blank(text, "no host given (HOST or HOST:PORT of selsig serve)")?;
-    crate::remote::host_and_port(&host).map_err(|e| e.to_string())?;
+    crate::net::host_and_port(&host).map_err(|e| e.to_string())?;
     Ok(host)
 }
 

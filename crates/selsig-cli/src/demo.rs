@@ -15,13 +15,11 @@ use serde::Serialize;
 use crate::common::{
     DeviceInfo, OnDevice, ProviderArgs, ProviderKind, parse_size, pattern, span, with_device,
 };
+use crate::limits::MAX_WRS;
 use crate::remote::Peer;
 
 /// Largest memory the demo registers on each side.
 const MAX_BYTES: u64 = 1 << 30;
-/// The most WRITEs one demo runs (and a server accepts from one client): the demo keeps and
-/// checks every one.
-pub const MAX_WRS: u32 = 1 << 20;
 
 /// Run the seed example: RDMA WRITEs on one RC queue pair, every N-th signaled, and show
 /// which completions appeared and what each confirmed.
@@ -718,7 +716,10 @@ fn wrap_list(items: &[String], width: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote::tests::{hello_from, local_listener, soft_device, soft_info};
+    use crate::remote::{RemotePeer, serve_on};
     use clap::Parser;
+    use std::net::TcpStream;
 
     #[derive(Debug, Parser)]
     struct Options {
@@ -875,5 +876,49 @@ mod tests {
             text.contains("\nSummary: 0 WRs executed, 3 flushed; 1 CQE generated"),
             "{text}"
         );
+    }
+
+    /// `selsig serve` and `selsig demo --connect` on one soft NIC in this process: the
+    /// demo's WRITEs land in the server's region, the server checks them against the
+    /// outcomes and passes the session; a client whose outcomes lie fails it, as does one
+    /// that says nothing; one that ends unchecked passes.
+    #[test]
+    fn serve_passes_a_demo_and_fails_a_client_whose_outcomes_are_not_its_memory() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Options {
+            #[command(flatten)]
+            demo: DemoArgs,
+        }
+        let (dev, pd, cq) = soft_device();
+        let info = soft_info();
+        let (listener, at) = local_listener();
+        std::thread::scope(|s| {
+            // WRITE 6 fails, 7 and 8 are flushed: the server finds 1 to 5 and zeros.
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            let args = Options::parse_from(["demo", "--connect", &at, "--fail-at", "6"]);
+            let report = (&args.demo).run(&dev, &info).unwrap();
+            assert_eq!((report.summary.completed, report.summary.failed), (5, 1));
+            assert!(report.remote_verified);
+            assert_eq!(report.mismatches, [0u32; 0]);
+            assert_eq!(report.target, Some(format!("soft0 at {at}")));
+            assert!(server.join().unwrap().unwrap(), "the server's check");
+            // WRITE 1 said to have completed, never posted.
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            let (qp, _) = hello_from(&dev, &pd, &cq, 2, 64, 0);
+            let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
+            let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
+            assert_eq!(peer.check(vec![1]).unwrap(), [1]);
+            assert!(!server.join().unwrap().unwrap(), "the server's check");
+            // A session ended unchecked passes (nothing to check).
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
+            peer.finish_unchecked().unwrap();
+            assert!(server.join().unwrap().unwrap(), "a session ended unchecked");
+            // A client that breaks off: the session fails.
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            drop(TcpStream::connect(&at).unwrap());
+            assert!(!server.join().unwrap().unwrap(), "a session with no hello");
+        });
     }
 }

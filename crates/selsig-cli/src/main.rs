@@ -17,9 +17,10 @@ macro_rules! say {
 }
 
 mod bench;
-mod chart;
 mod common;
 mod demo;
+mod limits;
+mod net;
 mod remote;
 
 /// selsig: selective signaling for RDMA send queues, done right.
@@ -562,7 +563,7 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         None => None,
     };
     let svg = match &args.svg {
-        Some(_) => Some(chart::render(&report).map_err(Failure::Run)?),
+        Some(_) => Some(bench::chart::render(&report).map_err(Failure::Run)?),
         None => None,
     };
     let mut files = Vec::new();

@@ -18,23 +18,21 @@ use selsig::{
 use serde::{Deserialize, Serialize};
 
 use crate::common::{DeviceInfo, OnDevice, Pattern, ProviderArgs};
+use crate::limits::{MAX_REGION, MAX_RUN, MAX_WRS};
+use crate::net::{DEFAULT_PORT, host_and_port, show_address};
 
-/// The default TCP port (perftest's).
-pub const DEFAULT_PORT: u16 = 18515;
 /// The exchange's version: both sides must speak the same (0: a selsig from before
 /// versions).
 const PROTOCOL: u32 = 1;
 /// Largest target region a server registers for one client: what `selsig bench
 /// --region` may ask for.
-const MAX_BYTES: u64 = crate::bench::MAX_REGION;
+const MAX_BYTES: u64 = MAX_REGION;
 /// How long the server waits for a client's hello; for its outcomes, this long after the
 /// time the client said its run takes.
 const HELLO_WAIT: Duration = Duration::from_secs(30);
 const RUN_WAIT: Duration = Duration::from_secs(300);
 /// How long a client waits for each of the server's replies.
 const REPLY_WAIT: Duration = Duration::from_secs(120);
-/// The longest run a client may announce (`selsig bench -D` takes no longer point).
-pub const MAX_RUN: Duration = Duration::from_secs(24 * 3600);
 /// How long either side takes to hand one message to a peer that does not read it (a
 /// server serves one client at a time). Short in unit tests, which wait it out.
 const SEND_WAIT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 120 });
@@ -303,50 +301,6 @@ pub fn gid_hint(mine: &Endpoint, theirs: &Endpoint, peer: &str) -> String {
 /// The first 200 characters of what a peer sent, for an error message.
 fn excerpt(text: &str) -> String {
     text.chars().take(200).collect()
-}
-
-/// `host[:port]` as the name to resolve and the port, the default port where none is
-/// given: `host`, `host:port`, an IPv4 address, an IPv6 address bare (`fe80::1`, with
-/// the default port) or in brackets (`[::1]`, `[::1]:9000`), with a scope name too
-/// (`[fe80::1%eth0]:9000`, which the socket address parser does not take: the resolver
-/// does).
-pub(crate) fn host_and_port(host: &str) -> Result<(String, u16)> {
-    let host = host.trim();
-    // Digits only (`u16`'s parser takes a sign), and not 0 (no server listens there).
-    let port = |p: &str| match p.parse::<u16>() {
-        Ok(n) if n != 0 && p.bytes().all(|b| b.is_ascii_digit()) => Ok(n),
-        _ => Err(anyhow::anyhow!("{p:?} is not a port (1 to 65535)")),
-    };
-    if let Some(rest) = host.strip_prefix('[') {
-        let Some((name, after)) = rest.split_once(']') else {
-            bail!("no ']' after the IPv6 address");
-        };
-        if name.is_empty() {
-            bail!("no address between '[' and ']'");
-        }
-        return match after {
-            "" => Ok((name.to_string(), DEFAULT_PORT)),
-            _ => match after.strip_prefix(':') {
-                Some(p) => Ok((name.to_string(), port(p)?)),
-                None => bail!("':PORT' or nothing may follow the ']'"),
-            },
-        };
-    }
-    match host.rsplit_once(':') {
-        // Two colons or more: a bare IPv6 address.
-        Some(("", _)) => bail!("no host before the ':PORT'"),
-        Some((name, p)) if !name.contains(':') => Ok((name.to_string(), port(p)?)),
-        _ => Ok((host.to_string(), DEFAULT_PORT)),
-    }
-}
-
-/// `name:port` for messages, an IPv6 address in brackets.
-fn show_address(name: &str, port: u16) -> String {
-    if name.contains(':') {
-        format!("[{name}]:{port}")
-    } else {
-        format!("{name}:{port}")
-    }
 }
 
 /// Text a peer sent, for the terminal: at most `max` characters, those that do not print
@@ -714,7 +668,7 @@ impl OnDevice for &ServeArgs {
 
 /// Serves the clients that connect to `listener`, one at a time, for ever or, `once`, one
 /// session: then whether its check passed.
-fn serve_on<D: Device>(
+pub(crate) fn serve_on<D: Device>(
     listener: &TcpListener,
     dev: &D,
     info: &DeviceInfo,
@@ -855,12 +809,12 @@ fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepa
     );
     let slot = hello.size.max(1);
     let bytes = u64::from(hello.wrs).saturating_mul(slot);
-    if hello.wrs == 0 || hello.wrs > crate::demo::MAX_WRS || bytes > MAX_BYTES {
+    if hello.wrs == 0 || hello.wrs > MAX_WRS || bytes > MAX_BYTES {
         bail!(
             "the client asked for {} slots of {} bytes: at most {} slots and {MAX_BYTES} bytes in all",
             hello.wrs,
             hello.size,
-            crate::demo::MAX_WRS
+            MAX_WRS
         );
     }
     // Checked before anything is created for it.
@@ -967,7 +921,7 @@ fn finish<D: Device>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn wire(gid: &str) -> Wire {
@@ -978,40 +932,6 @@ mod tests {
             gid: gid.to_string(),
             mtu: 0,
             rd_atomic: 0,
-        }
-    }
-
-    #[test]
-    fn the_default_port_is_added_where_none_is_given() {
-        let split = |host| {
-            let (name, port) = host_and_port(host).unwrap();
-            show_address(&name, port)
-        };
-        assert_eq!(split("target"), "target:18515");
-        assert_eq!(split("target:9000"), "target:9000");
-        assert_eq!(split("10.77.0.1"), "10.77.0.1:18515");
-        assert_eq!(split("10.77.0.1:9000"), "10.77.0.1:9000");
-        assert_eq!(split("::1"), "[::1]:18515");
-        assert_eq!(split("[::1]"), "[::1]:18515");
-        assert_eq!(split("[::1]:9000"), "[::1]:9000");
-        assert_eq!(split("[fe80::1%eth0]:9000"), "[fe80::1%eth0]:9000");
-        assert_eq!(split("[fe80::1%eth0]"), "[fe80::1%eth0]:18515");
-        assert_eq!(split("fe80::1%eth0"), "[fe80::1%eth0]:18515");
-        for (host, why) in [
-            ("target:port", "\"port\" is not a port (1 to 65535)"),
-            ("target:70000", "\"70000\" is not a port (1 to 65535)"),
-            ("target:0", "\"0\" is not a port (1 to 65535)"),
-            ("target:+80", "\"+80\" is not a port (1 to 65535)"),
-            ("target:", "\"\" is not a port (1 to 65535)"),
-            ("[::1]:x", "\"x\" is not a port (1 to 65535)"),
-            ("[::1", "no ']' after the IPv6 address"),
-            ("[::1]9000", "':PORT' or nothing may follow the ']'"),
-            (":80", "no host before the ':PORT'"),
-            ("[]", "no address between '[' and ']'"),
-            ("[]:80", "no address between '[' and ']'"),
-        ] {
-            let err = host_and_port(host).expect_err(host).to_string();
-            assert_eq!(err, why);
         }
     }
 
@@ -1034,21 +954,8 @@ mod tests {
         );
     }
 
-    /// A link-local address with a scope name (the loopback's, which every host has) and
-    /// a port resolves: the socket address parser takes no scope name, the resolver does.
-    #[test]
-    fn a_scoped_link_local_address_with_a_port_resolves() {
-        let (name, port) = host_and_port("[fe80::1%lo]:9000").unwrap();
-        let addrs: Vec<_> = (name.as_str(), port).to_socket_addrs().unwrap().collect();
-        assert!(
-            matches!(addrs.as_slice(), [std::net::SocketAddr::V6(a)]
-                if a.port() == 9000 && a.scope_id() != 0 && a.ip().segments()[0] == 0xfe80),
-            "{addrs:?}"
-        );
-    }
-
     /// A listener on the loopback, and the address to connect to it.
-    fn local_listener() -> (TcpListener, String) {
+    pub(crate) fn local_listener() -> (TcpListener, String) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let at = listener.local_addr().unwrap().to_string();
         (listener, at)
@@ -1198,7 +1105,7 @@ mod tests {
     }
 
     /// A soft NIC, a protection domain and a CQ on it, for the QPs of clients.
-    fn soft_device() -> (
+    pub(crate) fn soft_device() -> (
         selsig_soft::SoftDevice,
         selsig_soft::SoftPd,
         selsig_soft::SoftCq,
@@ -1209,7 +1116,7 @@ mod tests {
         (dev, pd, cq)
     }
 
-    fn soft_info() -> DeviceInfo {
+    pub(crate) fn soft_info() -> DeviceInfo {
         DeviceInfo {
             provider: crate::common::ProviderKind::Soft,
             device: "soft0".into(),
@@ -1221,7 +1128,7 @@ mod tests {
 
     /// A hello for `wrs` slots of `size` bytes and a run of `run_s` seconds, from a QP of
     /// `dev` (returned: it must outlive the exchange).
-    fn hello_from<D: Device>(
+    pub(crate) fn hello_from<D: Device>(
         dev: &D,
         pd: &D::Pd,
         cq: &D::Cq,
@@ -1594,7 +1501,7 @@ mod tests {
         let (dev, pd, cq) = soft_device();
         // Every WRITE said to have completed, none landed: the reply names every one,
         // megabytes that fill the socket's buffers.
-        let wrs = crate::demo::MAX_WRS;
+        let wrs = MAX_WRS;
         let (_qp, hello) = hello_from(&dev, &pd, &cq, wrs, 1, 0);
         let (server, mut client) = tcp_pair();
         let check = serde_json::to_string(&Check {
@@ -1649,7 +1556,7 @@ mod tests {
             let _ = stop.recv_timeout(Duration::from_secs(60));
         });
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
-        let wrs = crate::demo::MAX_WRS;
+        let wrs = MAX_WRS;
         let peer = RemotePeer::connect(&at, &mine, wrs, 1, None).unwrap();
         let start = Instant::now();
         let err = peer
@@ -1903,7 +1810,7 @@ mod tests {
             size,
             run_s: 0,
         };
-        let max_wrs = crate::demo::MAX_WRS;
+        let max_wrs = MAX_WRS;
         for (wrs, size) in [(0, 64), (max_wrs + 1, 1), (max_wrs, 4097), (2, 1 << 63)] {
             let err = prepare(&dev, &soft_info(), &hello(wrs, size))
                 .err()
@@ -1964,49 +1871,5 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         // The reset is reported once, by the first look: that one must see it.
         assert_eq!(peer.closed().as_deref(), Some(""));
-    }
-
-    /// `selsig serve` and `selsig demo --connect` on one soft NIC in this process: the
-    /// demo's WRITEs land in the server's region, the server checks them against the
-    /// outcomes and passes the session; a client whose outcomes lie fails it, as does one
-    /// that says nothing; one that ends unchecked passes.
-    #[test]
-    fn serve_passes_a_demo_and_fails_a_client_whose_outcomes_are_not_its_memory() {
-        use clap::Parser;
-        #[derive(Debug, Parser)]
-        struct Options {
-            #[command(flatten)]
-            demo: crate::demo::DemoArgs,
-        }
-        let (dev, pd, cq) = soft_device();
-        let info = soft_info();
-        let (listener, at) = local_listener();
-        std::thread::scope(|s| {
-            // WRITE 6 fails, 7 and 8 are flushed: the server finds 1 to 5 and zeros.
-            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
-            let args = Options::parse_from(["demo", "--connect", &at, "--fail-at", "6"]);
-            let report = (&args.demo).run(&dev, &info).unwrap();
-            assert_eq!((report.summary.completed, report.summary.failed), (5, 1));
-            assert!(report.remote_verified);
-            assert_eq!(report.mismatches, [0u32; 0]);
-            assert_eq!(report.target, Some(format!("soft0 at {at}")));
-            assert!(server.join().unwrap().unwrap(), "the server's check");
-            // WRITE 1 said to have completed, never posted.
-            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
-            let (qp, _) = hello_from(&dev, &pd, &cq, 2, 64, 0);
-            let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
-            let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
-            assert_eq!(peer.check(vec![1]).unwrap(), [1]);
-            assert!(!server.join().unwrap().unwrap(), "the server's check");
-            // A session ended unchecked passes (nothing to check).
-            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
-            let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
-            peer.finish_unchecked().unwrap();
-            assert!(server.join().unwrap().unwrap(), "a session ended unchecked");
-            // A client that breaks off: the session fails.
-            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
-            drop(TcpStream::connect(&at).unwrap());
-            assert!(!server.join().unwrap().unwrap(), "a session with no hello");
-        });
     }
 }

@@ -6,7 +6,8 @@ use anyhow::{Result, anyhow};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use crate::bench::{Point, Report};
+use crate::bench::report::{Point, Report};
+use crate::bench::units::human_size;
 
 const WIDTH: u32 = 1000;
 /// Height of one panel.
@@ -357,7 +358,7 @@ fn sizes(report: &Report) -> Vec<u64> {
 
 /// A size as the table writes it.
 fn size_label(size: u64) -> String {
-    crate::bench::human_size(size)
+    human_size(size)
 }
 
 /// The `every:N` points of one size.
@@ -393,7 +394,9 @@ fn adaptive<'r>(
 
 #[cfg(test)]
 mod tests {
-    use super::log_bounds;
+    use super::{log_bounds, render};
+    use crate::bench::report::Percentiles;
+    use crate::bench::report::tests::{percentiles, report_of};
 
     #[test]
     fn log_bounds_run_from_a_power_of_ten_below_to_one_above_with_a_margin() {
@@ -421,5 +424,227 @@ mod tests {
         // With nothing to show, a default range.
         assert_eq!(log_bounds([0.0, nan].into_iter()), 0.001..1.0);
         assert_eq!(log_bounds(std::iter::empty()), 0.001..1.0);
+    }
+
+    #[test]
+    fn every_log_axis_has_two_labels_or_more() {
+        // Throughput within one decade, below 1 Gb/s too (a loaded machine's 64 B points):
+        // the powers of ten at the ends of the axis were left out by rounding.
+        for (lo, hi) in [
+            (0.2, 0.5),
+            (0.12, 0.9),
+            (2.0, 9.0),
+            (0.012, 0.05),
+            (20.0, 30.0),
+        ] {
+            let mut report = report_of(&[1.0, 1.0]);
+            report.points[0].gbit_per_sec = lo;
+            report.points[1].gbit_per_sec = hi;
+            report.points[1].size = 64;
+            let svg = render(&report).unwrap();
+            let texts = svg_texts(&svg);
+            let from = texts
+                .iter()
+                .position(|t| t.starts_with("Throughput"))
+                .unwrap();
+            let y: Vec<f64> = texts[from..]
+                .iter()
+                .skip_while(|t| !t.starts_with("signal interval"))
+                .skip(1)
+                .map_while(|t| t.parse::<f64>().ok())
+                .collect();
+            // The y labels, then the x labels 1 and 2 (intervals of the two points).
+            let (y, x) = y.split_at(y.len() - 2);
+            assert_eq!(x, [1.0, 2.0], "{lo}..{hi}: {texts:?}");
+            // Powers of ten, from below the lowest value to above the highest.
+            assert!(y.len() >= 2, "{lo}..{hi}: {y:?}");
+            assert!(y[0] <= lo && y[y.len() - 1] >= hi, "{lo}..{hi}: {y:?}");
+            assert!(
+                y.windows(2).all(|w| (w[1] / w[0] - 10.0).abs() < 1e-9),
+                "{y:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_chart_draws_each_figure_against_the_interval_it_names() {
+        // One size, every 1, 4 and 16, and adaptive at 4: throughput 1, 2 and 4 Gb/s (3
+        // adaptive), lag p50 100, 200 and 400 µs with p99 eight times as long.
+        let mut report = report_of(&[1.0; 4]);
+        for (i, p) in report.points.iter_mut().enumerate() {
+            let interval = [1u32, 4, 16, 4][i];
+            p.size = 64;
+            p.interval = (i < 3).then_some(interval);
+            p.policy = match i {
+                3 => "adaptive:4,50us".to_string(),
+                _ => format!("every:{interval}"),
+            };
+            p.gbit_per_sec = [1.0, 2.0, 4.0, 3.0][i];
+            let p50 = [100_000, 200_000, 400_000, 150_000][i];
+            p.lag = Some(Percentiles {
+                count: 1000,
+                p50_ns: p50,
+                p99_ns: 8 * p50,
+                max_ns: 8 * p50,
+                mean_ns: p50 as f64,
+            });
+        }
+        let svg = render(&report).unwrap();
+        let texts = svg_texts(&svg);
+        let at = |title: &str| texts.iter().position(|t| t.starts_with(title)).unwrap();
+        let (throughput, lag) = (at("Throughput"), at("Confirmation lag"));
+        let numbers =
+            |panel: &[&str]| -> Vec<f64> { panel.iter().filter_map(|t| t.parse().ok()).collect() };
+        // Each panel's axes: its unit, the intervals 1 to 16 (not their logarithms, and
+        // the largest not cut off), below y labels that span the figures.
+        for (panel, unit, lo, hi) in [
+            (&texts[throughput..lag], "Gb/s", 1.0, 4.0),
+            (&texts[lag..], "microseconds (log scale)", 100.0, 3200.0),
+        ] {
+            assert!(panel.contains(&unit), "{unit}: {panel:?}");
+            let numbers = numbers(panel);
+            let (y, x) = numbers.split_at(numbers.len() - 5);
+            assert_eq!(x, [1.0, 2.0, 4.0, 8.0, 16.0], "{unit}: {panel:?}");
+            let (min, max) = (y[0], y[y.len() - 1]);
+            assert!(min <= lo && max >= hi && max < 100.0 * hi, "{unit}: {y:?}");
+        }
+        // The lines join the every:N points only (the adaptive one is a triangle), left
+        // to right; p99 (dashed) above p50 (solid).
+        let points = |style: &str| -> Vec<Vec<(i64, i64)>> {
+            svg.split("<polyline")
+                .skip(1)
+                // The element itself, not the ones drawn after it.
+                .map(|e| &e[..e.find("/>").unwrap()])
+                .filter(|e| e.contains(style))
+                .map(svg_points)
+                .collect()
+        };
+        let lines: Vec<_> = points(r##"stroke="#0072B2" stroke-width="2""##)
+            .into_iter()
+            .filter(|l| l.len() > 2)
+            .collect();
+        assert_eq!(lines.len(), 2, "throughput and lag p50: {lines:?}");
+        for line in &lines {
+            assert_eq!(line.len(), 3, "{line:?}");
+            assert!(line.windows(2).all(|w| w[0].0 < w[1].0), "{line:?}");
+        }
+        let p50_top = lines[1].iter().map(|p| p.1).min().unwrap();
+        let dashes = points(r##"stroke="#0072B2" stroke-width="1""##);
+        assert!(!dashes.is_empty());
+        assert!(
+            dashes.iter().flatten().all(|p| p.1 < p50_top),
+            "p99 {dashes:?} not above p50 {:?}",
+            lines[1]
+        );
+        assert_eq!(
+            svg.matches("<polygon").count(),
+            2,
+            "an adaptive triangle a panel"
+        );
+    }
+
+    /// The interval axis runs from the smallest interval drawn to the largest, a label per
+    /// power of two: a sweep of long intervals does not leave most of the plot empty.
+    #[test]
+    fn the_interval_axis_starts_at_the_smallest_interval() {
+        for (intervals, labels) in [
+            (&[64u32, 128][..], &["64", "128"][..]),
+            (&[16, 32, 64, 128], &["16", "32", "64", "128"]),
+            (&[1, 4], &["1", "2", "4"]),
+            (&[64], &["32", "64"]),
+        ] {
+            let mut report = report_of(&vec![1.0; intervals.len()]);
+            for (p, &n) in report.points.iter_mut().zip(intervals) {
+                p.size = 64;
+                p.interval = Some(n);
+                p.policy = format!("every:{n}");
+            }
+            let svg = render(&report).unwrap();
+            let texts = svg_texts(&svg);
+            // The throughput panel's x labels: its whole numbers (its y labels have a
+            // decimal), up to the next panel's title.
+            let x: Vec<&str> = texts
+                .iter()
+                .skip_while(|t| !t.starts_with("Throughput"))
+                .take_while(|t| !t.starts_with("Confirmation lag"))
+                .copied()
+                .filter(|t| t.parse::<u32>().is_ok())
+                .collect();
+            assert_eq!(x, labels, "{intervals:?}: {texts:?}");
+        }
+    }
+
+    /// A size swept at one interval has no line to dash: its p99 still gets a mark, above
+    /// its p50, in every panel of percentiles; so does an adaptive point's.
+    #[test]
+    fn a_lone_point_and_an_adaptive_one_show_their_p99() {
+        let mut report = report_of(&[1.0, 1.0]);
+        for (i, p) in report.points.iter_mut().enumerate() {
+            p.size = 64;
+            p.interval = (i == 0).then_some(1);
+            p.policy = ["every:1", "adaptive:4,50us"][i].to_string();
+            p.lag = Some(percentiles(100_000, 800_000, 900_000));
+        }
+        let svg = render(&report).unwrap();
+        let lag = &svg[svg.find("Confirmation lag").unwrap()..];
+        // (cx, cy) of the panel's filled or hollow circles (the legend's is filled).
+        let circles = |filled: bool| -> Vec<(f64, f64)> {
+            lag.split("<circle")
+                .skip(1)
+                .map(|e| &e[..e.find("/>").unwrap()])
+                .filter(|e| e.contains(r#"fill="none""#) != filled)
+                .map(|e| {
+                    let attr = |name: &str| -> f64 {
+                        let v = e.split(&format!("{name}=\"")).nth(1).unwrap();
+                        v[..v.find('"').unwrap()].parse().unwrap()
+                    };
+                    (attr("cx"), attr("cy"))
+                })
+                .collect()
+        };
+        let (filled, p99) = (circles(true), circles(false));
+        assert_eq!(p99.len(), 1, "{lag}");
+        let p50 = filled
+            .iter()
+            .find(|c| c.0 == p99[0].0)
+            .expect("p50 below p99");
+        assert!(p99[0].1 < p50.1, "p99 at {:?} above p50 at {p50:?}", p99[0]);
+        // The adaptive point: a filled triangle at p50, an outline (a closed path of
+        // four points, the first one again) above it at p99.
+        let filled: Vec<Vec<(i64, i64)>> = lag.split("<polygon").skip(1).map(svg_points).collect();
+        assert_eq!(filled.len(), 1, "adaptive p50: {lag}");
+        let outline: Vec<Vec<(i64, i64)>> = lag
+            .split("<polyline")
+            .skip(1)
+            .map(svg_points)
+            .filter(|p| p.len() == 4 && p[0] == p[3])
+            .collect();
+        assert_eq!(outline.len(), 1, "adaptive p99: {lag}");
+        let top = |p: &[(i64, i64)]| p.iter().map(|q| q.1).min().unwrap();
+        assert!(
+            top(&outline[0]) < top(&filled[0]),
+            "{outline:?} above {filled:?}"
+        );
+    }
+
+    /// The pixels of the `points` attribute of an SVG element (from its text on).
+    fn svg_points(element: &str) -> Vec<(i64, i64)> {
+        let list = element.split("points=\"").nth(1).unwrap();
+        list[..list.find('"').unwrap()]
+            .split_whitespace()
+            .map(|p| {
+                let (x, y) = p.split_once(',').unwrap();
+                (x.parse().unwrap(), y.parse().unwrap())
+            })
+            .collect()
+    }
+
+    /// The texts of an SVG document, in order.
+    fn svg_texts(svg: &str) -> Vec<&str> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| t.split_once('>').map(|(_, rest)| rest))
+            .filter_map(|t| t.split_once("</text>").map(|(text, _)| text.trim()))
+            .collect()
     }
 }
