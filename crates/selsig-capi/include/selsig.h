@@ -168,13 +168,13 @@ typedef struct selsig_retired {
   uint64_t cookie;
   // Its sequence number (1, 2, ... by default).
   uint64_t seq;
-  // `SELSIG_COMPLETED`, `SELSIG_FAILED` or `SELSIG_FLUSHED`.
-  uint32_t outcome;
   // Its `enum ibv_wc_status`: `IBV_WC_SUCCESS`, the failure's, or
   // `IBV_WC_WR_FLUSH_ERR`.
   uint32_t status;
+  // `SELSIG_COMPLETED`, `SELSIG_FAILED` or `SELSIG_FLUSHED`.
+  uint16_t outcome;
   // 1 when it was posted signaled.
-  uint32_t signaled;
+  uint16_t signaled;
 } selsig_retired;
 
 // Counters of one tracker.

@@ -94,12 +94,12 @@ pub const SELSIG_POST_SIGNAL: u32 = 1;
 pub const SELSIG_IBV_SEND_SIGNALED: u32 = 1 << 1;
 
 /// `selsig_retired.outcome`: the work request completed.
-pub const SELSIG_COMPLETED: u32 = 0;
+pub const SELSIG_COMPLETED: u16 = 0;
 /// `selsig_retired.outcome`: it failed with `selsig_retired.status`.
-pub const SELSIG_FAILED: u32 = 1;
+pub const SELSIG_FAILED: u16 = 1;
 /// `selsig_retired.outcome`: it was flushed (`IBV_WC_WR_FLUSH_ERR`): it did not execute,
 /// or not wholly.
-pub const SELSIG_FLUSHED: u32 = 2;
+pub const SELSIG_FLUSHED: u16 = 2;
 
 /// `selsig_tracker_state`: accepting posts.
 pub const SELSIG_STATE_READY: u32 = 0;
@@ -168,13 +168,13 @@ pub struct selsig_retired {
     pub cookie: u64,
     /// Its sequence number (1, 2, ... by default).
     pub seq: u64,
-    /// `SELSIG_COMPLETED`, `SELSIG_FAILED` or `SELSIG_FLUSHED`.
-    pub outcome: u32,
     /// Its `enum ibv_wc_status`: `IBV_WC_SUCCESS`, the failure's, or
     /// `IBV_WC_WR_FLUSH_ERR`.
     pub status: u32,
+    /// `SELSIG_COMPLETED`, `SELSIG_FAILED` or `SELSIG_FLUSHED`.
+    pub outcome: u16,
     /// 1 when it was posted signaled.
-    pub signaled: u32,
+    pub signaled: u16,
 }
 
 /// Counters of one tracker.
@@ -660,9 +660,9 @@ fn retired_of(r: Retired<u64>) -> selsig_retired {
     selsig_retired {
         cookie: r.payload,
         seq: r.seq.0,
-        outcome,
         status: u32::from(status),
-        signaled: u32::from(r.signaled),
+        outcome,
+        signaled: u16::from(r.signaled),
     }
 }
 
