@@ -8,7 +8,7 @@ use crate::format::PostStep;
 use crate::model::{Action, Fault, Op, Post, SignalChoice};
 
 use super::bounds::unusable;
-use super::checker::{MAX_COUNT, MAX_REGION, MAX_TOTAL};
+use super::checker::MAX_REGION;
 use super::steps::{Here, Steps};
 
 impl Steps<'_> {
@@ -68,23 +68,7 @@ impl Steps<'_> {
     /// The count, size, offsets and stride of a post, in range; returns the offsets and the
     /// stride, defaults applied.
     fn post_sizes(&mut self, at: &Here, p: &PostStep) -> Result<(u64, u64, u64), ScenarioError> {
-        if p.count == 0 || p.count > MAX_COUNT {
-            return Err(self.here(
-                at,
-                format!("count {} is out of range 1..={MAX_COUNT}", p.count),
-            ));
-        }
-        self.total += p.count;
-        if self.total > MAX_TOTAL {
-            return Err(self.here(
-                at,
-                format!(
-                    "the steps so far post {} work requests and receives: a scenario \
-                     posts at most {MAX_TOTAL}",
-                    self.total
-                ),
-            ));
-        }
+        self.count(at, p.count)?;
         if p.size > MAX_REGION {
             return Err(self.here(
                 at,

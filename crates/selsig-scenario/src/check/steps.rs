@@ -48,6 +48,26 @@ impl<'s> Steps<'s> {
             .err(at.span.clone(), format!("step {}: {m}", at.n + 1))
     }
 
+    /// The `count` of a post or receive step `at`, in range, added to the scenario's total
+    /// (which is bounded too).
+    pub fn count(&mut self, at: &Here, count: u64) -> Result<(), ScenarioError> {
+        if count == 0 || count > MAX_COUNT {
+            return Err(self.here(at, format!("count {count} is out of range 1..={MAX_COUNT}")));
+        }
+        self.total += count;
+        if self.total > MAX_TOTAL {
+            return Err(self.here(
+                at,
+                format!(
+                    "the steps so far post {} work requests and receives: a scenario \
+                     posts at most {MAX_TOTAL}",
+                    self.total
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The endpoint a step names (a peer only where `allow_peer`).
     pub fn find_qp(&self, name: &str, at: &Here, allow_peer: bool) -> Result<QpRef, ScenarioError> {
         let (span, step) = (at.span.clone(), at.n);
@@ -98,23 +118,7 @@ impl<'s> Steps<'s> {
                 ),
             ));
         }
-        if r.count == 0 || r.count > MAX_COUNT {
-            return Err(self.here(
-                at,
-                format!("count {} is out of range 1..={MAX_COUNT}", r.count),
-            ));
-        }
-        self.total += r.count;
-        if self.total > MAX_TOTAL {
-            return Err(self.here(
-                at,
-                format!(
-                    "the steps so far post {} work requests and receives: a scenario \
-                     posts at most {MAX_TOTAL}",
-                    self.total
-                ),
-            ));
-        }
+        self.count(at, r.count)?;
         let offset = r.offset.unwrap_or(0);
         for (field, value) in [("size", r.size), ("offset", offset)] {
             if value > MAX_REGION {
