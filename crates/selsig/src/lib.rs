@@ -63,9 +63,11 @@
 pub mod buffer;
 mod claims;
 pub mod credits;
+mod errors;
 pub mod policy;
 pub mod provider;
 pub mod queue;
+mod seq;
 pub mod shared;
 pub mod stats;
 pub mod tracker;
