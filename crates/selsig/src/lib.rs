@@ -67,6 +67,7 @@ mod errors;
 pub mod policy;
 pub mod provider;
 pub mod queue;
+mod queue_errors;
 mod seq;
 pub mod shared;
 pub mod stats;
