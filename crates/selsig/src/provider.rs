@@ -11,7 +11,7 @@
 
 use std::fmt;
 use std::io;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::wc::WorkCompletion;
 
@@ -464,6 +464,13 @@ pub enum CqError {
     /// The provider reported an error.
     #[error("polling the completion queue failed")]
     Os(#[source] io::Error),
+    /// The CQ gives no completion events: it was made without a completion channel, or
+    /// its provider has none.
+    #[error("the completion queue gives no completion events (made without a completion channel)")]
+    NoEvents,
+    /// Waiting for, arming or taking a completion event failed.
+    #[error("the completion queue's event channel failed")]
+    Event(#[source] io::Error),
 }
 
 /// An asynchronous event of a device (`struct ibv_async_event`).
@@ -658,6 +665,41 @@ pub trait CompletionQueue: Send + Sync + 'static {
     /// (distinct among the device's live CQs). The default, `None`, cannot tell.
     fn identity(&self) -> Option<usize> {
         None
+    }
+
+    /// Arms the CQ for one completion event (`ibv_req_notify_cq` with `solicited_only`
+    /// 0): the next completion added to it makes one event, which
+    /// [`event_fd`](Self::event_fd) turns readable and
+    /// [`take_events`](Self::take_events) or [`wait_event`](Self::wait_event) take. One
+    /// event per arm: arm again after each. Completions already in the CQ need not make
+    /// one, so the waiter's order is: poll until empty, arm, poll again (a completion that
+    /// came between the two polls is found there), and only then sleep.
+    ///
+    /// The default, and a CQ made without events: [`CqError::NoEvents`].
+    fn req_notify(&self) -> Result<(), CqError> {
+        Err(CqError::NoEvents)
+    }
+
+    /// The descriptor that is readable while an event is pending (a verbs completion
+    /// channel's fd, made non-blocking), for a reactor such as tokio's `AsyncFd`. It lives
+    /// as long as the CQ. `None` without events.
+    #[cfg(unix)]
+    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
+    /// Takes (and acknowledges, `ibv_ack_cq_events`) the events that are pending, without
+    /// waiting; returns how many. [`CqError::NoEvents`] without events.
+    fn take_events(&self) -> Result<u32, CqError> {
+        Err(CqError::NoEvents)
+    }
+
+    /// Sleeps until an event is pending or `timeout` (`None`: no limit) passes, then takes
+    /// the pending events like [`take_events`](Self::take_events): 0 when the time ran
+    /// out. [`CqError::NoEvents`] without events.
+    fn wait_event(&self, timeout: Option<Duration>) -> Result<u32, CqError> {
+        let _ = timeout;
+        Err(CqError::NoEvents)
     }
 }
 
