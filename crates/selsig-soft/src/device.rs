@@ -18,6 +18,7 @@ use selsig::{
 
 use crate::config::{MAX_CQE, MAX_QP_WR, Personality, SoftConfig};
 use crate::engine;
+use crate::events::CqEvents;
 use crate::mem;
 use crate::mr::{MrInner, MrTable, random_u32};
 use crate::ring::{self, CompletionRing, Cqe, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe};
@@ -278,6 +279,22 @@ impl CompletionQueue for SoftCq {
 
     fn identity(&self) -> Option<usize> {
         Some(Arc::as_ptr(&self.cq) as usize)
+    }
+
+    fn req_notify(&self) -> Result<(), CqError> {
+        self.cq.events.arm().map_err(CqError::Event)
+    }
+
+    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.cq.events.raw_fd().ok()
+    }
+
+    fn take_events(&self) -> Result<u32, CqError> {
+        self.cq.events.take().map_err(CqError::Event)
+    }
+
+    fn wait_event(&self, timeout: Option<Duration>) -> Result<u32, CqError> {
+        self.cq.events.wait(timeout).map_err(CqError::Event)
     }
 
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
@@ -870,6 +887,7 @@ impl Device for SoftDevice {
                 seen_consumer: crate::sync::AtomicU64::new(0),
                 free_on_poll: self.dev.config.personality == Personality::Mlx5,
                 overrun_is_fatal: self.dev.config.personality == Personality::Mlx5,
+                events: CqEvents::new(),
                 poll: Padded(Mutex::new(PollState::default())),
                 send_queues: RwLock::new(HashMap::new()),
                 recv_queues: RwLock::new(HashMap::new()),

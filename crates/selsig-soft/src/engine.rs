@@ -33,8 +33,14 @@ const FETCH: usize = 16;
 const STAMP_BYTES: u64 = 16 << 10;
 const SPIN: u32 = 2_000;
 const YIELD: u32 = 50;
-/// The longest sleep: a safety net, the doorbell wakes the thread.
+/// The longest sleep while a QP waits on a peer (whose receive or state change may ring
+/// another device's doorbell): a safety net, the doorbell wakes the thread.
 const PARK: Duration = Duration::from_millis(5);
+/// The longest sleep with nothing waiting on a peer: every change the NIC acts on rings
+/// its doorbell, so this only bounds how long a missed wake could cost, while an idle
+/// device wakes 20 times a second (docs/soft-nic.md: an idle process uses well under 1 %
+/// of a core).
+const IDLE_PARK: Duration = Duration::from_millis(50);
 
 /// The NIC thread's view of one QP: itself, its peer, and what its send queue waits for.
 struct Served {
@@ -111,6 +117,7 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
         }
         if progress {
             idle = 0;
+            signal_armed(&served);
             continue;
         }
         idle = idle.saturating_add(1);
@@ -126,9 +133,23 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
                 || dev.qps_version.load(Ordering::Acquire) != version
                 || dev.stop.load(Ordering::Acquire);
             if !pending {
-                std::thread::park_timeout(PARK);
+                let peer_wait = served.iter().any(|s| s.wait.is_some());
+                std::thread::park_timeout(if peer_wait { PARK } else { IDLE_PARK });
             }
             dev.sleeping.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// After a round that did work: an event for each armed CQ that got completions since
+/// the NIC last looked (the fence pairs with the one of `CqEvents::arm`).
+fn signal_armed(served: &[Served]) {
+    crate::sync::fence(Ordering::SeqCst);
+    for s in served {
+        for cq in [&s.qp.send_cq, &s.qp.recv_cq] {
+            if cq.events.due(cq.ring.produced()) {
+                cq.events.signal();
+            }
         }
     }
 }

@@ -71,6 +71,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+pub(crate) mod events;
 pub(crate) mod ring;
 pub(crate) mod sync;
 

@@ -606,6 +606,11 @@ impl CompletionRing {
         &self.slots[(index & self.mask) as usize].0
     }
 
+    /// NIC (the only producer): how many completions it appended so far.
+    pub(crate) fn produced(&self) -> u64 {
+        self.producer.load(Ordering::Relaxed)
+    }
+
     /// NIC (the only producer): appends `cqe`; `false` when the ring is full. `seen`
     /// caches the consumer index, so the poller's line is read only when the ring looks
     /// full.

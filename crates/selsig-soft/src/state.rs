@@ -11,6 +11,7 @@ use parking_lot::{Mutex, RwLock};
 use selsig::{AsyncEvent, QpCaps, QpState};
 
 use crate::config::SoftConfig;
+use crate::events::CqEvents;
 use crate::mr::MrTable;
 use crate::ring::{CompletionRing, Cqe, RecvRing, SendRing};
 use crate::sync::Padded;
@@ -92,6 +93,8 @@ pub(crate) struct CqInner {
     /// mlx5: an overrun puts the CQ in the error state for good. rxe (Linux 6.1) drops
     /// the completion that finds no room, raises `IBV_EVENT_CQ_ERR` for it and goes on.
     pub(crate) overrun_is_fatal: bool,
+    /// Its completion events (`ibv_req_notify_cq`).
+    pub(crate) events: CqEvents,
     /// Written by the poller: on a line of its own, away from the NIC's fields.
     pub(crate) poll: Padded<Mutex<PollState>>,
     pub(crate) send_queues: RwLock<HashMap<u32, Arc<SendRing>>>,

@@ -83,14 +83,14 @@ pub use provider::{
 };
 pub use queue::{
     Completion, CreateError, DrainError, DrainMarker, Payload, PollError, QueueConfig,
-    QueuePostError, SEND_WR_ID_BIT, SignaledQueue, Work,
+    QueuePostError, SEND_WR_ID_BIT, SignaledQueue, TryPostError, Work,
 };
 
 pub use credits::{CqBudget, CqCredits};
 /// The histogram crate of [`Stats`]' `lag_ns` and `wrs_per_cqe`, to name their type.
 pub use hdrhistogram;
 pub use policy::{Policy, PolicyError};
-pub use shared::SharedCq;
+pub use shared::{Pumped, SharedCq};
 pub use stats::{MAX_LAG_NS, Stats};
 pub use tracker::{
     CompletionError, ConfigError, Handled, Outcome, PostError, Posted, QueueState, Retired,

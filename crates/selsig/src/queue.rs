@@ -11,7 +11,9 @@ use crate::policy::Policy;
 use crate::provider::{
     CompletionQueue, Device, Local, MemoryRegion, Opcode, QpState, QueuePair, RemoteAddr, SendWr,
 };
-pub use crate::queue_errors::{CreateError, DrainError, DrainMarker, PollError, QueuePostError};
+pub use crate::queue_errors::{
+    CreateError, DrainError, DrainMarker, PollError, QueuePostError, TryPostError,
+};
 use crate::shared::SharedCq;
 use crate::tracker::{
     CompletionError, ConfigError, Handled, Outcome, PostError, Posted, QueueState, SendTracker,
@@ -578,6 +580,28 @@ impl<D: Device, U> SignaledQueue<D, U> {
         Ok(posted)
     }
 
+    /// Like [`post`](Self::post), but a work request that finds no room (a full send
+    /// queue or CQ budget, or a shared pool whose credits other queues took) comes back
+    /// whole, in [`TryPostError::NoRoom`], to be posted again once completions made room:
+    /// for callers that wait for room and then post, where another queue may take a
+    /// shared credit in between (`selsig-tokio`'s async post).
+    pub fn try_post<'a>(
+        &mut self,
+        work: Work<'a, D::Mr, U>,
+    ) -> Result<Posted, TryPostError<'a, D::Mr, U>> {
+        if self.tracker.available() == 0 {
+            return Err(TryPostError::NoRoom(work));
+        }
+        let shape = work.shape();
+        match self.post(work) {
+            Ok(posted) => Ok(posted),
+            Err(QueuePostError::Refused(e)) if e.is_full() => Err(TryPostError::NoRoom(
+                Work::reassemble(shape, e.into_payload()),
+            )),
+            Err(e) => Err(TryPostError::Failed(e)),
+        }
+    }
+
     /// Posts work requests from `works` with one doorbell, as many as fit now; the rest
     /// stay in the iterator. Returns how many were posted. An iterator that owns what it
     /// has not yielded (`Vec::drain`, `into_iter`) drops it, buffers included, when it is
@@ -809,6 +833,66 @@ impl<D: Device, U> SignaledQueue<D, U> {
         match first_error {
             Some(e) => Err(e.into()),
             None => Ok(n),
+        }
+    }
+
+    /// Like [`poll_with`](Self::poll_with), but sleeps while nothing retires: on the CQ's
+    /// completion events ([`CompletionQueue::req_notify`], then
+    /// [`wait_event`](CompletionQueue::wait_event)), using no CPU, until a completion
+    /// retires work requests, `timeout` passes or the `Adaptive` policy's
+    /// [`next_deadline`](Self::next_deadline) comes (then [`tick`](Self::tick)). Returns
+    /// how many work requests it handed to `f`: 0 when it woke for the time.
+    ///
+    /// It polls, arms, and polls again before it sleeps, so a completion that came
+    /// between the two polls is never slept through. A CQ without events answers
+    /// [`CqError::NoEvents`] (poll it instead). On a [`SharedCq`] this wakes on any
+    /// completion of the CQ and finds its own in its inbox; one thread should wait on a
+    /// CQ at a time (an event taken by another waiter wakes only that one: several
+    /// waiters on one CQ want one poller, as `selsig-tokio` has).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use selsig::{Device, SignaledQueue};
+    /// # fn f<D: Device>(queue: &mut SignaledQueue<D, u64>) -> Result<(), selsig::PollError> {
+    /// while queue.outstanding() > 0 {
+    ///     queue.wait_with(Duration::from_secs(1), |done| drop(done.buffer))?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn wait_with<F>(&mut self, timeout: Duration, mut f: F) -> Result<usize, PollError>
+    where
+        F: FnMut(Completion<D::Mr, U>),
+    {
+        let start = Instant::now();
+        let end = start.checked_add(timeout);
+        let mut handed = 0;
+        loop {
+            self.poll_with(|c| {
+                handed += 1;
+                f(c)
+            })?;
+            if handed > 0 {
+                return Ok(handed);
+            }
+            let until = match (end, self.next_deadline()) {
+                (Some(end), Some(due)) => Some(end.min(due)),
+                (end, due) => end.or(due),
+            };
+            let now = Instant::now();
+            if until.is_some_and(|until| now >= until) {
+                return Ok(0);
+            }
+            self.cq.req_notify()?;
+            self.poll_with(|c| {
+                handed += 1;
+                f(c)
+            })?;
+            if handed > 0 {
+                return Ok(handed);
+            }
+            self.cq
+                .wait_event(until.map(|until| until.saturating_duration_since(now)))?;
         }
     }
 

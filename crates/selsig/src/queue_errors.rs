@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::provider::{CqError, PostWrError, ProviderError};
 use crate::tracker::{CompletionError, ConfigError, PostError, Seq};
+use crate::work::{Payload, Work};
 
 /// Why a post failed. Every work request not posted comes back in the error.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,19 @@ pub enum QueuePostError<T> {
         #[source]
         source: ProviderError,
     },
+}
+
+/// Why [`SignaledQueue::try_post`](crate::SignaledQueue::try_post) did not post.
+#[derive(Debug, thiserror::Error)]
+pub enum TryPostError<'a, M, U> {
+    /// No room now (the send queue, the CQ budget, or a shared pool's credits, which other
+    /// queues may have taken): the work request comes back as it was given. Poll, and post
+    /// it again.
+    #[error("no room for the work request now")]
+    NoRoom(Work<'a, M, U>),
+    /// The post failed for another reason (see [`QueuePostError`]).
+    #[error(transparent)]
+    Failed(QueuePostError<Payload<M, U>>),
 }
 
 /// Why polling failed.

@@ -12,6 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
 
 use crate::credits::CqCredits;
 use crate::provider::{CompletionQueue, CqError, Device};
@@ -51,9 +52,35 @@ struct Inner<D: Device> {
     cq: Arc<D::Cq>,
     credits: CqCredits,
     /// Completions polled for each registered QP (by number) and not yet taken by it.
-    inboxes: Mutex<HashMap<u32, VecDeque<WorkCompletion>>>,
+    inboxes: Mutex<HashMap<u32, Inbox>>,
     /// The receive slots of registered QPs whose receive completions go to this CQ.
     receives: Mutex<Receives>,
+}
+
+/// The completions polled for one queue, and who to wake when one comes.
+#[derive(Default)]
+struct Inbox {
+    wcs: VecDeque<WorkCompletion>,
+    waker: Option<Waker>,
+}
+
+impl Inbox {
+    /// Files `wc`, waking the queue's task if it waits.
+    fn file(&mut self, wc: WorkCompletion) {
+        self.wcs.push_back(wc);
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// What [`SharedCq::pump`] polled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pumped {
+    /// Completions polled from the CQ.
+    pub polled: usize,
+    /// Of those, completions of QPs with no queue here, left at the front of the buffer.
+    pub unclaimed: usize,
 }
 
 /// Receive slots reserved beside the pool.
@@ -123,12 +150,12 @@ impl<D: Device> SharedCq<D> {
 
     /// Completions polled for queues that have not polled them yet.
     pub fn waiting(&self) -> usize {
-        self.inboxes().values().map(VecDeque::len).sum()
+        self.inboxes().values().map(|inbox| inbox.wcs.len()).sum()
     }
 
     /// The inboxes. A poisoned lock is taken as it is: every change to them is one
     /// `VecDeque` or `HashMap` operation, complete or not begun.
-    fn inboxes(&self) -> MutexGuard<'_, HashMap<u32, VecDeque<WorkCompletion>>> {
+    fn inboxes(&self) -> MutexGuard<'_, HashMap<u32, Inbox>> {
         self.inner
             .inboxes
             .lock()
@@ -158,7 +185,7 @@ impl<D: Device> SharedCq<D> {
                 receives: total,
             });
         }
-        inboxes.insert(qp_num, VecDeque::new());
+        inboxes.insert(qp_num, Inbox::default());
         if receives > 0 {
             reserved.by_qp.insert(qp_num, receives);
         }
@@ -179,7 +206,10 @@ impl<D: Device> SharedCq<D> {
         {
             reserved.kept = reserved.kept.saturating_add(slots);
         }
-        inboxes.remove(&qp_num).unwrap_or_default()
+        inboxes
+            .remove(&qp_num)
+            .map(|inbox| inbox.wcs)
+            .unwrap_or_default()
     }
 
     /// The receive slots of registered QPs (taken after the inboxes' lock). A poisoned
@@ -196,7 +226,7 @@ impl<D: Device> SharedCq<D> {
         self.inboxes()
             .iter()
             .filter(|&(&qp, _)| qp != qp_num)
-            .map(|(_, inbox)| inbox.len())
+            .map(|(_, inbox)| inbox.wcs.len())
             .sum()
     }
 
@@ -206,9 +236,9 @@ impl<D: Device> SharedCq<D> {
     /// those of QPs with no inbox.
     pub(crate) fn poll(&self, own: u32, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
         let mut inboxes = self.inboxes();
-        if let Some(inbox) = inboxes.get_mut(&own).filter(|i| !i.is_empty()) {
-            let n = inbox.len().min(out.len());
-            for (slot, wc) in out.iter_mut().zip(inbox.drain(..n)) {
+        if let Some(inbox) = inboxes.get_mut(&own).filter(|i| !i.wcs.is_empty()) {
+            let n = inbox.wcs.len().min(out.len());
+            for (slot, wc) in out.iter_mut().zip(inbox.wcs.drain(..n)) {
                 *slot = wc;
             }
             return Ok(n);
@@ -219,7 +249,7 @@ impl<D: Device> SharedCq<D> {
         for i in 0..k {
             let wc = out[i];
             match inboxes.get_mut(&wc.qp_num) {
-                Some(inbox) if wc.qp_num != own => inbox.push_back(wc),
+                Some(inbox) if wc.qp_num != own => inbox.file(wc),
                 _ => {
                     out[kept] = wc;
                     kept += 1;
@@ -227,5 +257,52 @@ impl<D: Device> SharedCq<D> {
             }
         }
         Ok(kept)
+    }
+
+    /// Polls the CQ once (up to `out.len()` completions) for all its queues: files each
+    /// completion of a queue's QP in that queue's inbox, waking the task that waits on it
+    /// ([`set_waker`](Self::set_waker)), and leaves the others (QPs with no queue here:
+    /// receives of QPs made around selsig, a dropped queue's) at the front of `out`. The
+    /// loop of a task that polls a CQ for its queues, so that they need not poll it.
+    pub fn pump(&self, out: &mut [WorkCompletion]) -> Result<Pumped, CqError> {
+        let mut inboxes = self.inboxes();
+        // A count beyond the buffer (a provider breaking its contract) is cut to it.
+        let polled = self.inner.cq.poll(out)?.min(out.len());
+        let mut unclaimed = 0;
+        for i in 0..polled {
+            let wc = out[i];
+            match inboxes.get_mut(&wc.qp_num) {
+                Some(inbox) => inbox.file(wc),
+                None => {
+                    out[unclaimed] = wc;
+                    unclaimed += 1;
+                }
+            }
+        }
+        Ok(Pumped { polled, unclaimed })
+    }
+
+    /// Wakes every queue's task that waits ([`set_waker`](Self::set_waker)): for a poller
+    /// that stops (its CQ failed), so that they poll the CQ themselves and see why.
+    pub fn wake_all(&self) {
+        for inbox in self.inboxes().values_mut() {
+            if let Some(waker) = inbox.waker.take() {
+                waker.wake();
+            }
+        }
+    }
+
+    /// Wakes `waker` when a completion is filed in the inbox of the queue of `qp_num`
+    /// (by [`pump`](Self::pump) or another queue's poll), once; returns how many
+    /// completions its inbox holds now (when not 0, poll the queue rather than wait).
+    /// `None` when that QP has no queue here.
+    pub fn set_waker(&self, qp_num: u32, waker: &Waker) -> Option<usize> {
+        let mut inboxes = self.inboxes();
+        let inbox = inboxes.get_mut(&qp_num)?;
+        match &mut inbox.waker {
+            Some(old) => old.clone_from(waker),
+            none => *none = Some(waker.clone()),
+        }
+        Some(inbox.wcs.len())
     }
 }

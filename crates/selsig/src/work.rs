@@ -133,6 +133,56 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
     }
 }
 
+/// What a [`Work`] is without its payload (buffer and context): enough to put it back
+/// together when the tracker refuses it for want of room and hands the payload back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape<'a> {
+    opcode: Opcode,
+    signal: Signal,
+    imm_data: u32,
+    remote: RemoteAddr,
+    /// The data, unless it is a buffer (`None`).
+    data: Option<Local<'a>>,
+}
+
+impl<'a, M, U> Work<'a, M, U> {
+    /// Its shape, to [`reassemble`](Self::reassemble) it from.
+    pub(crate) fn shape(&self) -> Shape<'a> {
+        let data = match &self.data {
+            Data::Buffer(_) => None,
+            Data::Empty => Some(Local::Empty),
+            Data::Inline(bytes) => Some(Local::Inline(bytes)),
+            Data::Raw(sge) => Some(Local::Sge(*sge)),
+        };
+        Shape {
+            opcode: self.opcode,
+            signal: self.signal,
+            imm_data: self.imm_data,
+            remote: self.remote,
+            data,
+        }
+    }
+
+    /// The work request of `shape` with its payload back (a buffer's shape takes the
+    /// payload's buffer; a payload without one, which a buffer's never is, gives `Empty`).
+    pub(crate) fn reassemble(shape: Shape<'a>, payload: Payload<M, U>) -> Self {
+        let data = match (shape.data, payload.buffer) {
+            (None, Some(buffer)) => Data::Buffer(buffer),
+            (Some(Local::Inline(bytes)), _) => Data::Inline(bytes),
+            (Some(Local::Sge(sge)), _) => Data::Raw(sge),
+            _ => Data::Empty,
+        };
+        Work {
+            opcode: shape.opcode,
+            signal: shape.signal,
+            imm_data: shape.imm_data,
+            data,
+            remote: shape.remote,
+            user: payload.user,
+        }
+    }
+}
+
 /// The local data of a work request as a provider takes it, with the buffer the queue keeps;
 /// a buffer longer than one work request carries comes back with the error.
 #[inline(always)]
