@@ -14,7 +14,7 @@
 //! # use std::sync::Arc;
 //! # use selsig::{Buffer, Device, Policy, QueueConfig, RemoteAddr, Work};
 //! # use selsig_tokio::{AsyncCq, AsyncQueue};
-//! # async fn f<D: Device>(cq: Arc<D::Cq>, qp: D::Qp, bufs: Vec<Buffer<D::Mr>>, to: RemoteAddr)
+//! # async fn f<D: Device + 'static>(cq: Arc<D::Cq>, qp: D::Qp, bufs: Vec<Buffer<D::Mr>>, to: RemoteAddr)
 //! # -> Result<(), Box<dyn std::error::Error>> where D::Mr: Unpin {
 //! let cq = AsyncCq::<D>::new(cq)?; // spawns its poller
 //! let mut queue: AsyncQueue<D, u64> =

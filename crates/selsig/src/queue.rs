@@ -845,7 +845,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
     ///
     /// It polls, arms, and polls again before it sleeps, so a completion that came
     /// between the two polls is never slept through. A CQ without events answers
-    /// [`CqError::NoEvents`] (poll it instead). On a [`SharedCq`] this wakes on any
+    /// [`CqError::NoEvents`](crate::CqError::NoEvents) (poll it instead). On a [`SharedCq`] this wakes on any
     /// completion of the CQ and finds its own in its inbox; one thread should wait on a
     /// CQ at a time (an event taken by another waiter wakes only that one: several
     /// waiters on one CQ want one poller, as `selsig-tokio` has).
