@@ -490,8 +490,7 @@ pub struct Fns {
         comp_vector: c_int,
     ) -> *mut ibv_cq,
     pub destroy_cq: unsafe extern "C" fn(cq: *mut ibv_cq) -> c_int,
-    pub create_comp_channel:
-        unsafe extern "C" fn(ctx: *mut ibv_context) -> *mut ibv_comp_channel,
+    pub create_comp_channel: unsafe extern "C" fn(ctx: *mut ibv_context) -> *mut ibv_comp_channel,
     /// Returns the errno (`EBUSY` while a CQ made with the channel is alive).
     pub destroy_comp_channel: unsafe extern "C" fn(channel: *mut ibv_comp_channel) -> c_int,
     /// One `read()` of the channel's fd: 0 and the CQ of one event, or -1 with `errno`
