@@ -1,21 +1,35 @@
-//! Completion queues: polling through the provider's `poll_cq`, a chunk at a time, and
-//! the decoding of work completions.
+//! Completion queues: polling through the provider's `poll_cq`, a chunk at a time, the
+//! decoding of work completions, and completion events through the CQ's completion
+//! channel.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::io;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
 
 use selsig::{CompletionQueue, CqError, ProviderError, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::device::{Context, VerbsDevice};
-use crate::error::{destroy_error, report};
+use crate::device::{Context, VerbsDevice, set_nonblocking};
+use crate::error::{destroy_error, errno_of, report};
 use crate::sys;
 
 #[cfg(doc)]
 use selsig::AsyncEvent;
+
+/// A CQ's completion channel (`ibv_comp_channel`), its descriptor made non-blocking. It
+/// is the CQ's alone: made with it and destroyed after it ([`Device::create_cq`]), or the
+/// program's ([`VerbsCq::from_raw_with_channel`]), as the CQ is.
+///
+/// [`Device::create_cq`]: selsig::Device::create_cq
+pub(crate) struct Channel {
+    pub(crate) channel: NonNull<sys::ibv_comp_channel>,
+    /// The channel's descriptor, as it was when the CQ was wrapped (libibverbs never
+    /// changes it).
+    pub(crate) fd: c_int,
+}
 
 pub(crate) struct CqInner {
     pub(crate) cq: NonNull<sys::ibv_cq>,
@@ -23,12 +37,17 @@ pub(crate) struct CqInner {
     /// A failure of `poll_cq` after completions of the same call were handed over: the
     /// next poll reports it (0: none).
     pub(crate) failed: AtomicI32,
-    /// Created here, and destroyed on `Drop`; else the program's ([`VerbsCq::from_raw`]).
+    /// The completion channel, where the CQ gives events.
+    pub(crate) channel: Option<Channel>,
+    /// Created here (with its channel), and destroyed on `Drop`; else the program's
+    /// ([`VerbsCq::from_raw`], [`VerbsCq::from_raw_with_channel`]).
     pub(crate) owned: bool,
 }
 
 // SAFETY: `ibv_poll_cq` is thread-safe in rdma-core's providers (libmlx5
-// unless `MLX5_SINGLE_THREADED=1`, which `VerbsDevice::open` refuses).
+// unless `MLX5_SINGLE_THREADED=1`, which `VerbsDevice::open` refuses); so are
+// `ibv_req_notify_cq`, and `ibv_get_cq_event` (one `read()` of the channel's descriptor)
+// and `ibv_ack_cq_events` (under the CQ's mutex).
 unsafe impl Send for CqInner {}
 // SAFETY: as above.
 unsafe impl Sync for CqInner {}
@@ -38,15 +57,53 @@ impl Drop for CqInner {
         if !self.owned {
             return;
         }
-        // SAFETY: every QP using this CQ holds an `Arc<CqInner>`: none is left.
+        // SAFETY: every QP using this CQ holds an `Arc<CqInner>`: none is left. Every
+        // event taken from the channel was acknowledged by `take_events` before it
+        // returned, so `ibv_destroy_cq`, which waits for those acknowledgements, does not
+        // wait.
         let rc = unsafe { (self.ctx.v.fns.destroy_cq)(self.cq.as_ptr()) };
         if rc != 0 {
-            report(format_args!("ibv_destroy_cq failed: {}", destroy_error(rc)));
+            report(format_args!(
+                "ibv_destroy_cq failed: {}{}",
+                destroy_error(rc),
+                if self.channel.is_some() {
+                    " (its completion channel is left, as the CQ still uses it)"
+                } else {
+                    ""
+                }
+            ));
+            return;
+        }
+        if let Some(channel) = &self.channel {
+            // SAFETY: the channel was made for this CQ alone, which is destroyed: nothing
+            // uses it any more (libibverbs refuses with EBUSY while a CQ does).
+            let rc = unsafe { (self.ctx.v.fns.destroy_comp_channel)(channel.channel.as_ptr()) };
+            if rc != 0 {
+                report(format_args!(
+                    "ibv_destroy_comp_channel failed: {}",
+                    destroy_error(rc)
+                ));
+            }
         }
     }
 }
 
+impl CqInner {
+    fn channel(&self) -> Result<&Channel, CqError> {
+        self.channel.as_ref().ok_or(CqError::NoEvents)
+    }
+}
+
 /// A completion queue.
+///
+/// A CQ the provider made ([`Device::create_cq`](selsig::Device::create_cq)) has a
+/// completion channel of its own, whose descriptor is non-blocking: it gives completion
+/// events ([`CompletionQueue::req_notify`], [`event_fd`](CompletionQueue::event_fd),
+/// [`take_events`](CompletionQueue::take_events),
+/// [`wait_event`](CompletionQueue::wait_event)). A program's CQ wrapped with
+/// [`from_raw`](Self::from_raw) gives none ([`CqError::NoEvents`]); one wrapped with
+/// [`from_raw_with_channel`](Self::from_raw_with_channel) gives them through the
+/// program's channel.
 pub struct VerbsCq {
     pub(crate) inner: Arc<CqInner>,
 }
@@ -54,7 +111,9 @@ pub struct VerbsCq {
 impl VerbsCq {
     /// A completion queue the program created itself (`ibv_create_cq`) on `dev`'s context,
     /// for [`VerbsQp::from_raw`](crate::VerbsQp::from_raw): polled as any other, and never
-    /// destroyed here.
+    /// destroyed here. It gives no completion events ([`CqError::NoEvents`]), whether or
+    /// not it was made with a channel: see
+    /// [`from_raw_with_channel`](Self::from_raw_with_channel).
     ///
     /// # Safety
     ///
@@ -64,6 +123,83 @@ impl VerbsCq {
     pub unsafe fn from_raw(
         dev: &VerbsDevice,
         cq: *mut sys::ibv_cq,
+    ) -> Result<VerbsCq, ProviderError> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::wrap(dev, cq, None) }
+    }
+
+    /// A completion queue the program created itself with its own completion channel
+    /// (`ibv_create_cq(ctx, cqe, cq_context, channel, comp_vector)`), as
+    /// [`from_raw`](Self::from_raw), that also gives completion events through `channel`:
+    /// [`req_notify`](CompletionQueue::req_notify) arms the CQ,
+    /// [`take_events`](CompletionQueue::take_events) and
+    /// [`wait_event`](CompletionQueue::wait_event) read the channel (and acknowledge every
+    /// event they read, `ibv_ack_cq_events`), [`event_fd`](CompletionQueue::event_fd) is
+    /// its descriptor. Neither the CQ nor the channel is destroyed here.
+    ///
+    /// **The channel's descriptor is made non-blocking** (`O_NONBLOCK`): from here a
+    /// program's own `ibv_get_cq_event` on it fails with `EAGAIN` instead of waiting when no
+    /// event is pending. A CQ made with another channel than `channel`, or with none, is
+    /// refused.
+    ///
+    /// The channel must serve this CQ alone. `ibv_get_cq_event` names the CQ of each event
+    /// it reads: an event of another CQ on the same channel is a breach of this contract
+    /// that is still handled without harm: it is acknowledged (so that the other CQ can be
+    /// destroyed), lost to the program, and the call that read it fails with
+    /// [`CqError::Event`].
+    ///
+    /// # Safety
+    ///
+    /// As [`from_raw`](Self::from_raw) for `cq`; and `channel` is the live completion
+    /// channel `cq` was made with, and stays so until the returned CQ and every queue pair
+    /// wrapped with it are dropped. Every event the program reads from the channel itself
+    /// it acknowledges itself (an event read is then lost to this handle).
+    pub unsafe fn from_raw_with_channel(
+        dev: &VerbsDevice,
+        cq: *mut sys::ibv_cq,
+        channel: *mut sys::ibv_comp_channel,
+    ) -> Result<VerbsCq, ProviderError> {
+        let channel = NonNull::new(channel).ok_or(ProviderError::Invalid {
+            what: "completion channel",
+            why: "it is NULL".to_string(),
+        })?;
+        if let Some(c) = NonNull::new(cq) {
+            // SAFETY: a live CQ (the caller's contract).
+            let made_with = unsafe { (*c.as_ptr()).channel };
+            if made_with != channel.as_ptr() {
+                return Err(ProviderError::Invalid {
+                    what: "completion channel",
+                    why: if made_with.is_null() {
+                        "the CQ was made without a completion channel".to_string()
+                    } else {
+                        "the CQ was made with another completion channel".to_string()
+                    },
+                });
+            }
+        }
+        // SAFETY: a live channel (the caller's contract), whose `fd` libibverbs set when it
+        // made it and never changes.
+        let fd = unsafe { (*channel.as_ptr()).fd };
+        // SAFETY: the caller's contract, for `cq` and `channel`; the channel is `cq`'s
+        // (checked above; `wrap` refuses a NULL `cq`).
+        let wrapped = unsafe { Self::wrap(dev, cq, Some(Channel { channel, fd })) }?;
+        set_nonblocking(fd).map_err(|source| ProviderError::Os {
+            verb: "fcntl(completion channel fd, O_NONBLOCK)",
+            source,
+        })?;
+        Ok(wrapped)
+    }
+
+    /// The program's CQ `cq`, checked to be of `dev`'s context, with `channel` if any.
+    ///
+    /// # Safety
+    ///
+    /// As [`from_raw`](Self::from_raw) (and
+    /// [`from_raw_with_channel`](Self::from_raw_with_channel) for a channel).
+    unsafe fn wrap(
+        dev: &VerbsDevice,
+        cq: *mut sys::ibv_cq,
+        channel: Option<Channel>,
     ) -> Result<VerbsCq, ProviderError> {
         let cq = NonNull::new(cq).ok_or(ProviderError::Invalid {
             what: "completion queue",
@@ -85,6 +221,7 @@ impl VerbsCq {
                 cq,
                 ctx: Arc::clone(&dev.ctx),
                 failed: AtomicI32::new(0),
+                channel,
                 owned: false,
             }),
         })
@@ -160,6 +297,139 @@ impl CompletionQueue for VerbsCq {
         // the static inline `ibv_poll_cq` calls), and `cq` is its CQ.
         unsafe { poll_chunks(poll, cq, &self.inner.failed, out) }
     }
+
+    fn req_notify(&self) -> Result<(), CqError> {
+        self.inner.channel()?;
+        let cq = self.inner.cq.as_ptr();
+        // SAFETY: the CQ is valid until `Drop`; `context` and its ops table live as long.
+        let Some(arm) = (unsafe { (*(*cq).context).ops.req_notify_cq }) else {
+            return Err(CqError::Event(io::Error::other(
+                "the provider has no req_notify_cq",
+            )));
+        };
+        // SAFETY: `req_notify_cq` is the provider's function from the context's ops table
+        // (what the static inline `ibv_req_notify_cq` calls), and `cq` is its CQ.
+        let rc = unsafe { arm(cq, 0) };
+        if rc != 0 {
+            // `ibv_req_notify_cq(3)`: "the value of errno on failure"; a provider that
+            // returns -1 sets `errno` (read right after the call).
+            let errno = io::Error::last_os_error().raw_os_error();
+            return Err(CqError::Event(io::Error::from_raw_os_error(errno_of(
+                rc, errno,
+            ))));
+        }
+        Ok(())
+    }
+
+    #[cfg(unix)]
+    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.channel.as_ref().map(|c| c.fd)
+    }
+
+    fn take_events(&self) -> Result<u32, CqError> {
+        let channel = self.inner.channel()?;
+        let fns = &self.inner.ctx.v.fns;
+        let mine = self.inner.cq.as_ptr();
+        let mut taken: u32 = 0;
+        let mut failure = None;
+        loop {
+            let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
+            let mut cq_context: *mut c_void = std::ptr::null_mut();
+            // SAFETY: the channel is alive while this CQ is (made with it, or the caller's
+            // contract of `from_raw_with_channel`), and its descriptor is non-blocking: the
+            // call reads one event, or fails at once (EAGAIN when none is pending).
+            let rc =
+                unsafe { (fns.get_cq_event)(channel.channel.as_ptr(), &mut cq, &mut cq_context) };
+            if rc != 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => {}
+                    io::ErrorKind::Interrupted => continue,
+                    _ => failure = Some(e),
+                }
+                break;
+            }
+            if cq == mine {
+                taken = taken.saturating_add(1);
+            } else if !cq.is_null() {
+                // An event of another CQ on this channel: a breach of
+                // `from_raw_with_channel`'s contract. Acknowledged, so that the other CQ
+                // can still be destroyed (its destroy waits for it).
+                // SAFETY: `cq` is the CQ the kernel named for an event it queued on this
+                // channel: a live CQ of this context (libibverbs has just read its
+                // `cq_context` and called its provider's `cq_event`), which stays alive
+                // until the event is acknowledged.
+                unsafe { (fns.ack_cq_events)(cq, 1) };
+                failure.get_or_insert_with(|| {
+                    io::Error::other(
+                        "an event of another CQ came through this CQ's completion channel \
+                         (a channel given to VerbsCq::from_raw_with_channel must serve that \
+                         CQ alone): it was acknowledged, and is lost to its CQ",
+                    )
+                });
+            }
+        }
+        if taken > 0 {
+            // SAFETY: this CQ, valid until `Drop`; `taken` events of it were read above.
+            unsafe { (fns.ack_cq_events)(mine, taken) };
+        }
+        match failure {
+            Some(e) => Err(CqError::Event(e)),
+            None => Ok(taken),
+        }
+    }
+
+    fn wait_event(&self, timeout: Option<Duration>) -> Result<u32, CqError> {
+        let fd = self.inner.channel()?.fd;
+        // No deadline: no limit (a timeout too long for the clock is none either).
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            let ms = match deadline {
+                Some(d) => poll_ms(d.saturating_duration_since(Instant::now())),
+                None => -1,
+            };
+            let mut pfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one `pollfd`, valid for the call.
+            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue; // with the time left
+                }
+                return Err(CqError::Event(e));
+            }
+            if rc > 0 {
+                if pfd.revents & libc::POLLNVAL != 0 {
+                    return Err(CqError::Event(io::Error::other(
+                        "the completion channel's descriptor is not open (POLLNVAL)",
+                    )));
+                }
+                let n = self.take_events()?;
+                if n > 0 {
+                    return Ok(n);
+                }
+                if pfd.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+                    return Err(CqError::Event(io::Error::other(
+                        "the completion channel's descriptor reports an error or hang-up",
+                    )));
+                }
+                // Readable, yet nothing to take: another thread took the event first.
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(0);
+            }
+        }
+    }
+}
+
+/// `poll(2)`'s timeout for `left`: whole milliseconds, rounded up (a wait never ends
+/// before the time is out), at most `c_int::MAX` (the caller waits again for the rest).
+fn poll_ms(left: Duration) -> c_int {
+    c_int::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
 }
 
 /// Polls `out.len()` completions at most through `poll`, a chunk at a time through a
@@ -263,6 +533,16 @@ mod tests {
     use super::*;
 
     use std::ffi::c_uint;
+
+    #[test]
+    fn poll_waits_whole_milliseconds_rounded_up() {
+        assert_eq!(poll_ms(Duration::ZERO), 0);
+        assert_eq!(poll_ms(Duration::from_nanos(1)), 1);
+        assert_eq!(poll_ms(Duration::from_millis(100)), 100);
+        assert_eq!(poll_ms(Duration::from_micros(100_001)), 101);
+        // Beyond what poll(2) takes: the most it takes (the waiter waits again).
+        assert_eq!(poll_ms(Duration::from_secs(u64::MAX)), c_int::MAX);
+    }
 
     #[test]
     fn completions_decode_without_panics() {

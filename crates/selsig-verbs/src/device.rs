@@ -383,14 +383,10 @@ impl VerbsDevice {
         if ctx.owned {
             // SAFETY: `async_fd` is the context's event file descriptor, open while it is.
             let fd = unsafe { (*ctx.ctx.as_ptr()).async_fd };
-            // SAFETY: fcntl on an open descriptor, reading and setting its flags.
-            let set = unsafe {
-                let flags = libc::fcntl(fd, libc::F_GETFL);
-                flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
-            };
-            if !set {
-                return Err(os("fcntl(async_fd, O_NONBLOCK)"));
-            }
+            set_nonblocking(fd).map_err(|source| ProviderError::Os {
+                verb: "fcntl(async_fd, O_NONBLOCK)",
+                source,
+            })?;
         }
         let mut dev_attr = sys::ibv_device_attr::default();
         // SAFETY: `dev_attr` is a valid `ibv_device_attr` to fill; the context is open.
@@ -514,6 +510,23 @@ impl VerbsDevice {
 
     pub(crate) fn v(&self) -> &'static Verbs {
         self.ctx.v
+    }
+}
+
+/// Makes the open descriptor `fd` non-blocking (`O_NONBLOCK`), its other flags kept.
+pub(crate) fn set_nonblocking(fd: c_int) -> io::Result<()> {
+    // SAFETY: fcntl reading and setting the flags of a descriptor: no memory is passed,
+    // and a descriptor that is not open fails with EBADF.
+    let set = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0
+            && (flags & libc::O_NONBLOCK != 0
+                || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0)
+    };
+    if set {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -694,6 +707,28 @@ mod tests {
         assert!(driver_cleans_cq(Some("mlx4_core")));
         assert!(!driver_cleans_cq(Some("bnxt_en")));
         assert!(!driver_cleans_cq(None)); // rxe: no device behind it
+    }
+
+    #[test]
+    fn a_descriptor_is_made_non_blocking_with_its_other_flags_kept() {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors `pipe2` writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fcntl on the open descriptor, reading its flags.
+        let flags = |fd| unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        let before = flags(fds[0]);
+        assert_eq!(before & libc::O_NONBLOCK, 0);
+        set_nonblocking(fds[0]).unwrap();
+        assert_eq!(flags(fds[0]), before | libc::O_NONBLOCK);
+        set_nonblocking(fds[0]).unwrap(); // already: nothing to do
+        // SAFETY: the descriptors are open and this test's own.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        // (Not the closed number: another test's thread may open one that gets it.)
+        let e = set_nonblocking(-1).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF));
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! `selsig::Device` for [`VerbsDevice`]: the creation of every verbs object (PD, MR, CQ,
-//! QP) and the reading of asynchronous events. It builds them all, so it sits above every
-//! other module.
+//! `selsig::Device` for [`VerbsDevice`]: the creation of every verbs object (PD, MR, CQ
+//! with its completion channel, QP) and the reading of asynchronous events. It builds them
+//! all, so it sits above every other module.
 
 use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use selsig::{Access, AsyncEvent, Device, ProviderError, QpCaps, QpInit};
 
-use crate::cq::{CqInner, VerbsCq};
-use crate::device::{VerbsDevice, decode_event};
-use crate::error::os;
+use crate::cq::{Channel, CqInner, VerbsCq};
+use crate::device::{VerbsDevice, decode_event, set_nonblocking};
+use crate::error::{destroy_error, os, report};
 use crate::mr::{VerbsMr, region_layout};
 use crate::pd::{PdInner, VerbsPd};
 use crate::qp::VerbsQp;
@@ -108,22 +108,52 @@ impl Device for VerbsDevice {
             what: "CQ size",
             why: format!("{min_entries} entries"),
         })?;
-        // SAFETY: the context is open; no channel, no CQ context.
+        // One completion channel per CQ, its descriptor non-blocking (`take_events` reads
+        // it until EAGAIN, `wait_event` polls it).
+        // SAFETY: the context is open.
+        let channel = unsafe { (self.v().fns.create_comp_channel)(self.ctx.ctx.as_ptr()) };
+        let channel = NonNull::new(channel).ok_or_else(|| os("ibv_create_comp_channel"))?;
+        let destroy_channel = || {
+            // SAFETY: the channel made above, which no CQ uses.
+            let rc = unsafe { (self.v().fns.destroy_comp_channel)(channel.as_ptr()) };
+            if rc != 0 {
+                report(format_args!(
+                    "ibv_destroy_comp_channel failed: {}",
+                    destroy_error(rc)
+                ));
+            }
+        };
+        // SAFETY: the channel is live; libibverbs set its `fd` and never changes it.
+        let fd = unsafe { (*channel.as_ptr()).fd };
+        if let Err(source) = set_nonblocking(fd) {
+            destroy_channel();
+            return Err(ProviderError::Os {
+                verb: "fcntl(completion channel fd, O_NONBLOCK)",
+                source,
+            });
+        }
+        // SAFETY: the context is open and the channel is of it; no CQ context. The CQ
+        // keeps the channel (`CqInner` destroys it after the CQ).
         let cq = unsafe {
             (self.v().fns.create_cq)(
                 self.ctx.ctx.as_ptr(),
                 cqe,
                 std::ptr::null_mut(),
-                std::ptr::null_mut(),
+                channel.as_ptr(),
                 0,
             )
         };
-        let cq = NonNull::new(cq).ok_or_else(|| os("ibv_create_cq"))?;
+        let Some(cq) = NonNull::new(cq) else {
+            let err = os("ibv_create_cq");
+            destroy_channel();
+            return Err(err);
+        };
         Ok(VerbsCq {
             inner: Arc::new(CqInner {
                 cq,
                 ctx: Arc::clone(&self.ctx),
                 failed: AtomicI32::new(0),
+                channel: Some(Channel { channel, fd }),
                 owned: true,
             }),
         })

@@ -16,10 +16,21 @@ pub struct ibv_device {
     _opaque: [u8; 0],
 }
 
-/// `struct ibv_comp_channel`, `struct ibv_srq`: opaque.
+/// `struct ibv_srq`: opaque.
 #[repr(C)]
 pub struct ibv_opaque {
     _opaque: [u8; 0],
+}
+
+/// `struct ibv_comp_channel`: a completion event channel (`ibv_create_comp_channel`).
+/// `refcnt` counts the CQs made with it (libibverbs keeps it under the context's mutex:
+/// never touch it).
+#[repr(C)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    /// The descriptor `ibv_get_cq_event` reads, readable while an event is pending.
+    pub fd: c_int,
+    pub refcnt: c_int,
 }
 
 pub type PollCq =
@@ -88,7 +99,7 @@ pub struct ibv_mr {
 #[repr(C)]
 pub struct ibv_cq {
     pub context: *mut ibv_context,
-    pub channel: *mut ibv_opaque,
+    pub channel: *mut ibv_comp_channel,
     pub cq_context: *mut c_void,
     pub handle: u32,
     pub cqe: c_int,
@@ -475,10 +486,21 @@ pub struct Fns {
         ctx: *mut ibv_context,
         cqe: c_int,
         cq_context: *mut c_void,
-        channel: *mut ibv_opaque,
+        channel: *mut ibv_comp_channel,
         comp_vector: c_int,
     ) -> *mut ibv_cq,
     pub destroy_cq: unsafe extern "C" fn(cq: *mut ibv_cq) -> c_int,
+    pub create_comp_channel: unsafe extern "C" fn(ctx: *mut ibv_context) -> *mut ibv_comp_channel,
+    /// Returns the errno (`EBUSY` while a CQ made with the channel is alive).
+    pub destroy_comp_channel: unsafe extern "C" fn(channel: *mut ibv_comp_channel) -> c_int,
+    /// One `read()` of the channel's fd: 0 and the CQ of one event, or -1 with `errno`
+    /// (`EAGAIN` on a non-blocking fd with no event pending).
+    pub get_cq_event: unsafe extern "C" fn(
+        channel: *mut ibv_comp_channel,
+        cq: *mut *mut ibv_cq,
+        cq_context: *mut *mut c_void,
+    ) -> c_int,
+    pub ack_cq_events: unsafe extern "C" fn(cq: *mut ibv_cq, nevents: c_uint),
     pub create_qp:
         unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub destroy_qp: unsafe extern "C" fn(qp: *mut ibv_qp) -> c_int,
@@ -536,6 +558,10 @@ impl Verbs {
             dereg_mr: sym!("ibv_dereg_mr"),
             create_cq: sym!("ibv_create_cq"),
             destroy_cq: sym!("ibv_destroy_cq"),
+            create_comp_channel: sym!("ibv_create_comp_channel"),
+            destroy_comp_channel: sym!("ibv_destroy_comp_channel"),
+            get_cq_event: sym!("ibv_get_cq_event"),
+            ack_cq_events: sym!("ibv_ack_cq_events"),
             create_qp: sym!("ibv_create_qp"),
             destroy_qp: sym!("ibv_destroy_qp"),
             modify_qp: sym!("ibv_modify_qp"),
@@ -611,7 +637,11 @@ mod layout {
             off!(ibv_mr, length),
             off!(ibv_mr, lkey),
             off!(ibv_mr, rkey),
+            size!(ibv_comp_channel),
+            off!(ibv_comp_channel, fd),
+            off!(ibv_comp_channel, refcnt),
             size!(ibv_cq),
+            off!(ibv_cq, channel),
             off!(ibv_cq, handle),
             off!(ibv_cq, cqe),
             off!(ibv_cq, mutex),

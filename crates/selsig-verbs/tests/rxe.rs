@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use selsig::{
-    Access, Buffer, CompletionQueue, ConnectOptions, Device, Local, MemoryRegion, Opcode, Outcome,
-    Policy, PostFailure, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, RemoteAddr,
-    SendWr, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion, connect_pair,
+    Access, Buffer, CompletionQueue, ConnectOptions, CqError, Device, Local, MemoryRegion, Opcode,
+    Outcome, Policy, PostFailure, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr,
+    RemoteAddr, SendWr, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion, connect_pair,
 };
 use selsig_verbs::{VerbsCq, VerbsDevice, VerbsOptions, VerbsPd, VerbsQp};
 
@@ -1235,12 +1235,19 @@ struct Foreign {
     v: selsig_verbs::sys::Verbs,
     ctx: *mut selsig_verbs::sys::ibv_context,
     pd: *mut selsig_verbs::sys::ibv_pd,
+    /// The completion channel of both CQs, or NULL.
+    channel: *mut selsig_verbs::sys::ibv_comp_channel,
     cqs: [*mut selsig_verbs::sys::ibv_cq; 2],
     qps: [*mut selsig_verbs::sys::ibv_qp; 2],
 }
 
 /// Opens the first device and makes a PD, two CQs and two RC QPs as a C program would.
 fn foreign(depth: u32) -> Foreign {
+    foreign_with(depth, false)
+}
+
+/// [`foreign`], both CQs made with one completion channel if `channel`.
+fn foreign_with(depth: u32, channel: bool) -> Foreign {
     use selsig_verbs::sys;
     let v = sys::Verbs::load().unwrap_or_else(|e| panic!("{NEEDS_DEVICE}: {e}"));
     // SAFETY: libibverbs' documented calls, each result checked; the list is freed after
@@ -1254,8 +1261,15 @@ fn foreign(depth: u32) -> Foreign {
         assert!(!ctx.is_null(), "ibv_open_device");
         let pd = (v.fns.alloc_pd)(ctx);
         assert!(!pd.is_null(), "ibv_alloc_pd");
+        let channel = if channel {
+            let c = (v.fns.create_comp_channel)(ctx);
+            assert!(!c.is_null(), "ibv_create_comp_channel");
+            c
+        } else {
+            std::ptr::null_mut()
+        };
         let cq = || {
-            let cq = (v.fns.create_cq)(ctx, 64, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+            let cq = (v.fns.create_cq)(ctx, 64, std::ptr::null_mut(), channel, 0);
             assert!(!cq.is_null(), "ibv_create_cq");
             cq
         };
@@ -1285,6 +1299,7 @@ fn foreign(depth: u32) -> Foreign {
             v,
             ctx,
             pd,
+            channel,
             cqs,
             qps,
         }
@@ -1399,5 +1414,344 @@ fn a_queue_pair_the_program_made_is_driven_by_a_signaled_queue() {
             assert_eq!((f.v.fns.dealloc_pd)(f.pd), 0);
             assert_eq!((f.v.fns.close_device)(f.ctx), 0);
         }
+    }
+}
+
+// Completion events (a completion channel per CQ).
+
+/// Whether `fd` is non-blocking.
+fn non_blocking(fd: std::os::fd::RawFd) -> bool {
+    // SAFETY: fcntl reading the flags of a descriptor; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    assert!(flags >= 0, "fcntl: {}", std::io::Error::last_os_error());
+    flags & libc::O_NONBLOCK != 0
+}
+
+/// A signaled zero-length WRITE (no key needed: the confirm marker).
+fn marker(wr_id: u64) -> SendWr<'static> {
+    SendWr {
+        wr_id,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Empty,
+        remote: RemoteAddr { addr: 0, rkey: 0 },
+        imm_data: 0,
+        signaled: true,
+    }
+}
+
+/// A signaled WRITE on an armed CQ wakes a waiter (one event for the arm), after which
+/// the completion is there to poll; a second completion without arming again makes no
+/// event: one event per arm.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_completion_on_an_armed_cq_wakes_the_waiter_once_per_arm() {
+    let p = pair(8);
+    let local = p.dev.reg_mr(&p.pd, 128, Access::LOCAL_WRITE).unwrap();
+    let remote = p.dev.reg_mr(&p.pd, 128, RW).unwrap();
+    local.write(0, &[0x5a; 128]).unwrap();
+    let cq = &p.cq_a;
+    let fd = cq.event_fd().expect("a CQ the provider made has a channel");
+    assert!(non_blocking(fd));
+    assert_eq!(cq.take_events().unwrap(), 0, "no event before an arm");
+    // The waiter's order: arm, poll again (nothing yet), sleep.
+    cq.req_notify().unwrap();
+    quiet(cq);
+    p.a.post_send(&[write(1, &local, 0, 64, remote.remote(0), true)])
+        .unwrap();
+    let start = Instant::now();
+    let n = cq.wait_event(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(n, 1, "one arm, one event (after {:?})", start.elapsed());
+    let wcs = poll_n(cq, 1);
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status),
+        (1, WcStatus::Success),
+        "{wcs:?}"
+    );
+    let mut got = [0u8; 64];
+    remote.read(0, &mut got).unwrap();
+    assert_eq!(got, [0x5a; 64]);
+    // Not armed again: the next completion makes no event.
+    p.a.post_send(&[write(2, &local, 64, 64, remote.remote(64), true)])
+        .unwrap();
+    assert_eq!(poll_n(cq, 1)[0].wr_id, 2);
+    assert_eq!(
+        cq.wait_event(Some(Duration::from_millis(300))).unwrap(),
+        0,
+        "an event without an arm"
+    );
+}
+
+/// The race the waiter's order closes: a completion that lands after the arm and before
+/// the waiter sleeps has made its event already, so the wait returns at once.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn an_event_made_before_the_wait_is_not_lost() {
+    let p = pair(8);
+    let cq = &p.cq_a;
+    cq.req_notify().unwrap();
+    p.a.post_send(&[marker(1)]).unwrap();
+    // The completion lands (and its event is made) while nobody waits.
+    std::thread::sleep(Duration::from_millis(50));
+    let start = Instant::now();
+    let n = cq.wait_event(Some(Duration::from_secs(2))).unwrap();
+    let took = start.elapsed();
+    assert!(n >= 1, "no event after {took:?}");
+    assert!(
+        took < Duration::from_millis(500),
+        "the pending event took {took:?} to be seen"
+    );
+    assert_eq!(poll_n(cq, 1)[0].wr_id, 1);
+}
+
+/// Arming a CQ that already holds a completion makes no event for it (`ibv_req_notify_cq`
+/// waits for the *next* completion): hence the waiter's poll after the arm.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn an_arm_makes_no_event_for_a_completion_already_in_the_cq() {
+    let p = pair(8);
+    let cq = &p.cq_a;
+    p.a.post_send(&[marker(1)]).unwrap();
+    // The completion lands, unpolled (it takes well under a millisecond on rxe).
+    std::thread::sleep(Duration::from_millis(300));
+    cq.req_notify().unwrap();
+    assert_eq!(
+        cq.wait_event(Some(Duration::from_millis(300))).unwrap(),
+        0,
+        "an event for a completion that was in the CQ before the arm"
+    );
+    let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 4];
+    assert_eq!(cq.poll(&mut buf).unwrap(), 1, "the completion is there");
+    assert_eq!(buf[0].wr_id, 1);
+}
+
+/// With nothing armed nor outstanding, a wait returns 0 once its time is out, not before
+/// (and at once for a zero timeout).
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_wait_with_nothing_to_wait_for_times_out() {
+    let dev = device();
+    let cq = dev.create_cq(4).unwrap();
+    let start = Instant::now();
+    assert_eq!(cq.wait_event(Some(Duration::from_millis(100))).unwrap(), 0);
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(100) && took < Duration::from_secs(1),
+        "{took:?}"
+    );
+    let start = Instant::now();
+    assert_eq!(cq.wait_event(Some(Duration::ZERO)).unwrap(), 0);
+    assert!(start.elapsed() < Duration::from_millis(100));
+    assert_eq!(cq.take_events().unwrap(), 0);
+}
+
+/// A thread waiting on an armed, idle CQ sleeps: under 1 % of a core (user + system time
+/// of the thread, `getrusage(RUSAGE_THREAD)`) over a wait of 5 s.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_waiter_on_an_idle_cq_costs_no_cpu() {
+    fn thread_cpu() -> Duration {
+        // SAFETY: all zero bytes are a valid `rusage`, which getrusage fills.
+        let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `r` is valid for writing.
+        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut r) }, 0);
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+        };
+        tv(r.ru_utime) + tv(r.ru_stime)
+    }
+    let dev = device();
+    let cq = dev.create_cq(4).unwrap();
+    cq.req_notify().unwrap();
+    let wait = Duration::from_secs(5);
+    let (n, took, cpu) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let before = thread_cpu();
+            let start = Instant::now();
+            let n = cq.wait_event(Some(wait)).unwrap();
+            (n, start.elapsed(), thread_cpu() - before)
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(n, 0, "an event on an idle CQ");
+    assert!(took >= wait, "{took:?}");
+    assert!(
+        cpu < wait / 100,
+        "the waiter used {cpu:?} of CPU time in {took:?}"
+    );
+    eprintln!("a waiter of {took:?} on an idle CQ used {cpu:?} of CPU time");
+}
+
+/// A program's CQ: wrapped with `from_raw` it gives no events, even made with a channel;
+/// with `from_raw_with_channel` it gives them through that channel (made non-blocking);
+/// a channel it was not made with is refused; and an event of another CQ on the channel
+/// (a breach of the contract) is reported and acknowledged, so that the program can still
+/// destroy that CQ.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_program_s_cq_gives_events_through_its_own_channel_only() {
+    let f = foreign_with(8, true);
+    let options = VerbsOptions {
+        gid_index: std::env::var("SELSIG_GID_INDEX")
+            .ok()
+            .and_then(|g| g.parse().ok()),
+        ..VerbsOptions::default()
+    };
+    // SAFETY: the channel is live until destroyed at the end.
+    let fd = unsafe { (*f.channel).fd };
+    assert!(!non_blocking(fd), "libibverbs makes a blocking channel");
+    // A CQ of the program made without a channel.
+    // SAFETY: the context is open; the CQ is destroyed below.
+    let bare =
+        unsafe { (f.v.fns.create_cq)(f.ctx, 4, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+    assert!(!bare.is_null(), "ibv_create_cq");
+    {
+        // SAFETY: the program's objects stay alive until the wrappers are dropped at the
+        // end of this block.
+        let dev = unsafe { VerbsDevice::from_raw(f.ctx, &options) }.unwrap();
+        // SAFETY: as above.
+        let plain = unsafe { VerbsCq::from_raw(&dev, f.cqs[0]) }.unwrap();
+        assert!(plain.event_fd().is_none());
+        assert!(matches!(plain.req_notify(), Err(CqError::NoEvents)));
+        assert!(matches!(plain.take_events(), Err(CqError::NoEvents)));
+        assert!(matches!(
+            plain.wait_event(Some(Duration::from_millis(10))),
+            Err(CqError::NoEvents)
+        ));
+        drop(plain);
+        // SAFETY: as above.
+        let refused = unsafe { VerbsCq::from_raw_with_channel(&dev, bare, f.channel) };
+        assert!(
+            matches!(refused, Err(ProviderError::Invalid { .. })),
+            "a CQ made without the channel: {:?}",
+            refused.err()
+        );
+        // SAFETY: as above.
+        let refused =
+            unsafe { VerbsCq::from_raw_with_channel(&dev, f.cqs[0], std::ptr::null_mut()) };
+        assert!(matches!(refused, Err(ProviderError::Invalid { .. })));
+        assert!(!non_blocking(fd), "nothing changed by a refusal");
+
+        // SAFETY: as above; the channel serves cqs[0] and, in breach of the contract,
+        // cqs[1], whose event is the point of the end of this test.
+        let (cq_a, cq_b) = unsafe {
+            (
+                Arc::new(VerbsCq::from_raw_with_channel(&dev, f.cqs[0], f.channel).unwrap()),
+                Arc::new(VerbsCq::from_raw(&dev, f.cqs[1]).unwrap()),
+            )
+        };
+        assert_eq!(cq_a.event_fd(), Some(fd));
+        assert!(
+            non_blocking(fd),
+            "from_raw_with_channel makes the fd non-blocking"
+        );
+        // SAFETY: as above.
+        let (a, b) = unsafe {
+            (
+                VerbsQp::from_raw(&dev, f.qps[0], &cq_a, &cq_a).unwrap(),
+                VerbsQp::from_raw(&dev, f.qps[1], &cq_b, &cq_b).unwrap(),
+            )
+        };
+        let connect = ConnectOptions {
+            gid_index: dev.gid_index(),
+            ..ConnectOptions::default()
+        };
+        connect_pair(&a, &b, &connect).unwrap();
+        cq_a.req_notify().unwrap();
+        quiet(&cq_a);
+        a.post_send(&[marker(1)]).unwrap();
+        assert_eq!(cq_a.wait_event(Some(Duration::from_secs(5))).unwrap(), 1);
+        assert_eq!(poll_n(&cq_a, 1)[0].wr_id, 1);
+
+        // The breach: the other CQ of the channel armed by the program, and a completion
+        // there.
+        // SAFETY: the program's live CQ; its provider's `req_notify_cq`, as the static
+        // inline `ibv_req_notify_cq` calls it.
+        let rc = unsafe {
+            let arm = (*(*f.cqs[1]).context).ops.req_notify_cq.unwrap();
+            arm(f.cqs[1], 0)
+        };
+        assert_eq!(rc, 0, "ibv_req_notify_cq");
+        b.post_send(&[marker(2)]).unwrap();
+        assert_eq!(poll_n(&cq_b, 1)[0].wr_id, 2);
+        match cq_a.wait_event(Some(Duration::from_secs(5))) {
+            Err(CqError::Event(e)) => {
+                assert!(e.to_string().contains("another CQ"), "{e}")
+            }
+            other => panic!("another CQ's event: {other:?}"),
+        }
+        assert_eq!(cq_a.take_events().unwrap(), 0, "the channel is empty");
+        // SAFETY: the program's live CQ (a plain read of a counter libibverbs updated
+        // under the CQ's mutex on this thread).
+        let acked = unsafe { (*f.cqs[1]).comp_events_completed };
+        assert_eq!(acked, 1, "the other CQ's event was acknowledged");
+        drop((a, b));
+    }
+    // The program destroys everything; the CQ whose event was read by the wrapper does not
+    // wait (it was acknowledged), and the channel is free once its CQs are gone.
+    // SAFETY: the program's objects, destroyed once, children first.
+    unsafe {
+        for qp in f.qps {
+            assert_eq!((f.v.fns.destroy_qp)(qp), 0);
+        }
+        for cq in f.cqs.into_iter().chain([bare]) {
+            assert_eq!((f.v.fns.destroy_cq)(cq), 0);
+        }
+        assert_eq!((f.v.fns.destroy_comp_channel)(f.channel), 0);
+        assert_eq!((f.v.fns.dealloc_pd)(f.pd), 0);
+        assert_eq!((f.v.fns.close_device)(f.ctx), 0);
+    }
+}
+
+/// Dropping a CQ the provider made destroys it, then its completion channel, without
+/// waiting, even with an event left unread: the kernel's count of CQs goes back and the
+/// channels' descriptors are closed.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_cq_is_destroyed_with_its_channel_an_unread_event_left() {
+    let p = pair(8);
+    p.cq_a.req_notify().unwrap();
+    p.a.post_send(&[marker(1)]).unwrap();
+    assert_eq!(p.cq_a.wait_event(Some(Duration::from_secs(5))).unwrap(), 1);
+    // Armed again: the next completion's event is left unread.
+    p.cq_a.req_notify().unwrap();
+    p.a.post_send(&[marker(2)]).unwrap();
+    assert_eq!(poll_n(&p.cq_a, 2).len(), 2);
+    let link = |fd: std::os::fd::RawFd| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok();
+    let fds = [p.cq_a.event_fd().unwrap(), p.cq_b.event_fd().unwrap()];
+    let links = fds.map(link);
+    assert!(
+        links.iter().all(|l| l
+            .as_ref()
+            .is_some_and(|l| l.to_string_lossy().contains("infiniband"))),
+        "{links:?}"
+    );
+    let dev = p.dev.clone();
+    let before = kernel_resources(dev.name());
+    // (On a thread: were the destroy to wait for the unread event, the test fails rather
+    // than hangs.)
+    let (done, dropped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(p);
+        let _ = done.send(());
+    });
+    dropped
+        .recv_timeout(Duration::from_secs(20))
+        .expect("dropping the CQs did not return");
+    let after = kernel_resources(dev.name());
+    let fewer: Vec<i64> = before
+        .iter()
+        .zip(&after)
+        .map(|((_, b), (_, a))| *b as i64 - *a as i64)
+        .collect();
+    assert_eq!(fewer, [1, 2, 2, 0], "{before:?} → {after:?}");
+    // (A number closed may be taken again at once by another test's thread: its link
+    // then differs.)
+    for (fd, was) in fds.into_iter().zip(&links) {
+        assert_ne!(
+            &link(fd),
+            was,
+            "the channel's descriptor {fd} is still open"
+        );
     }
 }
