@@ -282,7 +282,10 @@ impl CompletionQueue for SoftCq {
     }
 
     fn req_notify(&self) -> Result<(), CqError> {
-        self.cq.events.arm().map_err(CqError::Event)
+        self.cq
+            .events
+            .arm(self.cq.ring.published())
+            .map_err(CqError::Event)
     }
 
     fn event_fd(&self) -> Option<std::os::fd::RawFd> {

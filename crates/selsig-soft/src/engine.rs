@@ -115,9 +115,9 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
                 progress |= serve(&dev, s, &mrs);
             }
         }
+        signal_armed(&served);
         if progress {
             idle = 0;
-            signal_armed(&served);
             continue;
         }
         idle = idle.saturating_add(1);
@@ -129,6 +129,8 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
             dev.sleeping.store(true, Ordering::Relaxed);
             // Pairs with the fence of `ring_doorbell`.
             crate::sync::fence(Ordering::SeqCst);
+            // Behind the fence: an arm this turn missed is seen here (`CqEvents`).
+            signal_armed(&served);
             let pending = served.iter().any(has_work)
                 || dev.qps_version.load(Ordering::Acquire) != version
                 || dev.stop.load(Ordering::Acquire);
@@ -141,10 +143,8 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
     }
 }
 
-/// After a round that did work: an event for each armed CQ that got completions since
-/// the NIC last looked (the fence pairs with the one of `CqEvents::arm`).
+/// An event for each armed CQ that got completions past its arm (`CqEvents`).
 fn signal_armed(served: &[Served]) {
-    crate::sync::fence(Ordering::SeqCst);
     for s in served {
         for cq in [&s.qp.send_cq, &s.qp.recv_cq] {
             if cq.events.due(cq.ring.produced()) {

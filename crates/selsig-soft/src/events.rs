@@ -1,11 +1,15 @@
 //! Completion events of a soft CQ, as a verbs completion channel gives them: armed for one
-//! event at a time (`ibv_req_notify_cq`), the event made when a completion is added
-//! after the arm, and an `eventfd` that a reactor watches.
+//! event at a time (`ibv_req_notify_cq`), the event made by a completion added after the
+//! arm, and an `eventfd` that a reactor watches.
 //!
-//! The NIC thread looks at an armed CQ once per round that did work, behind a `SeqCst`
-//! fence: of "the NIC added a completion, then looked" and "the poller armed, then polled
-//! again", one side sees the other's write (Dekker's pattern; `loom` checks it in
-//! `tests`), so a completion is either found by the poll after the arm or makes an event.
+//! The arm records the producer index the poller sees; the NIC thread, on every turn of
+//! its loop and again behind the `SeqCst` fence it passes before it sleeps, makes the
+//! event when the CQ is armed and its producer index has moved past that. Of "the NIC
+//! added a completion, then (behind the fence) looked" and "the poller armed, then (behind
+//! its fence) polled again", one side sees the other's write (Dekker's pattern; `loom`
+//! checks it in `loom_tests`), so a completion is either found by the poll after the arm
+//! or makes an event; a busy NIC sees the arm on one of its next turns. The NIC's hot
+//! path pays two plain loads per CQ and turn, no fence.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -20,8 +24,9 @@ use crate::sync::{AtomicBool, AtomicU64, Ordering, fence};
 #[derive(Debug)]
 pub(crate) struct CqEvents {
     armed: AtomicBool,
-    /// The CQ's producer index when the NIC last looked (only the NIC thread uses it).
-    looked_at: AtomicU64,
+    /// The CQ's producer index as the poller saw it when it armed: completions up to it
+    /// make no event.
+    armed_at: AtomicU64,
     fd: OnceLock<OwnedFd>,
 }
 
@@ -29,7 +34,7 @@ impl CqEvents {
     pub(crate) fn new() -> Self {
         CqEvents {
             armed: AtomicBool::new(false),
-            looked_at: AtomicU64::new(0),
+            armed_at: AtomicU64::new(0),
             fd: OnceLock::new(),
         }
     }
@@ -44,10 +49,11 @@ impl CqEvents {
         Ok(self.fd.get_or_init(|| made))
     }
 
-    /// The poller: arms for one event. The fence orders the arm before the poll that must
-    /// follow it.
-    pub(crate) fn arm(&self) -> io::Result<()> {
+    /// The poller: arms for one event, for a completion past `producer` (the producer
+    /// index it sees). The fence orders the arm before the poll that must follow it.
+    pub(crate) fn arm(&self, producer: u64) -> io::Result<()> {
         self.fd()?;
+        self.armed_at.store(producer, Ordering::Relaxed);
         self.armed.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         Ok(())
@@ -96,15 +102,13 @@ impl CqEvents {
         }
     }
 
-    /// The NIC, after a round that did work and a `SeqCst` fence: whether to make an
-    /// event now (the CQ armed, and completions added since the last look, `producer`
-    /// being its producer index). Disarms when it says yes: one event per arm.
+    /// The NIC: whether to make an event now (the CQ armed, and completions added past
+    /// the arm's producer index, `producer` being the CQ's). Disarms when it says yes: one
+    /// event per arm.
     pub(crate) fn due(&self, producer: u64) -> bool {
-        if self.looked_at.load(Ordering::Relaxed) == producer {
-            return false;
-        }
-        self.looked_at.store(producer, Ordering::Relaxed);
-        self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel)
+        self.armed.load(Ordering::Acquire)
+            && self.armed_at.load(Ordering::Relaxed) != producer
+            && self.armed.swap(false, Ordering::AcqRel)
     }
 
     /// The NIC: makes the event [`due`](Self::due) said. A failed write (the counter at its
@@ -126,8 +130,8 @@ mod tests {
         let ev = CqEvents::new();
         // Not armed: completions make no event.
         assert!(!ev.due(1));
-        ev.arm().unwrap();
-        // Armed, but nothing new since the last look.
+        ev.arm(1).unwrap();
+        // Armed, but nothing new since the arm.
         assert!(!ev.due(1));
         assert!(ev.due(2));
         ev.signal();
@@ -143,7 +147,7 @@ mod tests {
         let start = std::time::Instant::now();
         assert_eq!(ev.wait(Some(Duration::from_millis(30))).unwrap(), 0);
         assert!(start.elapsed() >= Duration::from_millis(30));
-        ev.arm().unwrap();
+        ev.arm(0).unwrap();
         assert!(ev.due(1));
         ev.signal();
         assert_eq!(ev.wait(None).unwrap(), 1);
@@ -155,14 +159,15 @@ mod loom_tests {
     use super::*;
     use loom::sync::Arc;
 
-    /// The race: the NIC adds a completion and looks while the poller arms and polls
-    /// again. In every interleaving the poller sees the completion or gets the event.
+    /// The race: the NIC adds a completion and looks (on its next turn, without a fence,
+    /// and before it sleeps, behind one) while the poller arms and polls again. In every
+    /// interleaving the poller sees the completion or gets the event.
     #[test]
     fn a_completion_is_polled_after_the_arm_or_makes_an_event() {
         loom::model(|| {
             let ev = Arc::new(CqEvents {
                 armed: AtomicBool::new(false),
-                looked_at: AtomicU64::new(0),
+                armed_at: AtomicU64::new(0),
                 fd: OnceLock::new(),
             });
             let producer = Arc::new(AtomicU64::new(0));
@@ -170,16 +175,21 @@ mod loom_tests {
                 let (ev, producer) = (Arc::clone(&ev), Arc::clone(&producer));
                 loom::thread::spawn(move || {
                     producer.store(1, Ordering::Release);
+                    let turn = ev.due(1);
                     fence(Ordering::SeqCst);
-                    ev.due(producer.load(Ordering::Relaxed))
+                    turn || ev.due(1)
                 })
             };
             // The poller's arm without the eventfd (loom runs no syscalls).
+            let seen = producer.load(Ordering::Acquire);
+            ev.armed_at.store(seen, Ordering::Relaxed);
             ev.armed.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);
             let polled = producer.load(Ordering::Acquire) == 1;
             let event = nic.join().unwrap();
             assert!(polled || event);
+            // And no event for a completion the poller had seen before it armed.
+            assert!(!(seen == 1 && event));
         });
     }
 }

@@ -606,6 +606,11 @@ impl CompletionRing {
         &self.slots[(index & self.mask) as usize].0
     }
 
+    /// Poller: how many completions the NIC appended so far, as far as it sees.
+    pub(crate) fn published(&self) -> u64 {
+        self.producer.load(Ordering::Acquire)
+    }
+
     /// NIC (the only producer): how many completions it appended so far.
     pub(crate) fn produced(&self) -> u64 {
         self.producer.load(Ordering::Relaxed)
