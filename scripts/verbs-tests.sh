@@ -3,8 +3,8 @@
 # Soft-RoCE (rxe0), inside the project's qemu VM (scripts/rxe-vm): this machine's kernel
 # may have no RDMA at all. The test binaries are built here (the VM runs them; compiling
 # under TCG would be slow), then run inside with --ignored; so are libselsig's C example
-# (examples/c/seed.c), built here with the system compiler, and the sideway example
-# (examples/sideway).
+# (examples/c/seed.c), built here with the system compiler, the sideway example
+# (examples/sideway) and the async driver's tests and example (crates/selsig-tokio).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -15,10 +15,10 @@ scripts/rxe-vm/build.sh
 # stdout; its exit code is checked apart from the pipeline's.) The same build gives the
 # `selsig` binary the CLI's tests run (a separate `cargo build -p selsig-cli` would compile
 # a second set of dependencies, with other features, for nothing).
-json=$(cargo test -q --no-run -p selsig-verbs -p selsig-cli -p selsig-capi --message-format=json-render-diagnostics) \
+json=$(cargo test -q --no-run -p selsig-verbs -p selsig-cli -p selsig-capi -p selsig-tokio --message-format=json-render-diagnostics) \
   || { echo "verbs-tests: could not build the test binaries" >&2; exit 1; }
-mapfile -t bins < <(sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' <<< "$json" | grep -E '/(rxe|verbs)-[0-9a-f]+$' || true)
-[ "${#bins[@]}" = 2 ] || { echo "verbs-tests: expected the rxe and verbs test binaries, found: ${bins[*]}" >&2; exit 1; }
+mapfile -t bins < <(sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' <<< "$json" | grep -E '/(rxe|verbs|async_rxe)-[0-9a-f]+$' || true)
+[ "${#bins[@]}" = 3 ] || { echo "verbs-tests: expected the rxe, verbs and async_rxe test binaries, found: ${bins[*]}" >&2; exit 1; }
 sel=$(sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p' <<< "$json" | tail -n 1)
 [ -x "$sel" ] || { echo "verbs-tests: cargo built no selsig binary" >&2; exit 1; }
 # The VM sees this machine's files read-only, and an empty /tmp: a target directory outside
@@ -32,6 +32,10 @@ cargo build -q -p selsig-capi --lib  # (`cargo test` builds its rlib only)
 # The bare tracker over queue pairs of selsig-verbs, posted and polled by the program.
 cargo build -q -p selsig-verbs --example tracker_seed
 tseed="$(dirname "$sel")/examples/tracker_seed"
+# The async driver's example: 8 queue pairs streaming WRITEs over one CQ, asleep on its
+# completion channel.
+cargo build -q -p selsig-tokio --example async_stream
+astream="$(dirname "$sel")/examples/async_stream"
 cc -std=c11 -O2 -Wall -Wextra -Werror -I crates/selsig-capi/include examples/c/seed.c \
   "$(dirname "$sel")/libselsig_capi.a" -libverbs -lpthread -ldl -lm -o "$cseed"
 
@@ -49,6 +53,7 @@ cmd="$cmd; echo '== examples/c/seed.c'; $(printf '%q' "$cseed") --device rxe0 --
 $(printf '%q' "$cseed") --device rxe0 --gid-index 1 --fail-at 3
 echo '== selsig-verbs/examples/tracker_seed.rs'; $(printf '%q' "$tseed") --device rxe0 --gid-index 1
 $(printf '%q' "$tseed") --device rxe0 --gid-index 1 --fail-at 3
+echo '== selsig-tokio/examples/async_stream.rs'; $(printf '%q' "$astream") --device rxe0 --gid-index 1 --writes 500
 echo '== examples/sideway'; $(printf '%q' "$swseed") --device rxe0 --gid-index 1
 $(printf '%q' "$swseed") --device rxe0 --gid-index 1 --fail-at 3"
 # Last, as it takes rxe0's link down: a port that is not ACTIVE is the host's state (exit

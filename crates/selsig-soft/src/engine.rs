@@ -33,8 +33,8 @@ const FETCH: usize = 16;
 const STAMP_BYTES: u64 = 16 << 10;
 const SPIN: u32 = 2_000;
 const YIELD: u32 = 50;
-/// The longest sleep while a QP waits on a peer (whose receive or state change may ring
-/// another device's doorbell): a safety net, the doorbell wakes the thread.
+/// The longest sleep while a QP waits on a peer of another device (whose receive or
+/// state change rings that device's doorbell): a safety net, the doorbell wakes the thread.
 const PARK: Duration = Duration::from_millis(5);
 /// The longest sleep with nothing waiting on a peer: every change the NIC acts on rings
 /// its doorbell, so this only bounds how long a missed wake could cost, while an idle
@@ -135,8 +135,11 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
                 || dev.qps_version.load(Ordering::Acquire) != version
                 || dev.stop.load(Ordering::Acquire);
             if !pending {
-                let peer_wait = served.iter().any(|s| s.wait.is_some());
-                std::thread::park_timeout(if peer_wait { PARK } else { IDLE_PARK });
+                std::thread::park_timeout(if waits_on_another_device(&served) {
+                    PARK
+                } else {
+                    IDLE_PARK
+                });
             }
             dev.sleeping.store(false, Ordering::Relaxed);
         }
@@ -152,6 +155,17 @@ fn signal_armed(served: &[Served]) {
             }
         }
     }
+}
+
+/// Whether a QP waits on a peer of another device, whose receive or state change rings
+/// that device's doorbell, not this one's.
+fn waits_on_another_device(served: &[Served]) -> bool {
+    served.iter().any(|s| {
+        s.wait.is_some()
+            && s.peer
+                .as_ref()
+                .is_none_or(|peer| !served.iter().any(|t| Arc::ptr_eq(&t.qp, peer)))
+    })
 }
 
 /// Whether a QP has work the NIC can do now.

@@ -342,6 +342,43 @@ fn a_batch_begun_without_room_posts_if_shared_credits_come_back_meanwhile() {
     );
 }
 
+/// `try_post` without room (here, a shared pool another queue holds whole) gives the work
+/// request back whole: its buffer, its context, its target; posted again once the
+/// credits come back, it lands where it was meant to.
+#[test]
+fn try_post_without_room_gives_the_work_request_back_whole() {
+    let p = pair();
+    let (bufs, remote) = eight_buffers(&p);
+    let pool = selsig::CqCredits::new(4);
+    assert_eq!(pool.try_acquire(4), Some(0));
+    let config = QueueConfig {
+        cq: Some(selsig::CqBudget::Shared(pool.clone())),
+        ..QueueConfig::with_policy(Policy::Every(1))
+    };
+    let mut q: SignaledQueue<SoftDevice, u32> =
+        SignaledQueue::with_config(p.a, Arc::clone(&p.cq_a), config).unwrap();
+    let mut buf = bufs.into_iter().next().unwrap();
+    buf.fill(0x5a).unwrap();
+    let work = Work::write(buf, remote.remote(64), 7);
+    let Err(selsig::TryPostError::NoRoom(work)) = q.try_post(work) else {
+        panic!("no room: the pool is taken");
+    };
+    assert_eq!(q.outstanding(), 0);
+    assert!(pool.release(4));
+    q.try_post(work).unwrap();
+    let mut done = Vec::new();
+    let start = Instant::now();
+    while done.is_empty() {
+        q.poll(&mut done).unwrap();
+        assert!(start.elapsed() < WAIT);
+    }
+    assert_eq!((done[0].user, done[0].outcome), (7, Outcome::Completed));
+    assert!(done[0].buffer.is_some());
+    let mut got = vec![0; 64];
+    remote.read(64, &mut got).unwrap();
+    assert_eq!(got, vec![0x5a; 64], "the WRITE went where it was meant to");
+}
+
 /// A local and a remote region for [`post_unsignaled_until_full`], which must outlive the
 /// WRITEs it posts (a WRITE the NIC runs after its region is gone fails, with a completion).
 fn write_regions(p: &Pair) -> (SoftMr, SoftMr) {

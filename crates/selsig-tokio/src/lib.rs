@@ -40,5 +40,5 @@
 mod cq;
 mod queue;
 
-pub use cq::AsyncCq;
+pub use cq::{AsyncCq, CqOptions};
 pub use queue::{AsyncQueue, PostError, Retired};

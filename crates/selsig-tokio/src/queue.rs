@@ -190,10 +190,7 @@ impl<D: Device, U> AsyncQueue<D, U> {
     }
 
     /// [`next`](Self::next), as a poll function (the queue is a `Stream` through it).
-    pub fn poll_next_retired(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Retired<D::Mr, U>>> {
+    pub fn poll_next_retired(&mut self, cx: &mut Context<'_>) -> Poll<Option<Retired<D::Mr, U>>> {
         loop {
             if let Some(c) = self.retired.pop_front() {
                 return Poll::Ready(Some(Ok(c)));

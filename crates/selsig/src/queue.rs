@@ -153,6 +153,9 @@ impl QueueConfig {
 /// reaches this queue, and the drain waits for it.)
 const OWN_COMPLETION_WAIT: Duration = Duration::from_millis(100);
 
+/// The longest a drain sleeps on the CQ's events before it looks again.
+const DOZE: Duration = Duration::from_millis(10);
+
 /// Whether `qp`'s send queue reports to `cq`, as far as the provider tells.
 fn sends_to(qp: &impl QueuePair, cq: &impl CompletionQueue) -> Result<(), ConfigError> {
     match (qp.send_cq_identity(), cq.identity()) {
@@ -1100,8 +1103,31 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     waited,
                 });
             }
-            std::hint::spin_loop();
+            if self.doze(out, timeout - waited)? {
+                own_progress = Instant::now();
+            }
         }
+    }
+
+    /// A drain's wait for what comes next: on the CQ's completion events where it has
+    /// them (arm, poll again, sleep at most [`DOZE`] of `left`: a completion another
+    /// queue polls for this one, or credits it gives back, make no event here), else a
+    /// spin. Whether the poll after the arm retired work requests of this queue.
+    fn doze(
+        &mut self,
+        out: &mut Vec<Completion<D::Mr, U>>,
+        left: Duration,
+    ) -> Result<bool, PollError> {
+        if self.cq.req_notify().is_err() {
+            std::hint::spin_loop();
+            return Ok(false);
+        }
+        let before = self.tracker.outstanding();
+        if self.poll(out)? == 0 {
+            // An event's failure is no drain's: it goes on polling.
+            let _ = self.cq.wait_event(Some(left.min(DOZE)));
+        }
+        Ok(self.tracker.outstanding() < before)
     }
 
     /// The first half of [`drain`](Self::drain), for callers that poll themselves: no

@@ -1,0 +1,205 @@
+//! The async driver beside the sync one, in one run on the software NIC: 64-byte RDMA
+//! WRITEs on one RC queue pair (depth 128, 128 buffers), signaling every 64 and every
+//! WRITE. For each: WRITEs per second, CPU time of the posting thread per WRITE (the
+//! thread that posts and polls: the sync loop's, or the current-thread runtime's, which
+//! also runs the poller task), and the confirmation lag (post to retirement).
+//!
+//! `cargo bench -p selsig-tokio --bench async_vs_sync [-- SECONDS]`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use selsig::{
+    Access, Buffer, Completion, ConnectOptions, Device, MemoryRegion, Policy, QpCaps, QpInit,
+    QueueConfig, RemoteAddr, SignaledQueue, Stats, Work, connect_pair,
+};
+use selsig_soft::{SoftConfig, SoftCq, SoftDevice, SoftMr, SoftQp};
+use selsig_tokio::{AsyncCq, AsyncQueue};
+
+const DEPTH: u32 = 128;
+const SIZE: usize = 64;
+
+struct Setup {
+    _dev: SoftDevice,
+    cq: Arc<SoftCq>,
+    a: SoftQp,
+    _b: SoftQp,
+    _recv: SoftCq,
+    free: Vec<Buffer<SoftMr>>,
+    _remote: SoftMr,
+    target: RemoteAddr,
+}
+
+fn setup() -> Setup {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = Arc::new(dev.create_cq(2 * DEPTH).unwrap());
+    let recv = dev.create_cq(4).unwrap();
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: DEPTH,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq, &recv, &init).unwrap();
+    let b = dev.create_qp(&pd, &recv, &recv, &init).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    let n = DEPTH as usize;
+    let local = dev.reg_mr(&pd, n * SIZE, Access::LOCAL_WRITE).unwrap();
+    let remote = dev
+        .reg_mr(&pd, n * SIZE, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let (free, _) = Buffer::new(local).split_into(n, SIZE).ok().unwrap();
+    let target = remote.remote(0);
+    Setup {
+        _dev: dev,
+        cq,
+        a,
+        _b: b,
+        _recv: recv,
+        free,
+        _remote: remote,
+        target,
+    }
+}
+
+/// CPU time of the calling thread so far.
+fn thread_cpu() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a valid, writable `rusage`; RUSAGE_THREAD is a valid target.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+    assert_eq!(rc, 0, "getrusage: {}", std::io::Error::last_os_error());
+    // SAFETY: getrusage succeeded, so it filled `usage`.
+    let usage = unsafe { usage.assume_init() };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// What one point measured.
+struct Point {
+    writes: u64,
+    elapsed: Duration,
+    cpu: Duration,
+    stats: Stats,
+}
+
+/// Up to 32 WRITEs from the free buffers, as many as the queue takes now.
+fn batch<'a>(
+    free: &'a mut Vec<Buffer<SoftMr>>,
+    room: u32,
+    target: RemoteAddr,
+) -> impl Iterator<Item = Work<'static, SoftMr, ()>> + 'a {
+    let k = free.len().min(32).min(room as usize);
+    let at = free.len() - k;
+    free.drain(at..).map(move |buf| {
+        let t = target.offset(buf.offset() as u64);
+        Work::write(buf, t, ())
+    })
+}
+
+fn sync_point(every: u32, time: Duration) -> Point {
+    let mut s = setup();
+    let mut q: SignaledQueue<SoftDevice, ()> =
+        SignaledQueue::new(s.a, Arc::clone(&s.cq), Policy::Every(every)).unwrap();
+    let (start, cpu) = (Instant::now(), thread_cpu());
+    let mut retired = 0u64;
+    let free = &mut s.free;
+    while start.elapsed() < time {
+        if !free.is_empty() && q.available() > 0 {
+            let room = q.available();
+            let mut works = batch(free, room, s.target);
+            q.post_batch(&mut works).unwrap();
+        }
+        q.poll_with(|c: Completion<SoftMr, ()>| {
+            retired += 1;
+            free.extend(c.buffer);
+        })
+        .unwrap();
+    }
+    let (elapsed, cpu) = (start.elapsed(), thread_cpu() - cpu);
+    Point {
+        writes: retired,
+        elapsed,
+        cpu,
+        stats: q.stats().clone(),
+    }
+}
+
+fn async_point(every: u32, time: Duration) -> Point {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut s = setup();
+        let acq = AsyncCq::<SoftDevice>::new(Arc::clone(&s.cq)).unwrap();
+        let config = QueueConfig::with_policy(Policy::Every(every));
+        let mut q: AsyncQueue<SoftDevice, ()> = AsyncQueue::new(&acq, s.a, config).unwrap();
+        let (start, cpu) = (Instant::now(), thread_cpu());
+        let mut retired = 0u64;
+        let free = &mut s.free;
+        while start.elapsed() < time {
+            // Post what the free buffers and the room allow, as the sync loop does (a wait
+            // with nothing signaled outstanding would confirm the tail at once).
+            while !free.is_empty() && q.queue().available() > 0 {
+                let room = q.queue().available();
+                let mut works = batch(free, room, s.target);
+                q.queue_mut().post_batch(&mut works).unwrap();
+            }
+            // At least one retired WRITE (asleep until it comes), then all that are ready.
+            let c = q.next().await.unwrap().unwrap();
+            retired += 1;
+            free.extend(c.buffer);
+            while let Some(c) = q.try_next() {
+                retired += 1;
+                free.extend(c.buffer);
+            }
+        }
+        let (elapsed, cpu) = (start.elapsed(), thread_cpu() - cpu);
+        Point {
+            writes: retired,
+            elapsed,
+            cpu,
+            stats: q.queue().stats().clone(),
+        }
+    })
+}
+
+fn row(driver: &str, every: u32, p: &Point, base: Option<&Point>) {
+    let rate = p.writes as f64 / p.elapsed.as_secs_f64() / 1e6;
+    let ratio = base.map_or(String::new(), |b| {
+        format!(
+            "{:.2}x",
+            rate / (b.writes as f64 / b.elapsed.as_secs_f64() / 1e6)
+        )
+    });
+    let lag = |q: f64| Duration::from_nanos(p.stats.lag_ns.value_at_quantile(q));
+    println!(
+        "{driver:>6} {:>9} {rate:>8.2} {ratio:>7} {:>8.1} {:>9.1?} {:>9.1?}",
+        format!("every:{every}"),
+        p.cpu.as_nanos() as f64 / p.writes as f64,
+        lag(0.5),
+        lag(0.99),
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a number is the seconds per point.
+    let secs = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse::<f64>().ok())
+        .unwrap_or(2.0);
+    let time = Duration::from_secs_f64(secs);
+    println!("64 B RDMA WRITEs on the soft NIC, one QP, depth {DEPTH}, {secs} s per point");
+    println!("driver    signal    MWR/s   async  CPU ns/WR  lag p50   lag p99");
+    for every in [64, 1] {
+        let sync = sync_point(every, time);
+        row("sync", every, &sync, None);
+        let asynchronous = async_point(every, time);
+        row("async", every, &asynchronous, Some(&sync));
+    }
+}
