@@ -54,3 +54,9 @@ async fn sixty_four_queue_pairs_on_one_cq_each_retire_in_order() {
 async fn a_cancelled_post_or_next_loses_nothing() {
     stories::cancellation(device()).await;
 }
+
+#[tokio::test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+async fn an_adaptive_tail_is_confirmed_at_its_deadline() {
+    stories::adaptive_deadline(device()).await;
+}

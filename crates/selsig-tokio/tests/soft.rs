@@ -39,3 +39,8 @@ async fn sixty_four_queue_pairs_on_one_cq_in_one_thread() {
 async fn a_cancelled_post_or_next_loses_nothing() {
     stories::cancellation(soft()).await;
 }
+
+#[tokio::test]
+async fn an_adaptive_tail_is_confirmed_at_its_deadline() {
+    stories::adaptive_deadline(soft()).await;
+}

@@ -272,3 +272,36 @@ pub async fn cancellation<D: Rig>(dev: D) {
     assert_eq!(retire_all(&mut q).await, [(6, Outcome::Completed)]);
     drop(p.cq_b);
 }
+
+/// The `Adaptive` policy under `next`: an unsignaled tail is confirmed at its deadline (a
+/// tick), not at once and not never.
+pub async fn adaptive_deadline<D: Rig>(dev: D) {
+    let cq = Arc::new(dev.create_cq(64).unwrap());
+    let acq = AsyncCq::<D>::new(Arc::clone(&cq)).unwrap();
+    let p = pair(&dev, dev.alloc_pd().unwrap(), &cq, 16, dev.options());
+    let (bufs, remote) = buffers(&dev, &p.pd, 3, 64);
+    let policy = Policy::Adaptive {
+        max_unsignaled: 64,
+        max_lag: Duration::from_millis(30),
+    };
+    let mut q: AsyncQueue<D, u64> =
+        AsyncQueue::new(&acq, p.a, QueueConfig::with_policy(policy)).unwrap();
+    for (i, buf) in bufs.into_iter().enumerate() {
+        q.post(Work::write(buf, remote.remote(i * 64), i as u64 + 1))
+            .await
+            .unwrap();
+    }
+    let start = tokio::time::Instant::now();
+    let mut users = Vec::new();
+    let n = tokio::time::timeout(WAIT, q.retire_with(|c| users.push(c.user)))
+        .await
+        .expect("the deadline confirms the tail")
+        .unwrap();
+    let waited = start.elapsed();
+    assert!(
+        n >= 1 && waited >= Duration::from_millis(25),
+        "after {waited:?}"
+    );
+    assert_eq!(retire_all(&mut q).await.len() + users.len(), 3);
+    assert_eq!(q.queue().stats().markers, 1, "one marker, at the deadline");
+}
