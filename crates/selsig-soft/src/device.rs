@@ -8,50 +8,22 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use std::thread::JoinHandle;
 
 use selsig::{
-    Access, AsyncEvent, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Local,
-    MemoryRegion, Opcode, PostFailure, PostWrError, ProviderError, QpCaps, QpInit, QpState,
-    QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, AsyncEvent, ConnectOptions, Device, Endpoint, Local, MemoryRegion, Opcode, PostFailure,
+    PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendWr,
 };
 
 use crate::config::{MAX_CQE, MAX_QP_WR, Personality, SoftConfig};
-use crate::engine;
+use crate::cq::SoftCq;
+use crate::engine::{self, Engine};
 use crate::events::CqEvents;
 use crate::mem;
 use crate::mr::{MrInner, MrTable, random_u32};
-use crate::ring::{self, CompletionRing, Cqe, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe};
+use crate::ring::{self, CompletionRing, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe};
 use crate::state::{CqInner, DeviceInner, PollState, Producer, QpInner, Registry};
 use crate::sync::Padded;
 use crate::times::ExecTimes;
-
-/// Stops and joins the NIC thread when the last handle of the device goes.
-#[derive(Debug)]
-struct Engine {
-    dev: Arc<DeviceInner>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.dev.stop.store(true, Ordering::Release);
-        if let Some(t) = self.dev.engine_thread.get() {
-            t.unpark();
-        }
-        if let Some(handle) = self.thread.lock().take()
-            && handle.join().is_err()
-        {
-            // Not `eprintln!`, which panics (here, in a `Drop`) when stderr is closed.
-            use std::io::Write as _;
-            let _ = writeln!(
-                std::io::stderr(),
-                "selsig-soft: the NIC thread of {} panicked",
-                self.dev.name
-            );
-        }
-    }
-}
 
 /// A software RDMA device: one NIC thread executes the work requests of all its queue
 /// pairs, strictly in order per send queue.
@@ -253,115 +225,6 @@ impl MemoryRegion for SoftMr {
         self.check(offset, buf.len())?;
         mem::read(&self.mr.words, offset, buf);
         Ok(())
-    }
-}
-
-/// A completion queue of a software device.
-#[derive(Debug)]
-pub struct SoftCq {
-    cq: Arc<CqInner>,
-    /// Its device's NIC (which also tells the device it belongs to).
-    engine: Arc<Engine>,
-}
-
-impl SoftCq {
-    /// The CQ's id, as in [`AsyncEvent::CqErr`].
-    pub fn id(&self) -> u32 {
-        self.cq.id
-    }
-}
-
-impl CompletionQueue for SoftCq {
-    fn capacity(&self) -> u32 {
-        // Created from a u32.
-        self.cq.ring.capacity() as u32
-    }
-
-    fn identity(&self) -> Option<usize> {
-        Some(Arc::as_ptr(&self.cq) as usize)
-    }
-
-    fn req_notify(&self) -> Result<(), CqError> {
-        self.cq
-            .events
-            .arm(self.cq.ring.published())
-            .map_err(CqError::Event)
-    }
-
-    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.cq.events.raw_fd().ok()
-    }
-
-    fn take_events(&self) -> Result<u32, CqError> {
-        self.cq.events.take().map_err(CqError::Event)
-    }
-
-    fn wait_event(&self, timeout: Option<Duration>) -> Result<u32, CqError> {
-        self.cq.events.wait(timeout).map_err(CqError::Event)
-    }
-
-    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
-        let cq = &self.cq;
-        let mut st = cq.poll.lock();
-        let available = cq.ring.available(st.consumer);
-        if available == 0 {
-            if cq.error.load(Ordering::Acquire) {
-                return Err(CqError::Overrun {
-                    capacity: self.capacity(),
-                });
-            }
-            return Ok(0);
-        }
-        let n = (available as usize).min(out.len());
-        for (k, slot) in out[..n].iter_mut().enumerate() {
-            let c = cq.ring.read(st.consumer + k as u64);
-            *slot = decode(&c);
-            if c.send_queue && cq.free_on_poll {
-                // mlx5: polling a completion frees its WQE's slot and every earlier one
-                // (`wq->tail = wq->wqe_head[idx] + 1`).
-                if st.last_sq.as_ref().is_none_or(|(qpn, _)| *qpn != c.qp_num) {
-                    let found = cq.send_queues.read().get(&c.qp_num).cloned();
-                    st.last_sq = found.map(|sq| (c.qp_num, sq));
-                }
-                // A reference, not a clone: the ring's reference count shares a line with
-                // fields the NIC reads for every WQE.
-                if let Some((_, sq)) = &st.last_sq {
-                    sq.free_through(c.wqe_counter);
-                }
-            } else if !c.send_queue && cq.free_on_poll {
-                // mlx5: polling a receive's completion frees its slot (`++wq->tail`).
-                if let Some(rq) = cq.recv_queues.read().get(&c.qp_num) {
-                    rq.polled_one();
-                }
-            }
-        }
-        st.consumer += n as u64;
-        cq.ring.set_consumed(st.consumer);
-        Ok(n)
-    }
-}
-
-fn decode(c: &Cqe) -> WorkCompletion {
-    // The NIC writes only values of these enums; an unknown one would be a bug of ours,
-    // reported as a general error rather than a panic.
-    let status = WcStatus::try_from(u32::from(c.status)).unwrap_or(WcStatus::GeneralErr);
-    let opcode = if status.is_success() {
-        WcOpcode::try_from(u32::from(c.opcode)).ok()
-    } else {
-        None
-    };
-    WorkCompletion {
-        wr_id: c.wr_id,
-        status,
-        opcode,
-        byte_len: if opcode.is_some_and(WcOpcode::has_byte_len) {
-            c.byte_len
-        } else {
-            0
-        },
-        qp_num: c.qp_num,
-        imm_data: c.has_imm.then_some(c.imm),
-        vendor_err: c.vendor_err,
     }
 }
 
@@ -1009,7 +872,7 @@ impl Device for SoftDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use selsig::connect_pair;
+    use selsig::{CompletionQueue, WcStatus, WorkCompletion, connect_pair};
 
     #[test]
     fn a_region_of_another_pd_stays_out_of_reach_past_2_to_the_32_pds() {

@@ -9,8 +9,10 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use selsig::{Access, AsyncEvent, QpState, WcOpcode, WcStatus};
 
 use crate::config::Personality;
@@ -18,6 +20,33 @@ use crate::mem;
 use crate::mr::{MrInner, MrTable};
 use crate::ring::{Cqe, Wqe, op};
 use crate::state::{CqInner, DeviceInner, Pushed, QpInner};
+
+/// Stops and joins the NIC thread when the last handle of the device goes.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub(crate) dev: Arc<DeviceInner>,
+    pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.dev.stop.store(true, Ordering::Release);
+        if let Some(t) = self.dev.engine_thread.get() {
+            t.unpark();
+        }
+        if let Some(handle) = self.thread.lock().take()
+            && handle.join().is_err()
+        {
+            // Not `eprintln!`, which panics (here, in a `Drop`) when stderr is closed.
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "selsig-soft: the NIC thread of {} panicked",
+                self.dev.name
+            );
+        }
+    }
+}
 
 /// Work requests of one send queue executed per turn.
 pub(crate) const BUDGET: u64 = 256;

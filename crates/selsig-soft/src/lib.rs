@@ -78,6 +78,8 @@ pub(crate) mod sync;
 #[cfg(not(loom))]
 mod config;
 #[cfg(not(loom))]
+mod cq;
+#[cfg(not(loom))]
 mod device;
 #[cfg(not(loom))]
 mod engine;
@@ -92,4 +94,6 @@ mod times;
 #[cfg(not(loom))]
 pub use config::{MAX_CQE, MAX_QP_WR, Personality, RXE_MAX_CQE, SoftConfig};
 #[cfg(not(loom))]
-pub use device::{SoftCq, SoftDevice, SoftMr, SoftPd, SoftQp};
+pub use cq::SoftCq;
+#[cfg(not(loom))]
+pub use device::{SoftDevice, SoftMr, SoftPd, SoftQp};
