@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use selsig::{
-    Access, Buffer, CompletionQueue, ConnectOptions, Device, MemoryRegion, Outcome, Policy,
-    PostError, QpCaps, QpInit, QueueConfig, QueuePair, QueuePostError, SignaledQueue, WcStatus,
-    Work, WorkCompletion,
+    Access, Buffer, CompletionQueue, ConnectOptions, CqError, Device, MemoryRegion, Outcome,
+    Policy, PostError, QpCaps, QpInit, QueueConfig, QueuePair, QueuePostError, SignaledQueue,
+    WcStatus, Work, WorkCompletion,
 };
 use serde::Serialize;
 
@@ -205,6 +205,51 @@ pub fn validate(args: &DemoArgs) -> Result<()> {
     Ok(())
 }
 
+/// A wait for completions of one CQ, at a poll that found nothing. The waiter's order: the
+/// first idle poll arms the CQ and returns, for the caller to poll again (a completion that
+/// came before the arm need not make an event: that poll finds it); the next sleeps until
+/// the CQ's event or `left` passes. Polls that find completions in between leave the arm as
+/// it is: it still waits for the CQ's next completion, or a completion since used it and
+/// its event is pending (only the sleep takes events), which ends the sleep at once. A CQ
+/// without events ([`CqError::NoEvents`]) makes it yield instead, as the waits did before
+/// there were events.
+#[derive(Debug)]
+struct Idle {
+    armed: bool,
+    events: bool,
+}
+
+impl Idle {
+    fn new() -> Self {
+        Idle {
+            armed: false,
+            events: true,
+        }
+    }
+
+    fn wait<C: CompletionQueue>(&mut self, cq: &C, left: Duration) -> Result<()> {
+        if !self.events {
+            std::thread::yield_now();
+            return Ok(());
+        }
+        if !self.armed {
+            match cq.req_notify() {
+                Ok(()) => self.armed = true,
+                Err(CqError::NoEvents) => {
+                    self.events = false;
+                    std::thread::yield_now();
+                }
+                Err(e) => return Err(e).context("cannot arm the completion queue for an event"),
+            }
+            return Ok(());
+        }
+        self.armed = false;
+        cq.wait_event(Some(left))
+            .context("cannot wait for the completion queue's event")?;
+        Ok(())
+    }
+}
+
 fn policy_of(args: &DemoArgs) -> Policy {
     args.policy
         .unwrap_or(Policy::Every(args.every.unwrap_or(4)))
@@ -283,6 +328,9 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
     // The run fails when no completion arrives for this long (a stalled NIC or peer).
     const STALL: Duration = Duration::from_secs(30);
     let mut last_completion = Instant::now();
+    // Each wait below ends only with a completion of `cq` (or its STALL): it sleeps on the
+    // CQ's events when a poll finds nothing.
+    let mut idle = Idle::new();
 
     // Polls the CQ once; records each completion and what it confirmed. Returns how many.
     let mut poll = |queue: &mut SignaledQueue<D, u32>,
@@ -346,7 +394,8 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             Err(QueuePostError::Refused(e)) if e.is_full() => {
                 // No room until completions are polled: put it back and poll.
                 pending.push_front((wr, e.into_payload().buffer));
-                if poll(&mut queue, &mut cqes, &mut confirmed, &markers)? > 0 {
+                let k = poll(&mut queue, &mut cqes, &mut confirmed, &markers)?;
+                if k > 0 {
                     last_completion = Instant::now();
                 }
                 queue.collect(&mut done);
@@ -355,6 +404,9 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
                     "the queue stayed full: no completion for {} s",
                     STALL.as_secs()
                 );
+                if k == 0 {
+                    idle.wait(&*cq, STALL.saturating_sub(last_completion.elapsed()))?;
+                }
             }
             // The queue failed: nothing more can be posted.
             Err(QueuePostError::Refused(PostError::QueueError { .. })) => break,
@@ -370,7 +422,8 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             }
             Ok(None) => break,
             Err(QueuePostError::Refused(e)) if e.is_full() => {
-                if poll(&mut queue, &mut cqes, &mut confirmed, &markers)? > 0 {
+                let k = poll(&mut queue, &mut cqes, &mut confirmed, &markers)?;
+                if k > 0 {
                     last_completion = Instant::now();
                 }
                 ensure!(
@@ -378,13 +431,16 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
                     "the queue stayed full: no completion for {} s",
                     STALL.as_secs()
                 );
-                std::thread::yield_now();
+                if k == 0 {
+                    idle.wait(&*cq, STALL.saturating_sub(last_completion.elapsed()))?;
+                }
             }
             Err(e) => return Err(e).context("cannot post the confirm marker"),
         }
     }
     while !queue.tracker().is_idle() {
-        if poll(&mut queue, &mut cqes, &mut confirmed, &markers)? > 0 {
+        let k = poll(&mut queue, &mut cqes, &mut confirmed, &markers)?;
+        if k > 0 {
             last_completion = Instant::now();
         }
         ensure!(
@@ -393,7 +449,9 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             queue.outstanding(),
             STALL.as_secs()
         );
-        std::thread::yield_now();
+        if k == 0 {
+            idle.wait(&*cq, STALL.saturating_sub(last_completion.elapsed()))?;
+        }
     }
     queue.collect(&mut done);
     for c in &done {

@@ -1570,6 +1570,67 @@ poll = "idle"
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The CPU time a process used so far, user and system, all its threads
+/// (`/proc/PID/stat`: utime and stime, in clock ticks).
+#[cfg(target_os = "linux")]
+fn cpu_time(pid: u32) -> std::time::Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // After the command's name in parentheses (which may hold spaces) come the state, the
+    // 3rd field, and so utime and stime, the 14th and 15th, at 11 and 12.
+    let rest = &stat[stat.rfind(')').unwrap() + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    std::time::Duration::from_secs_f64(
+        ticks as f64 / rustix::param::clock_ticks_per_second() as f64,
+    )
+}
+
+/// A poll step that waits for a completion that never comes (an unsignaled tail: nothing
+/// signaled outstanding) sleeps on the CQ's completion events: over 3 s of the wait the
+/// process, the soft NIC's thread included, uses under 5 % of a core (a loop of
+/// `yield_now` used all of one). The run would wait out its 20 s: it is stopped.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_wait_for_a_completion_that_never_comes_uses_no_cpu() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let dir = scratch("selsig-cli-idle-wait");
+    let path = dir.join("idle-wait.toml");
+    std::fs::write(
+        &path,
+        one_qp_scenario(
+            "",
+            r#"[[step]]
+post = { qp = "a", op = "write", local = "src", remote = "dst", size = 64 }
+[[step]]
+poll = "idle"
+"#,
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(["run", path.to_str().unwrap(), "-q"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The device made, the WRITE posted (unsignaled: every:4) and the poll begun.
+    std::thread::sleep(Duration::from_secs(1));
+    let (before, start) = (cpu_time(child.id()), Instant::now());
+    std::thread::sleep(Duration::from_secs(3));
+    let (used, window) = (cpu_time(child.id()) - before, start.elapsed());
+    let waiting = child.try_wait().unwrap().is_none();
+    child.kill().ok();
+    child.wait().unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(waiting, "the run ended before the 20 s of its wait");
+    assert!(
+        used < window / 20,
+        "the wait used {used:?} of CPU in {window:?}"
+    );
+}
+
 #[test]
 fn a_step_that_fails_shows_the_trace_so_far_and_an_unsignaled_tail_is_named() {
     let dir = scratch("selsig-cli-tail");

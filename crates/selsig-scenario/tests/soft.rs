@@ -100,3 +100,87 @@ fn every_shipped_scenario_meets_its_expectations_on_both_personalities() {
         }
     }
 }
+
+/// The software NIC with completion queues that give no completion events (the trait's
+/// defaults: `CqError::NoEvents`), as a provider without them has.
+struct Eventless(SoftDevice);
+
+/// A soft CQ that polls, and gives no events.
+struct EventlessCq(selsig_soft::SoftCq);
+
+impl selsig::CompletionQueue for EventlessCq {
+    fn capacity(&self) -> u32 {
+        self.0.capacity()
+    }
+    fn poll(&self, out: &mut [selsig::WorkCompletion]) -> Result<usize, selsig::CqError> {
+        self.0.poll(out)
+    }
+    fn identity(&self) -> Option<usize> {
+        self.0.identity()
+    }
+}
+
+impl selsig::Device for Eventless {
+    type Pd = <SoftDevice as selsig::Device>::Pd;
+    type Mr = <SoftDevice as selsig::Device>::Mr;
+    type Cq = EventlessCq;
+    type Qp = <SoftDevice as selsig::Device>::Qp;
+
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn alloc_pd(&self) -> Result<Self::Pd, selsig::ProviderError> {
+        self.0.alloc_pd()
+    }
+    fn reg_mr(
+        &self,
+        pd: &Self::Pd,
+        len: usize,
+        access: selsig::Access,
+    ) -> Result<Self::Mr, selsig::ProviderError> {
+        self.0.reg_mr(pd, len, access)
+    }
+    fn create_cq(&self, min_entries: u32) -> Result<EventlessCq, selsig::ProviderError> {
+        self.0.create_cq(min_entries).map(EventlessCq)
+    }
+    fn create_qp(
+        &self,
+        pd: &Self::Pd,
+        send_cq: &EventlessCq,
+        recv_cq: &EventlessCq,
+        init: &selsig::QpInit,
+    ) -> Result<Self::Qp, selsig::ProviderError> {
+        self.0.create_qp(pd, &send_cq.0, &recv_cq.0, init)
+    }
+    fn poll_async_event(&self) -> Option<selsig::AsyncEvent> {
+        self.0.poll_async_event()
+    }
+}
+
+/// The runner sleeps on completion events where the CQs give them, and polls where they do
+/// not: either way every shipped scenario traces the same.
+#[test]
+fn without_completion_events_the_runner_polls_and_traces_the_same() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(shipped(""))
+        .expect("scenarios/")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    for file in &files {
+        let scenario = load(file).unwrap_or_else(|e| panic!("{e}"));
+        let (device, options) = soft(Personality::Mlx5);
+        let with_events = selsig_scenario::run(&scenario, &device, &options).expect("a run");
+        let soft = SoftConfig::with_personality(selsig_soft::Personality::Mlx5);
+        let device = Eventless(SoftDevice::open(soft).expect("a soft device"));
+        let without = selsig_scenario::run(&scenario, &device, &options).expect("a run");
+        assert!(
+            without.passed(),
+            "{}: failures {:?}, error {:?}",
+            file.display(),
+            without.failures,
+            without.error.as_ref().map(|e| format!("{e:#}"))
+        );
+        assert_eq!(with_events.trace, without.trace, "{}", file.display());
+    }
+}

@@ -1,8 +1,9 @@
 //! Runs a checked scenario on any provider and produces its canonical trace.
 //!
 //! The parts, in order: `side` (what is kept per queue pair and region), `runner` (the
-//! run's state, what it waits for, the canonical order of events), `poll` (poll steps and
-//! waits), `work` (the steps that post), `setup` (what the scenario names, made on the
+//! run's state, what it waits for, the canonical order of events), `wait` (sleeping on
+//! the CQs' completion events while a wait polls nothing), `poll` (poll steps and waits),
+//! `work` (the steps that post), `setup` (what the scenario names, made on the
 //! device), `expect` (the expectations checked against the trace), then here: the steps in
 //! order, and the public entry point.
 
@@ -19,6 +20,7 @@ mod poll;
 mod runner;
 mod setup;
 mod side;
+mod wait;
 mod work;
 
 use expect::check;

@@ -10,6 +10,7 @@ use crate::model::QpRef;
 use crate::trace::Event;
 
 use super::runner::{Runner, WAIT, canonical};
+use super::wait::Sleeper;
 
 impl<D: Device> Runner<'_, D> {
     /// Polls the CQ of queue `qp` one completion at a time until the queue has room. The
@@ -39,6 +40,7 @@ impl<D: Device> Runner<'_, D> {
         room: impl Fn(&Self) -> bool,
     ) -> Result<()> {
         let start = Instant::now();
+        let mut sleeper = Sleeper::new();
         while !room(self) {
             let mut events = Vec::new();
             if let Some(i) = self.stash.iter().position(|wc| self.owner(wc) == Some(own)) {
@@ -77,7 +79,8 @@ impl<D: Device> Runner<'_, D> {
                     true => self.sides[own.index].recv_hint(&self.sc.qps[own.index]),
                 }
             );
-            std::thread::yield_now();
+            // Only a completion of this CQ makes room.
+            self.sleep_idle(&mut sleeper, &[cq], WAIT.saturating_sub(start.elapsed()))?;
         }
         Ok(())
     }
@@ -131,6 +134,7 @@ impl<D: Device> Runner<'_, D> {
         let mut cqs = vec![qp.send_cq, qp.peer_cq];
         cqs.dedup();
         cqs.sort_unstable();
+        let mut sleeper = Sleeper::new();
         while !self.side_idle(q) {
             let mut progress = 0;
             for &cq in &cqs {
@@ -161,7 +165,12 @@ impl<D: Device> Runner<'_, D> {
                 );
                 return Err(self.failed(events, e));
             } else {
-                std::thread::yield_now();
+                // Only completions of the queue's CQs make it idle.
+                let left = WAIT.saturating_sub(start.elapsed());
+                let live = self.live_cqs(Some(q), &cqs);
+                if let Err(e) = self.sleep_idle(&mut sleeper, &live, left) {
+                    return Err(self.failed(events, e));
+                }
             }
         }
         self.async_events(&mut events);
@@ -181,6 +190,8 @@ impl<D: Device> Runner<'_, D> {
             return Err(self.failed(events, e));
         }
         let mut got = 0u64;
+        let all: Vec<usize> = (0..self.cqs.len()).collect();
+        let mut sleeper = Sleeper::new();
         loop {
             let done = match n {
                 Some(n) => got >= n,
@@ -226,7 +237,12 @@ impl<D: Device> Runner<'_, D> {
                     let e = anyhow!("{}", self.stuck(n, got));
                     return Err(self.failed(events, e));
                 }
-                std::thread::yield_now();
+                // Only completions end the step (asynchronous events are read at its end).
+                let left = WAIT.saturating_sub(start.elapsed());
+                let live = self.live_cqs(None, &all);
+                if let Err(e) = self.sleep_idle(&mut sleeper, &live, left) {
+                    return Err(self.failed(events, e));
+                }
             } else {
                 start = Instant::now();
             }

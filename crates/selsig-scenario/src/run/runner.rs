@@ -121,6 +121,31 @@ impl<D: Device> Runner<'_, D> {
             .sum()
     }
 
+    /// The CQs a completion can still come to, for queue `only` or for every queue, as
+    /// [`completions_possible`](Self::completions_possible) counts them: the send CQ of
+    /// each queue with work requests outstanding, then its peer's CQ if receives there may
+    /// still complete; each CQ once, in the order of the queues. A wait sleeps on these
+    /// (when none, on `otherwise`).
+    pub fn live_cqs(&self, only: Option<usize>, otherwise: &[usize]) -> Vec<usize> {
+        let mut live = Vec::new();
+        for (q, s) in self.sides.iter().enumerate() {
+            if only.is_some_and(|only| only != q) {
+                continue;
+            }
+            let qp = &self.sc.qps[q];
+            if s.queue.outstanding() > 0 && !live.contains(&qp.send_cq) {
+                live.push(qp.send_cq);
+            }
+            if s.usable_receives() > 0 && !live.contains(&qp.peer_cq) {
+                live.push(qp.peer_cq);
+            }
+        }
+        if live.is_empty() {
+            live.extend_from_slice(otherwise);
+        }
+        live
+    }
+
     /// Every queue is idle.
     pub fn idle(&self) -> bool {
         (0..self.sides.len()).all(|q| self.side_idle(q))
