@@ -18,10 +18,11 @@ pub struct CqOptions {
     /// The pool of CQ credits its queues share; `None`: the CQ's whole capacity (a CQ
     /// that only send completions go to).
     pub credits: Option<CqCredits>,
-    /// How long the poller keeps polling an empty CQ (letting the other tasks of its
-    /// thread run between polls) before it arms the CQ and sleeps: a completion that comes
-    /// within it costs no wake-up from the kernel (microseconds), at the price of this
-    /// much CPU after each burst of completions. Zero: sleep at once. Default 50 µs.
+    /// How long the poller keeps polling an empty CQ, and a queue's task its inbox and
+    /// the CQ, (letting the other tasks of its thread run between polls) before it sleeps:
+    /// a completion that comes within it costs no wake-up from the kernel and no hand-over
+    /// between tasks, at the price of this much CPU after each burst of completions. Zero:
+    /// sleep at once. Default 50 µs.
     pub spin: Duration,
 }
 
@@ -60,6 +61,7 @@ struct Inner<D: Device> {
     shared: SharedCq<D>,
     poller: JoinHandle<()>,
     state: Arc<PollerState>,
+    spin: Duration,
 }
 
 impl<D: Device> Drop for Inner<D> {
@@ -229,6 +231,7 @@ impl<D: Device + 'static> AsyncCq<D> {
                 shared,
                 poller,
                 state,
+                spin: options.spin,
             }),
         })
     }
@@ -259,6 +262,11 @@ impl<D: Device> AsyncCq<D> {
 
     pub(crate) fn state(&self) -> &PollerState {
         &self.inner.state
+    }
+
+    /// How long a poller, or a queue's task, keeps polling before it sleeps.
+    pub(crate) fn spin(&self) -> Duration {
+        self.inner.spin
     }
 }
 

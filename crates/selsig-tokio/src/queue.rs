@@ -17,6 +17,16 @@ use crate::cq::AsyncCq;
 /// An item of an [`AsyncQueue`]'s stream: a retired work request, or why polling failed.
 pub type Retired<M, U> = Result<Completion<M, U>, PollError>;
 
+/// What [`AsyncQueue::idle`] did.
+enum Idle {
+    /// Within the spin time: the task is woken at once, to poll again.
+    Spin,
+    /// Completions were filed for the queue meanwhile: poll again now.
+    Filed,
+    /// The task sleeps until a completion is filed for its queue.
+    Asleep,
+}
+
 /// What [`AsyncQueue::confirm_lone_tail`] did.
 enum Tail {
     /// A marker went out behind the tail.
@@ -67,6 +77,8 @@ pub struct AsyncQueue<D: Device, U> {
     retired: VecDeque<Completion<D::Mr, U>>,
     /// The `Adaptive` policy's deadline timer (made once, reset).
     deadline: Pin<Box<Sleep>>,
+    /// Since when this queue's waits found nothing (for [`CqOptions::spin`](crate::CqOptions::spin)).
+    idle_since: Option<std::time::Instant>,
 }
 
 impl<D: Device, U> AsyncQueue<D, U> {
@@ -85,6 +97,7 @@ impl<D: Device, U> AsyncQueue<D, U> {
             qp_num,
             retired: VecDeque::new(),
             deadline: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            idle_since: None,
         })
     }
 
@@ -104,6 +117,22 @@ impl<D: Device, U> AsyncQueue<D, U> {
         self.queue.outstanding()
     }
 
+    /// A wait found nothing: within the CQ's spin time it asks to be polled again at once
+    /// ([`Idle::Spin`]: the task yields, and polls the CQ itself next turn); after it,
+    /// registers to be woken when a completion is filed for this queue
+    /// ([`Idle::Asleep`]), unless one was filed meanwhile ([`Idle::Filed`]: poll again).
+    fn idle(&mut self, cx: &mut Context<'_>) -> Idle {
+        let now = std::time::Instant::now();
+        if now.duration_since(*self.idle_since.get_or_insert(now)) < self.cq.spin() {
+            cx.waker().wake_by_ref();
+            return Idle::Spin;
+        }
+        match self.cq.shared().set_waker(self.qp_num, cx.waker()) {
+            Some(filed) if filed > 0 => Idle::Filed,
+            _ => Idle::Asleep,
+        }
+    }
+
     /// Takes the completions the CQ holds for this queue, retiring work requests into the
     /// stream; ready when any came (or the poller failed), else registers to be woken.
     fn poll_progress(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PollError>> {
@@ -114,15 +143,16 @@ impl<D: Device, U> AsyncQueue<D, U> {
                 // Credits of the shared pool may have come back: queues waiting for them
                 // look again.
                 self.cq.state().credits_back();
+                self.idle_since = None;
                 return Poll::Ready(Ok(()));
             }
             if let Some(e) = self.cq.state().failure() {
                 return Poll::Ready(Err(PollError::Cq(e)));
             }
-            match self.cq.shared().set_waker(self.qp_num, cx.waker()) {
+            match self.idle(cx) {
                 // Filed since the poll: take them.
-                Some(n) if n > 0 => continue,
-                _ => return Poll::Pending,
+                Idle::Filed => continue,
+                Idle::Spin | Idle::Asleep => return Poll::Pending,
             }
         }
     }
@@ -242,6 +272,7 @@ impl<D: Device, U> AsyncQueue<D, U> {
                 // Credits of the shared pool may have come back: queues waiting for them
                 // look again.
                 self.cq.state().credits_back();
+                self.idle_since = None;
             }
             if n > 0 {
                 return Poll::Ready(Ok(n));
@@ -255,11 +286,6 @@ impl<D: Device, U> AsyncQueue<D, U> {
             if let Some(e) = self.cq.state().failure() {
                 return Poll::Ready(Err(PollError::Cq(e)));
             }
-            if let Some(filed) = self.cq.shared().set_waker(self.qp_num, cx.waker())
-                && filed > 0
-            {
-                continue;
-            }
             let Some(due) = self.queue.next_deadline() else {
                 match self.confirm_lone_tail() {
                     Tail::Confirmed => continue,
@@ -269,14 +295,21 @@ impl<D: Device, U> AsyncQueue<D, U> {
                         if self.queue.available() > 0 {
                             continue;
                         }
-                        return Poll::Pending;
                     }
-                    Tail::Covered => return Poll::Pending,
+                    Tail::Covered => {}
+                }
+                match self.idle(cx) {
+                    Idle::Spin => return Poll::Pending,
+                    Idle::Filed => continue,
+                    Idle::Asleep => return Poll::Pending,
                 }
             };
             self.deadline.as_mut().reset(Instant::from_std(due));
             if self.deadline.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
+                match self.idle(cx) {
+                    Idle::Filed => continue,
+                    Idle::Spin | Idle::Asleep => return Poll::Pending,
+                }
             }
             match self.queue.tick() {
                 // A marker went out: look again.
