@@ -126,31 +126,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_event_per_arm_and_only_for_completions_after_the_look() {
+    fn one_event_per_arm_and_only_for_completions_after_the_look() -> io::Result<()> {
         let ev = CqEvents::new();
         // Not armed: completions make no event.
         assert!(!ev.due(1));
-        ev.arm(1).unwrap();
+        ev.arm(1)?;
         // Armed, but nothing new since the arm.
         assert!(!ev.due(1));
         assert!(ev.due(2));
         ev.signal();
         // Disarmed by the event: the next completion makes none.
         assert!(!ev.due(3));
-        assert_eq!(ev.take().unwrap(), 1);
-        assert_eq!(ev.take().unwrap(), 0);
+        assert_eq!(ev.take()?, 1);
+        assert_eq!(ev.take()?, 0);
+        Ok(())
     }
 
     #[test]
-    fn a_wait_ends_with_the_event_or_the_time() {
+    fn a_wait_ends_with_the_event_or_the_time() -> io::Result<()> {
         let ev = CqEvents::new();
         let start = std::time::Instant::now();
-        assert_eq!(ev.wait(Some(Duration::from_millis(30))).unwrap(), 0);
+        assert_eq!(ev.wait(Some(Duration::from_millis(30)))?, 0);
         assert!(start.elapsed() >= Duration::from_millis(30));
-        ev.arm(0).unwrap();
+        ev.arm(0)?;
         assert!(ev.due(1));
         ev.signal();
-        assert_eq!(ev.wait(None).unwrap(), 1);
+        assert_eq!(ev.wait(None)?, 1);
+        Ok(())
     }
 }
 
@@ -186,7 +188,7 @@ mod loom_tests {
             ev.armed.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);
             let polled = producer.load(Ordering::Acquire) == 1;
-            let event = nic.join().unwrap();
+            let event = nic.join().expect("the NIC's thread");
             assert!(polled || event);
             // And no event for a completion the poller had seen before it armed.
             assert!(!(seen == 1 && event));
