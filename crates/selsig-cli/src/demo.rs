@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use selsig::{
-    Access, Buffer, CompletionQueue, ConnectOptions, CqError, Device, MemoryRegion, Outcome,
-    Policy, PostError, QpCaps, QpInit, QueueConfig, QueuePair, QueuePostError, SignaledQueue,
-    WcStatus, Work, WorkCompletion,
+    Access, Buffer, Completion, CompletionQueue, ConnectOptions, CqError, Device, MemoryRegion,
+    Outcome, Policy, PostError, QpCaps, QpInit, QueueConfig, QueuePair, QueuePostError, RemoteAddr,
+    SignaledQueue, WcStatus, Work, WorkCompletion,
 };
 use serde::Serialize;
 
@@ -318,45 +318,94 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
     let sq_depth = qp.caps().max_send_wr;
     let mut queue: SignaledQueue<D, u32> = SignaledQueue::with_config(qp, Arc::clone(&cq), config)?;
 
-    let mut posts = Vec::new();
-    let mut cqes = Vec::new();
-    let mut confirmed = Vec::new();
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
-    let mut markers = Vec::new();
+    let mut cqes = Cqes::new(&*cq);
     let mut done = Vec::new();
-    let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, 0); 32];
-    // The run fails when no completion arrives for this long (a stalled NIC or peer).
-    const STALL: Duration = Duration::from_secs(30);
-    let mut last_completion = Instant::now();
-    // Each wait below ends only with a completion of `cq` (or its STALL): it sleeps on the
-    // CQ's events when a poll finds nothing.
-    let mut idle = Idle::new();
+    let posts = post_all(
+        args, &mut queue, buffers, target, slot, &mut cqes, &mut done,
+    )?;
+    confirm_tail(&mut queue, &mut cqes)?;
+    while !queue.tracker().is_idle() {
+        cqes.wait(&mut queue, Waiting::Outstanding)?;
+    }
+    queue.collect(&mut done);
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
+    for c in &done {
+        outcomes[(c.user - 1) as usize] = Some(c.outcome);
+    }
+    let (mismatches, target_device) = verify(peer, &outcomes, size, slot)?;
+    let run = Run {
+        posts,
+        cqes: cqes.views,
+        confirmed: cqes.confirmed,
+        outcomes,
+        mismatches,
+        target_device,
+    };
+    Ok(run.report(args, info, policy, sq_depth, start))
+}
 
-    // Polls the CQ once; records each completion and what it confirmed. Returns how many.
-    let mut poll = |queue: &mut SignaledQueue<D, u32>,
-                    cqes: &mut Vec<CqeView>,
-                    confirmed: &mut Vec<Confirmed>,
-                    markers: &[u64]|
-     -> Result<usize> {
-        let k = cq
-            .poll(&mut wcs)
+/// The run fails when no completion arrives for this long (a stalled NIC or peer).
+const STALL: Duration = Duration::from_secs(30);
+
+/// What waits for a completion, for the message when none comes.
+#[derive(Clone, Copy)]
+enum Waiting {
+    /// A post or the confirm marker, for room.
+    Room,
+    /// The end, for the outstanding WRITEs.
+    Outstanding,
+}
+
+/// The completions of the demo's CQ as they come, with what each confirmed; its waits
+/// end only with a completion of the CQ (or after [`STALL`]), asleep on the CQ's events
+/// while a poll finds nothing.
+struct Cqes<'a, C: CompletionQueue> {
+    cq: &'a C,
+    wcs: Vec<WorkCompletion>,
+    views: Vec<CqeView>,
+    confirmed: Vec<Confirmed>,
+    /// The sequence numbers of the confirm markers.
+    markers: Vec<u64>,
+    last_completion: Instant,
+    idle: Idle,
+}
+
+impl<'a, C: CompletionQueue> Cqes<'a, C> {
+    fn new(cq: &'a C) -> Self {
+        Cqes {
+            cq,
+            wcs: vec![WorkCompletion::new(0, WcStatus::Success, 0); 32],
+            views: Vec::new(),
+            confirmed: Vec::new(),
+            markers: Vec::new(),
+            last_completion: Instant::now(),
+            idle: Idle::new(),
+        }
+    }
+
+    /// Polls the CQ once; records each completion and what it confirmed. Returns how many.
+    fn poll<D: Device>(&mut self, queue: &mut SignaledQueue<D, u32>) -> Result<usize> {
+        let k = self
+            .cq
+            .poll(&mut self.wcs)
             .context("cannot poll the completion queue")?;
-        for wc in &wcs[..k] {
+        for wc in &self.wcs[..k] {
             let handled = queue
                 .handle_completion(wc)
                 .with_context(|| format!("an impossible completion: {wc:?}"))?;
             // The sequence number the wr_id carries (handled: so it is one of the queue's).
             let seq = queue.send_seq(wc).map_or(wc.wr_id, |s| s.0);
-            let marker = markers.contains(&seq);
+            let marker = self.markers.contains(&seq);
             let wr = (!marker).then_some(seq as u32);
-            cqes.push(CqeView {
+            self.views.push(CqeView {
                 wr,
                 wr_id: wc.wr_id,
                 status: wc.status.short_name(),
                 opcode: wc.opcode.map(|o| o.short_name()),
                 marker,
             });
-            confirmed.push(Confirmed {
+            let markers = &self.markers;
+            self.confirmed.push(Confirmed {
                 cqe: wr,
                 wr_id: wc.wr_id,
                 wrs: (handled.first.0..=handled.seq.0)
@@ -366,13 +415,53 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             });
         }
         Ok(k)
-    };
+    }
 
+    /// Polls once, and sleeps on the CQ's events when nothing came; fails when no
+    /// completion came for [`STALL`].
+    fn wait<D: Device>(&mut self, queue: &mut SignaledQueue<D, u32>, what: Waiting) -> Result<()> {
+        let k = self.poll(queue)?;
+        if k > 0 {
+            self.last_completion = Instant::now();
+        }
+        if self.last_completion.elapsed() >= STALL {
+            match what {
+                Waiting::Room => bail!(
+                    "the queue stayed full: no completion for {} s",
+                    STALL.as_secs()
+                ),
+                Waiting::Outstanding => bail!(
+                    "{} WRITEs still outstanding: no completion for {} s",
+                    queue.outstanding(),
+                    STALL.as_secs()
+                ),
+            }
+        }
+        if k == 0 {
+            let left = STALL.saturating_sub(self.last_completion.elapsed());
+            self.idle.wait(self.cq, left)?;
+        }
+        Ok(())
+    }
+}
+
+/// Posts the WRITEs (the one of `--fail-at` with a bad key), waiting for room when the
+/// queue is full; stops at the first refusal of a queue that failed. What was posted.
+fn post_all<D: Device>(
+    args: &DemoArgs,
+    queue: &mut SignaledQueue<D, u32>,
+    buffers: Vec<Buffer<D::Mr>>,
+    target: RemoteAddr,
+    slot: usize,
+    cqes: &mut Cqes<'_, D::Cq>,
+    done: &mut Vec<Completion<D::Mr, u32>>,
+) -> Result<Vec<PostView>> {
+    let mut posts = Vec::new();
     // Zero-length WRITEs carry no buffer.
     let mut pending: std::collections::VecDeque<(u32, Option<Buffer<D::Mr>>)> = buffers
         .into_iter()
         .enumerate()
-        .map(|(i, b)| (i as u32 + 1, (size > 0).then_some(b)))
+        .map(|(i, b)| (i as u32 + 1, (args.size > 0).then_some(b)))
         .collect();
     while let Some((wr, buf)) = pending.pop_front() {
         let mut target = target.offset((i_of(wr) * slot) as u64);
@@ -394,71 +483,44 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
             Err(QueuePostError::Refused(e)) if e.is_full() => {
                 // No room until completions are polled: put it back and poll.
                 pending.push_front((wr, e.into_payload().buffer));
-                let k = poll(&mut queue, &mut cqes, &mut confirmed, &markers)?;
-                if k > 0 {
-                    last_completion = Instant::now();
-                }
-                queue.collect(&mut done);
-                ensure!(
-                    last_completion.elapsed() < STALL,
-                    "the queue stayed full: no completion for {} s",
-                    STALL.as_secs()
-                );
-                if k == 0 {
-                    idle.wait(&*cq, STALL.saturating_sub(last_completion.elapsed()))?;
-                }
+                cqes.wait(queue, Waiting::Room)?;
+                queue.collect(done);
             }
             // The queue failed: nothing more can be posted.
             Err(QueuePostError::Refused(PostError::QueueError { .. })) => break,
             Err(e) => return Err(e).context(format!("cannot post WRITE {wr}")),
         }
     }
-    // Confirm an unsignaled tail; a queue the last WRITE filled makes room first.
+    Ok(posts)
+}
+
+/// Confirms an unsignaled tail; a queue the last WRITE filled makes room first.
+fn confirm_tail<D: Device>(
+    queue: &mut SignaledQueue<D, u32>,
+    cqes: &mut Cqes<'_, D::Cq>,
+) -> Result<()> {
     while matches!(queue.state(), selsig::QueueState::Ready) {
         match queue.confirm_all() {
             Ok(Some(seq)) => {
-                markers.push(seq.0);
+                cqes.markers.push(seq.0);
                 break;
             }
             Ok(None) => break,
-            Err(QueuePostError::Refused(e)) if e.is_full() => {
-                let k = poll(&mut queue, &mut cqes, &mut confirmed, &markers)?;
-                if k > 0 {
-                    last_completion = Instant::now();
-                }
-                ensure!(
-                    last_completion.elapsed() < STALL,
-                    "the queue stayed full: no completion for {} s",
-                    STALL.as_secs()
-                );
-                if k == 0 {
-                    idle.wait(&*cq, STALL.saturating_sub(last_completion.elapsed()))?;
-                }
-            }
+            Err(QueuePostError::Refused(e)) if e.is_full() => cqes.wait(queue, Waiting::Room)?,
             Err(e) => return Err(e).context("cannot post the confirm marker"),
         }
     }
-    while !queue.tracker().is_idle() {
-        let k = poll(&mut queue, &mut cqes, &mut confirmed, &markers)?;
-        if k > 0 {
-            last_completion = Instant::now();
-        }
-        ensure!(
-            last_completion.elapsed() < STALL,
-            "{} WRITEs still outstanding: no completion for {} s",
-            queue.outstanding(),
-            STALL.as_secs()
-        );
-        if k == 0 {
-            idle.wait(&*cq, STALL.saturating_sub(last_completion.elapsed()))?;
-        }
-    }
-    queue.collect(&mut done);
-    for c in &done {
-        outcomes[(c.user - 1) as usize] = Some(c.outcome);
-    }
+    Ok(())
+}
 
-    // Verify the remote buffer: every completed WRITE landed, nothing else did.
+/// Checks the remote buffer: every completed WRITE landed, nothing else did. The WRITEs
+/// that differ, and the serving device when the target is a `selsig serve`.
+fn verify<D: Device>(
+    peer: Peer<D>,
+    outcomes: &[Option<Outcome>],
+    size: usize,
+    slot: usize,
+) -> Result<(Vec<u32>, Option<String>)> {
     // (`completed` is in ascending order.)
     let completed: Vec<u32> = outcomes
         .iter()
@@ -466,11 +528,11 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         .filter(|(_, o)| matches!(o, Some(Outcome::Completed)))
         .map(|(i, _)| i as u32 + 1)
         .collect();
-    let (mismatches, target_device) = match peer {
+    Ok(match peer {
         // (the local peer's region is a `D::Mr`)
         Peer::Local { region, .. } => {
             let mut mismatches = Vec::new();
-            for i in 0..n {
+            for i in 0..outcomes.len() {
                 let mut got = vec![0u8; size];
                 region.read(i * slot, &mut got)?;
                 let expected = if completed.binary_search(&(i as u32 + 1)).is_ok() {
@@ -491,52 +553,75 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
                 .context("cannot get the server's check of its memory")?;
             (mismatches, Some(where_))
         }
-    };
-
-    let count = |f: fn(&Option<Outcome>) -> bool| outcomes.iter().filter(|o| f(o)).count() as u32;
-    let summary = Summary {
-        completed: count(|o| matches!(o, Some(Outcome::Completed))),
-        failed: count(|o| matches!(o, Some(Outcome::Failed(_)))),
-        flushed: count(|o| matches!(o, Some(Outcome::Flushed))),
-        not_posted: count(Option::is_none),
-        cqes: cqes.len() as u32,
-        cqes_saved: (posts.len() as u32).saturating_sub(cqes.len() as u32),
-    };
-    Ok(Report {
-        provider: info.provider.as_str(),
-        device: info.device.clone(),
-        personality: info.personality.map(|p| p.to_string()),
-        wrs: args.wrs,
-        size: args.size,
-        policy: policy.to_string(),
-        every: match policy {
-            Policy::Every(n) => Some(n),
-            Policy::Always => Some(1),
-            _ => None,
-        },
-        sq_depth,
-        fail_at: args.fail_at,
-        posts,
-        cqes,
-        confirmed,
-        outcomes: outcomes
-            .iter()
-            .enumerate()
-            .map(|(i, o)| OutcomeView {
-                wr: i as u32 + 1,
-                outcome: o.map_or("not_posted", |o| o.as_str()),
-                status: match o {
-                    Some(Outcome::Failed(s)) => Some(s.short_name()),
-                    _ => None,
-                },
-            })
-            .collect(),
-        remote_verified: mismatches.is_empty(),
-        target: target_device,
-        mismatches,
-        summary,
-        elapsed_us: start.elapsed().as_micros(),
     })
+}
+
+/// What a demo run saw, before it is a [`Report`].
+struct Run {
+    posts: Vec<PostView>,
+    cqes: Vec<CqeView>,
+    confirmed: Vec<Confirmed>,
+    outcomes: Vec<Option<Outcome>>,
+    mismatches: Vec<u32>,
+    target_device: Option<String>,
+}
+
+impl Run {
+    fn report(
+        self,
+        args: &DemoArgs,
+        info: &DeviceInfo,
+        policy: Policy,
+        sq_depth: u32,
+        start: Instant,
+    ) -> Report {
+        let outcomes = &self.outcomes;
+        let count =
+            |f: fn(&Option<Outcome>) -> bool| outcomes.iter().filter(|o| f(o)).count() as u32;
+        let summary = Summary {
+            completed: count(|o| matches!(o, Some(Outcome::Completed))),
+            failed: count(|o| matches!(o, Some(Outcome::Failed(_)))),
+            flushed: count(|o| matches!(o, Some(Outcome::Flushed))),
+            not_posted: count(Option::is_none),
+            cqes: self.cqes.len() as u32,
+            cqes_saved: (self.posts.len() as u32).saturating_sub(self.cqes.len() as u32),
+        };
+        Report {
+            provider: info.provider.as_str(),
+            device: info.device.clone(),
+            personality: info.personality.map(|p| p.to_string()),
+            wrs: args.wrs,
+            size: args.size,
+            policy: policy.to_string(),
+            every: match policy {
+                Policy::Every(n) => Some(n),
+                Policy::Always => Some(1),
+                _ => None,
+            },
+            sq_depth,
+            fail_at: args.fail_at,
+            outcomes: outcomes
+                .iter()
+                .enumerate()
+                .map(|(i, o)| OutcomeView {
+                    wr: i as u32 + 1,
+                    outcome: o.map_or("not_posted", |o| o.as_str()),
+                    status: match o {
+                        Some(Outcome::Failed(s)) => Some(s.short_name()),
+                        _ => None,
+                    },
+                })
+                .collect(),
+            posts: self.posts,
+            cqes: self.cqes,
+            confirmed: self.confirmed,
+            remote_verified: self.mismatches.is_empty(),
+            target: self.target_device,
+            mismatches: self.mismatches,
+            summary,
+            elapsed_us: start.elapsed().as_micros(),
+        }
+    }
 }
 
 /// The index of WRITE `wr` (1-based).
