@@ -5,7 +5,9 @@
 //!   provider on the real rxe0 run the same cases, so the two cannot drift.
 //! - [`alloc`]: a global allocator that counts, for the tests that prove no heap
 //!   allocation per work request.
+//! - [`null`]: a memory region that is no memory, for fake providers.
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod alloc;
+pub mod null;
 pub mod rxe_errors;

@@ -9,42 +9,14 @@ use std::sync::{Arc, Mutex};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use selsig::{
-    Access, Buffer, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, MemoryRegion,
-    Policy, PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, RemoteAddr,
-    SendWr, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion,
+    Access, Buffer, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Policy,
+    PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, RemoteAddr, SendWr,
+    SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion,
 };
+use selsig_testkit::null::NullMr;
 
 const DEPTH: u32 = 1024;
 const BATCH: usize = 32;
-
-#[derive(Debug)]
-struct NullMr {
-    len: usize,
-}
-
-impl MemoryRegion for NullMr {
-    fn addr(&self) -> u64 {
-        0x1000
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn lkey(&self) -> u32 {
-        1
-    }
-    fn rkey(&self) -> u32 {
-        1
-    }
-    fn access(&self) -> Access {
-        Access::LOCAL_WRITE
-    }
-    fn write(&self, _: usize, _: &[u8]) -> Result<(), ProviderError> {
-        Ok(())
-    }
-    fn read(&self, _: usize, _: &mut [u8]) -> Result<(), ProviderError> {
-        Ok(())
-    }
-}
 
 /// Completions of signaled work requests, ready at once.
 #[derive(Default)]
@@ -127,7 +99,7 @@ impl Device for NullDevice {
         Ok(())
     }
     fn reg_mr(&self, _: &(), len: usize, _: Access) -> Result<NullMr, ProviderError> {
-        Ok(NullMr { len })
+        Ok(NullMr(len))
     }
     fn create_cq(&self, _: u32) -> Result<NullCq, ProviderError> {
         Ok(NullCq::default())
@@ -165,11 +137,9 @@ fn driver(c: &mut Criterion) {
             };
             let mut queue: SignaledQueue<NullDevice, u32> =
                 SignaledQueue::new(qp, cq, Policy::Every(every)).expect("queue");
-            let (mut free, _) = Buffer::new(NullMr {
-                len: DEPTH as usize * 64,
-            })
-            .split_into(DEPTH as usize, 64)
-            .expect("split");
+            let (mut free, _) = Buffer::new(NullMr(DEPTH as usize * 64))
+                .split_into(DEPTH as usize, 64)
+                .expect("split");
             let mut done = Vec::with_capacity(DEPTH as usize);
             let remote = RemoteAddr {
                 addr: 0x2000,

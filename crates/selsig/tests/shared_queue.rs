@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use selsig::{
     Access, CompletionQueue, ConfigError, ConnectOptions, CqBudget, CqCredits, CqError, Device,
-    DrainError, Endpoint, MemoryRegion, Opcode, Outcome, Policy, PostFailure, PostWrError,
-    ProviderError, QpCaps, QpInit, QpState, QueueConfig, QueuePair, QueueState, RecvWr, RemoteAddr,
-    SendWr, Seq, SharedCq, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion,
+    DrainError, Endpoint, Opcode, Outcome, Policy, PostFailure, PostWrError, ProviderError, QpCaps,
+    QpInit, QpState, QueueConfig, QueuePair, QueueState, RecvWr, RemoteAddr, SendWr, Seq, SharedCq,
+    SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion,
 };
+use selsig_testkit::null::NullMr;
 
 /// The `wr_id` a `SignaledQueue` posts work request `seq` with: bit 63 set.
 fn send_wr_id(seq: Seq) -> u64 {
@@ -21,33 +22,6 @@ fn send_wr_id(seq: Seq) -> u64 {
 }
 
 /// A region of this many bytes (none of them held: reads and writes do nothing).
-#[derive(Debug)]
-struct FakeMr(usize);
-
-impl MemoryRegion for FakeMr {
-    fn addr(&self) -> u64 {
-        0x1000
-    }
-    fn len(&self) -> usize {
-        self.0
-    }
-    fn lkey(&self) -> u32 {
-        1
-    }
-    fn rkey(&self) -> u32 {
-        1
-    }
-    fn access(&self) -> Access {
-        Access::LOCAL_WRITE
-    }
-    fn write(&self, _: usize, _: &[u8]) -> Result<(), ProviderError> {
-        Ok(())
-    }
-    fn read(&self, _: usize, _: &mut [u8]) -> Result<(), ProviderError> {
-        Ok(())
-    }
-}
-
 /// A CQ whose content the test writes directly (what the NIC would do).
 struct FakeCq {
     capacity: u32,
@@ -187,7 +161,7 @@ struct FakeDevice;
 
 impl Device for FakeDevice {
     type Pd = ();
-    type Mr = FakeMr;
+    type Mr = NullMr;
     type Cq = FakeCq;
     type Qp = FakeQp;
     fn name(&self) -> &str {
@@ -196,8 +170,8 @@ impl Device for FakeDevice {
     fn alloc_pd(&self) -> Result<(), ProviderError> {
         Ok(())
     }
-    fn reg_mr(&self, _: &(), len: usize, _: Access) -> Result<FakeMr, ProviderError> {
-        Ok(FakeMr(len))
+    fn reg_mr(&self, _: &(), len: usize, _: Access) -> Result<NullMr, ProviderError> {
+        Ok(NullMr(len))
     }
     fn create_cq(&self, _: u32) -> Result<FakeCq, ProviderError> {
         unreachable!()
@@ -245,7 +219,7 @@ fn shared_pair(cq: &Arc<FakeCq>, policy: Policy) -> (Queue, Queue, SharedCq<Fake
     (qa, qb, shared)
 }
 
-fn outcomes(done: &[selsig::Completion<FakeMr, u32>]) -> Vec<(u32, Outcome)> {
+fn outcomes(done: &[selsig::Completion<NullMr, u32>]) -> Vec<(u32, Outcome)> {
     done.iter().map(|c| (c.user, c.outcome)).collect()
 }
 
@@ -253,7 +227,7 @@ fn outcomes(done: &[selsig::Completion<FakeMr, u32>]) -> Vec<(u32, Outcome)> {
 /// completions fails the test instead of hanging it.
 fn poll_while(
     q: &mut Queue,
-    done: &mut Vec<selsig::Completion<FakeMr, u32>>,
+    done: &mut Vec<selsig::Completion<NullMr, u32>>,
     mut more: impl FnMut(&Queue) -> bool,
 ) {
     for _ in 0..100 {
@@ -671,7 +645,7 @@ fn work_requests_the_provider_took_before_failing_stay_outstanding() {
         *q.qp().fail_next.lock().unwrap() = Some((index, failure));
     };
     let returned_users =
-        |r: Result<_, selsig::QueuePostError<selsig::Payload<FakeMr, u32>>>| match r {
+        |r: Result<_, selsig::QueuePostError<selsig::Payload<NullMr, u32>>>| match r {
             Err(selsig::QueuePostError::Provider { returned, source }) => (
                 returned.iter().map(|p| p.user).collect::<Vec<_>>(),
                 source.index,
@@ -1558,7 +1532,7 @@ fn a_queue_posts_what_it_was_asked() {
     let cq = FakeCq::new(16);
     let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Every(2)).unwrap();
     let remote = RemoteAddr::default();
-    let buffer = || selsig::Buffer::new(FakeMr(100));
+    let buffer = || selsig::Buffer::new(NullMr(100));
     q.post(Work::write_with_imm(buffer(), remote, 0xdead_beef, 1))
         .unwrap();
     q.post(Work::send_with_imm(buffer(), 0xfeed, 2)).unwrap();
@@ -1592,7 +1566,7 @@ fn a_buffer_too_long_for_a_work_request_is_handed_back() {
     let cq = FakeCq::new(16);
     let mut q = Queue::new(qp(1, 8), Arc::clone(&cq), Policy::Always).unwrap();
     let remote = RemoteAddr::default();
-    let big = || selsig::Buffer::new(FakeMr((1 << 32) + 1));
+    let big = || selsig::Buffer::new(NullMr((1 << 32) + 1));
     match q.post(Work::write(big(), remote, 1)) {
         Err(selsig::QueuePostError::Invalid { work, source }) => {
             assert_eq!(work.user, 1);
@@ -1606,7 +1580,7 @@ fn a_buffer_too_long_for_a_work_request_is_handed_back() {
     assert_eq!(q.outstanding(), 0);
     let small_then_big = || {
         [
-            Work::write(selsig::Buffer::new(FakeMr(8)), remote, 2),
+            Work::write(selsig::Buffer::new(NullMr(8)), remote, 2),
             Work::write(big(), remote, 3),
         ]
     };
@@ -1640,9 +1614,9 @@ fn a_batch_without_room_is_refused_whole() {
     let remote = RemoteAddr::default();
     let batch = |first: u32| {
         (first..first + 2)
-            .map(move |user| Work::write(selsig::Buffer::new(FakeMr(8)), remote, user))
+            .map(move |user| Work::write(selsig::Buffer::new(NullMr(8)), remote, user))
     };
-    let refused = |q: &mut Queue, first: u32| -> selsig::PostError<selsig::Payload<FakeMr, u32>> {
+    let refused = |q: &mut Queue, first: u32| -> selsig::PostError<selsig::Payload<NullMr, u32>> {
         let posted = q.qp().posted.lock().unwrap().len();
         let outstanding = q.outstanding();
         let mut works = batch(first);
@@ -1659,7 +1633,7 @@ fn a_batch_without_room_is_refused_whole() {
         assert_eq!(q.outstanding(), outstanding);
         e
     };
-    let user = |e: selsig::PostError<selsig::Payload<FakeMr, u32>>| e.into_payload().user;
+    let user = |e: selsig::PostError<selsig::Payload<NullMr, u32>>| e.into_payload().user;
 
     // A queue of `depth` on a CQ of `cq` that takes `fits` of four, then refuses the next
     // batch.
