@@ -371,7 +371,19 @@ impl<D: Device, U> AsyncQueue<D, U> {
                         DrainMarker::NoRoom
                     );
                 }
-                poll_fn(|cx| self.poll_progress(cx)).await?;
+                poll_fn(|cx| match self.poll_progress(cx) {
+                    // A marker that found no room also waits for credits other queues
+                    // give back.
+                    Poll::Pending if !marker => {
+                        self.cq.state().wait_for_credits(cx.waker());
+                        match self.queue.available() {
+                            0 => Poll::Pending,
+                            _ => Poll::Ready(Ok(())),
+                        }
+                    }
+                    polled => polled,
+                })
+                .await?;
             }
             Ok(())
         };
