@@ -20,7 +20,7 @@ pub struct SoftCq {
 }
 
 impl SoftCq {
-    /// The CQ's id, as in [`AsyncEvent::CqErr`].
+    /// The CQ's id, as in [`AsyncEvent::CqErr`](selsig::AsyncEvent::CqErr).
     pub fn id(&self) -> u32 {
         self.cq.id
     }
