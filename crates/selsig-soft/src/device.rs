@@ -315,7 +315,8 @@ impl SoftQp {
 }
 
 impl SoftQp {
-    /// The post lock, unless the QP is in a state that takes no sends (RESET, INIT, RTR).
+    /// The post lock, unless the QP is in a state that takes no sends (RESET, INIT, RTR):
+    /// libmlx5 (rdma-core 40 and later) refuses those with `ENOMEM` (semantics 33).
     #[inline(always)]
     fn lock_for_posting(&self) -> Result<parking_lot::MutexGuard<'_, Producer>, PostWrError> {
         let p = self.qp.post.lock();
@@ -324,10 +325,15 @@ impl SoftQp {
             return Err(PostWrError {
                 index: 0,
                 failure: PostFailure::State(state),
-                source: None,
+                source: self.mlx5().then(|| errno(ENOMEM)),
             });
         }
         Ok(p)
+    }
+
+    /// Whether the device has the mlx5 personality.
+    fn mlx5(&self) -> bool {
+        self.dev.config.personality == Personality::Mlx5
     }
 
     /// Checks work request `i` of a list and writes it to slot `head`, if that slot is free
@@ -346,13 +352,15 @@ impl SoftQp {
             Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
             Local::Inline(data) => {
                 if data.len() > qp.caps.max_inline_data as usize {
-                    return Err(refused(
-                        i,
-                        PostFailure::InlineTooLong {
+                    // libmlx5's `set_data_inl_seg` answers ENOMEM, rxe EINVAL: semantics 33.
+                    return Err(PostWrError {
+                        index: i,
+                        failure: PostFailure::InlineTooLong {
                             len: data.len(),
                             max: qp.caps.max_inline_data,
                         },
-                    ));
+                        source: Some(errno(if self.mlx5() { ENOMEM } else { EINVAL })),
+                    });
                 }
                 (data, data.len() as u32, 0, 0)
             }
@@ -370,7 +378,7 @@ impl SoftQp {
                 return Err(PostWrError {
                     index: i,
                     failure: PostFailure::Full,
-                    source: Some(std::io::Error::from_raw_os_error(12)),
+                    source: Some(errno(ENOMEM)),
                 });
             }
         }
@@ -622,10 +630,11 @@ impl QueuePair for SoftQp {
         let mut head = qp.recv_post.lock();
         let state = qp.state();
         if state == QpState::Reset {
+            // libmlx5's `mlx5_post_recv` answers EINVAL (`qp_state_max_gs`): semantics 33.
             return Err(PostWrError {
                 index: 0,
                 failure: PostFailure::State(state),
-                source: None,
+                source: self.mlx5().then(|| errno(EINVAL)),
             });
         }
         let mut result = Ok(());
@@ -634,7 +643,7 @@ impl QueuePair for SoftQp {
                 result = Err(PostWrError {
                     index: i,
                     failure: PostFailure::Full,
-                    source: Some(std::io::Error::from_raw_os_error(12)),
+                    source: Some(errno(ENOMEM)),
                 });
                 break;
             }
@@ -657,16 +666,21 @@ impl QueuePair for SoftQp {
     }
 }
 
-fn invalid(index: usize, why: &'static str) -> PostWrError {
-    refused(index, PostFailure::Invalid(why))
+/// `ENOMEM`: a full queue, and more on mlx5 (semantics 11, 33).
+const ENOMEM: i32 = 12;
+/// `EINVAL`.
+const EINVAL: i32 = 22;
+
+fn errno(code: i32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(code)
 }
 
-/// Work request `index` refused for `failure`, with `EINVAL` (rxe's errno for it).
-fn refused(index: usize, failure: PostFailure) -> PostWrError {
+/// Work request `index` refused as invalid, with `EINVAL` (rxe's errno for it).
+fn invalid(index: usize, why: &'static str) -> PostWrError {
     PostWrError {
         index,
-        failure,
-        source: Some(std::io::Error::from_raw_os_error(22)),
+        failure: PostFailure::Invalid(why),
+        source: Some(errno(EINVAL)),
     }
 }
 

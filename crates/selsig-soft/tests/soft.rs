@@ -2160,6 +2160,79 @@ fn mlx5_sizes_queues_as_libmlx5_does() {
     assert_eq!(p.cq_a.capacity(), 127);
 }
 
+/// The errnos of refused posts are those libmlx5 returns, and none of them reads as a
+/// full queue (semantics 33): inline data beyond `max_inline_data` is `ENOMEM`
+/// (`set_data_inl_seg`; rxe: `EINVAL`), a send before RTS `ENOMEM` (rdma-core 40 and later,
+/// `qp_state_max_gs`; rxe: no errno, as before), a receive in the reset state `EINVAL`.
+/// Too many scatter/gather entries (`ENOMEM` too) cannot be asked of the soft NIC: a
+/// `SendWr` carries one at most, and its QPs read back `max_send_sge` 1.
+#[test]
+fn refused_posts_carry_libmlx5s_errno_and_say_what_they_are() {
+    let errno = |e: &selsig::PostWrError| e.source.as_ref().and_then(|s| s.raw_os_error());
+    for personality in [Personality::Mlx5, Personality::Rxe] {
+        let mlx5 = personality == Personality::Mlx5;
+        let p = pair_with(personality, 8, 64, false);
+        let (local, remote) = write_regions(&p);
+        // Before RTS: a QP never connected.
+        let fresh = p
+            .dev
+            .create_qp(&p.pd, &p.cq_a, &p.cq_a, &depths(4, 4))
+            .unwrap();
+        let err = fresh
+            .post_send(&[write(1, &local, 0, 8, remote.remote(0), true)])
+            .unwrap_err();
+        assert_eq!(
+            (err.index, err.failure, errno(&err)),
+            (0, PostFailure::State(QpState::Reset), mlx5.then_some(12)),
+            "{personality:?}"
+        );
+        assert!(!err.is_full(), "{personality:?}");
+        let err = fresh
+            .post_recv(&[RecvWr {
+                wr_id: 1,
+                sge: None,
+            }])
+            .unwrap_err();
+        assert_eq!(
+            (err.failure, errno(&err)),
+            (PostFailure::State(QpState::Reset), mlx5.then_some(22)),
+            "{personality:?}"
+        );
+        // Inline data one byte beyond the QP's limit, behind a WRITE that is posted.
+        let max = p.a.caps().max_inline_data;
+        let long = vec![3u8; max as usize + 1];
+        let err =
+            p.a.post_send(&[
+                write(1, &local, 0, 8, remote.remote(0), true),
+                SendWr {
+                    local: Local::Inline(&long),
+                    ..write(2, &local, 0, 8, remote.remote(0), true)
+                },
+            ])
+            .unwrap_err();
+        assert_eq!(
+            (err.index, err.failure, errno(&err)),
+            (
+                1,
+                PostFailure::InlineTooLong {
+                    len: long.len(),
+                    max
+                },
+                Some(if mlx5 { 12 } else { 22 })
+            ),
+            "{personality:?}"
+        );
+        assert!(!err.is_full(), "{personality:?}");
+        assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(1, WcStatus::Success)]);
+        // A full queue is ENOMEM too, and full (mlx5: nothing frees the unsignaled ones).
+        if mlx5 {
+            let err = post_unsignaled_until_full(&p, &(local, remote), 100).unwrap_err();
+            assert!(err.is_full(), "{err}");
+            assert_eq!(errno(&err), Some(12));
+        }
+    }
+}
+
 /// A QP of 320-byte WQEs holds exactly the 6 WQEs it reads back for a depth of 4, and each
 /// its 124 bytes of inline data, which land whole.
 #[test]
