@@ -49,7 +49,8 @@ pub(crate) struct CqDecl {
 #[serde(deny_unknown_fields)]
 pub(crate) struct QpDecl {
     pub name: String,
-    /// `max_send_wr` asked for (use powers of two: mlx5 rounds up, rxe does not).
+    /// `max_send_wr` asked for (use powers of two: mlx5 rounds up with up to 60 bytes of
+    /// inline data, rxe does not; docs/scenarios.md gives what mlx5 reads back).
     #[serde(default = "default_depth")]
     pub depth: u32,
     #[serde(default)]

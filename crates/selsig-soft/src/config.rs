@@ -5,7 +5,13 @@ use std::fmt;
 /// How the software NIC frees send-queue slots, and sizes its queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Personality {
-    /// Like mlx5 (rdma-core `providers/mlx5`): `max_send_wr` rounds up to a power of two; a
+    /// Like mlx5 (rdma-core `providers/mlx5`): queues sized as libmlx5 sizes them
+    /// ([`selsig::mlx5_sizing`], with the limits of
+    /// [`Mlx5Limits::connectx`](selsig::mlx5_sizing::Mlx5Limits::connectx)): a send queue
+    /// holds as many WQEs as fit a power of two of bytes, so `max_send_wr` reads back a
+    /// power of two for a QP asked for at most 60 bytes of inline data and often another
+    /// number beyond (64 bytes: a depth of 4 reads back 6), at most
+    /// [`SoftConfig::max_qp_wr`] / 4; a receive queue holds a power of two, at least 4. A
     /// slot is freed only when the application polls a completion that covers it, so a
     /// queue full of unsignaled work requests never drains. A receive's slot too is freed
     /// only when its completion is polled.
@@ -60,7 +66,9 @@ pub struct SoftConfig {
     pub name: String,
     /// Queue semantics.
     pub personality: Personality,
-    /// Largest `max_send_wr` / `max_recv_wr`: at most [`MAX_QP_WR`].
+    /// Largest `max_send_wr` / `max_recv_wr` (rxe); on mlx5 the largest `max_recv_wr` and
+    /// the 64-byte blocks a send queue may take (each WQE takes at least 4). At most
+    /// [`MAX_QP_WR`].
     pub max_qp_wr: u32,
     /// Largest CQ: at most [`MAX_CQE`].
     pub max_cqe: u32,

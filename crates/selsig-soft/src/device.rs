@@ -14,6 +14,8 @@ use selsig::{
     PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendWr,
 };
 
+use selsig::mlx5_sizing::{self, Mlx5Limits, Mlx5Request, SendOps};
+
 use crate::config::{MAX_CQE, MAX_QP_WR, Personality, SoftConfig};
 use crate::cq::SoftCq;
 use crate::engine::{self, Engine};
@@ -24,6 +26,11 @@ use crate::ring::{self, CompletionRing, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe
 use crate::state::{CqInner, DeviceInner, PollState, Producer, QpInner, Registry};
 use crate::sync::Padded;
 use crate::times::ExecTimes;
+
+/// The limits libmlx5 would be given for a ConnectX with `config`'s `max_qp_wr`.
+fn mlx5_limits(config: &SoftConfig) -> Mlx5Limits {
+    Mlx5Limits::connectx(config.max_qp_wr)
+}
 
 /// A software RDMA device: one NIC thread executes the work requests of all its queue
 /// pairs, strictly in order per send queue.
@@ -308,7 +315,8 @@ impl SoftQp {
 }
 
 impl SoftQp {
-    /// The post lock, unless the QP is in a state that takes no sends (RESET, INIT, RTR).
+    /// The post lock, unless the QP is in a state that takes no sends (RESET, INIT, RTR):
+    /// libmlx5 (rdma-core 40 and later) refuses those with `ENOMEM` (semantics 33).
     #[inline(always)]
     fn lock_for_posting(&self) -> Result<parking_lot::MutexGuard<'_, Producer>, PostWrError> {
         let p = self.qp.post.lock();
@@ -317,10 +325,15 @@ impl SoftQp {
             return Err(PostWrError {
                 index: 0,
                 failure: PostFailure::State(state),
-                source: None,
+                source: self.mlx5().then(|| errno(ENOMEM)),
             });
         }
         Ok(p)
+    }
+
+    /// Whether the device has the mlx5 personality.
+    fn mlx5(&self) -> bool {
+        self.dev.config.personality == Personality::Mlx5
     }
 
     /// Checks work request `i` of a list and writes it to slot `head`, if that slot is free
@@ -339,13 +352,15 @@ impl SoftQp {
             Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
             Local::Inline(data) => {
                 if data.len() > qp.caps.max_inline_data as usize {
-                    return Err(refused(
-                        i,
-                        PostFailure::InlineTooLong {
+                    // libmlx5's `set_data_inl_seg` answers ENOMEM, rxe EINVAL: semantics 33.
+                    return Err(PostWrError {
+                        index: i,
+                        failure: PostFailure::InlineTooLong {
                             len: data.len(),
                             max: qp.caps.max_inline_data,
                         },
-                    ));
+                        source: Some(errno(if self.mlx5() { ENOMEM } else { EINVAL })),
+                    });
                 }
                 (data, data.len() as u32, 0, 0)
             }
@@ -363,7 +378,7 @@ impl SoftQp {
                 return Err(PostWrError {
                     index: i,
                     failure: PostFailure::Full,
-                    source: Some(std::io::Error::from_raw_os_error(12)),
+                    source: Some(errno(ENOMEM)),
                 });
             }
         }
@@ -615,10 +630,11 @@ impl QueuePair for SoftQp {
         let mut head = qp.recv_post.lock();
         let state = qp.state();
         if state == QpState::Reset {
+            // libmlx5's `mlx5_post_recv` answers EINVAL (`qp_state_max_gs`): semantics 33.
             return Err(PostWrError {
                 index: 0,
                 failure: PostFailure::State(state),
-                source: None,
+                source: self.mlx5().then(|| errno(EINVAL)),
             });
         }
         let mut result = Ok(());
@@ -627,7 +643,7 @@ impl QueuePair for SoftQp {
                 result = Err(PostWrError {
                     index: i,
                     failure: PostFailure::Full,
-                    source: Some(std::io::Error::from_raw_os_error(12)),
+                    source: Some(errno(ENOMEM)),
                 });
                 break;
             }
@@ -650,16 +666,21 @@ impl QueuePair for SoftQp {
     }
 }
 
-fn invalid(index: usize, why: &'static str) -> PostWrError {
-    refused(index, PostFailure::Invalid(why))
+/// `ENOMEM`: a full queue, and more on mlx5 (semantics 11, 33).
+const ENOMEM: i32 = 12;
+/// `EINVAL`.
+const EINVAL: i32 = 22;
+
+fn errno(code: i32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(code)
 }
 
-/// Work request `index` refused for `failure`, with `EINVAL` (rxe's errno for it).
-fn refused(index: usize, failure: PostFailure) -> PostWrError {
+/// Work request `index` refused as invalid, with `EINVAL` (rxe's errno for it).
+fn invalid(index: usize, why: &'static str) -> PostWrError {
     PostWrError {
         index,
-        failure,
-        source: Some(std::io::Error::from_raw_os_error(22)),
+        failure: PostFailure::Invalid(why),
+        source: Some(errno(EINVAL)),
     }
 }
 
@@ -773,19 +794,6 @@ impl Device for SoftDevice {
         self.own("send CQ", &send_cq.engine)?;
         self.own("receive CQ", &recv_cq.engine)?;
         let req = init.caps;
-        let max = self.dev.config.max_qp_wr;
-        for (what, n) in [
-            ("max_send_wr", req.max_send_wr),
-            ("max_recv_wr", req.max_recv_wr),
-        ] {
-            // 0 is a queue pair that only sends, or only receives.
-            if n > max {
-                return Err(ProviderError::Invalid {
-                    what,
-                    why: format!("{n}: {} supports 0 to {max}", self.dev.name),
-                });
-            }
-        }
         if req.max_send_sge > 1 || req.max_recv_sge > 1 {
             return Err(ProviderError::Invalid {
                 what: "max_send_sge/max_recv_sge",
@@ -795,40 +803,82 @@ impl Device for SoftDevice {
                 ),
             });
         }
-        if req.max_inline_data as usize > MAX_INLINE {
-            return Err(ProviderError::Invalid {
-                what: "max_inline_data",
-                why: format!(
-                    "{} bytes: {} supports up to {MAX_INLINE}",
-                    req.max_inline_data, self.dev.name
-                ),
-            });
-        }
         let personality = self.dev.config.personality;
-        // (reported capacity, slots the ring really holds)
-        let (send_cap, send_limit, recv_cap, recv_limit) = match personality {
+        // The capacities read back, the slots each ring really holds, and the inline data
+        // each send WQE holds.
+        let (caps, send_limit, recv_limit, inline_room) = match personality {
             Personality::Mlx5 => {
-                // A queue asked for none gets none (`0.next_power_of_two()` is 1).
-                let round = |n: u32| if n == 0 { 0 } else { n.next_power_of_two() };
-                let (s, r) = (round(req.max_send_wr), round(req.max_recv_wr));
-                (s, s, r, r)
+                // libmlx5's arithmetic (semantics 13). The verbs provider asks for at least
+                // one entry of each kind, so the same request sizes the same here.
+                let request = Mlx5Request {
+                    max_send_wr: req.max_send_wr,
+                    max_recv_wr: req.max_recv_wr,
+                    max_send_sge: req.max_send_sge.max(1),
+                    max_recv_sge: req.max_recv_sge.max(1),
+                    max_inline_data: req.max_inline_data,
+                    send_ops: SendOps::Default,
+                };
+                let sized = mlx5_sizing::size_rc_qp(&mlx5_limits(&self.dev.config), &request)
+                    .map_err(|e| ProviderError::Invalid {
+                        what: e.what(),
+                        why: format!("{}: {e}", self.dev.name),
+                    })?;
+                let caps = QpCaps {
+                    max_send_wr: sized.max_send_wr,
+                    max_recv_wr: sized.max_recv_wr,
+                    max_send_sge: sized.max_send_sge,
+                    max_recv_sge: sized.max_recv_sge,
+                    max_inline_data: sized.max_inline_data,
+                };
+                // A QP without a send queue reads `max_inline_data` back as asked, and
+                // has no WQE to hold it.
+                let room = if sized.max_send_wr == 0 {
+                    0
+                } else {
+                    sized.max_inline_data as usize
+                };
+                (caps, sized.max_send_wr, sized.max_recv_wr, room)
             }
-            Personality::Rxe => (
-                req.max_send_wr,
-                (req.max_send_wr + 1).next_power_of_two() - 1,
-                req.max_recv_wr,
-                (req.max_recv_wr + 1).next_power_of_two() - 1,
-            ),
-        };
-        let caps = QpCaps {
-            max_send_wr: send_cap,
-            max_recv_wr: recv_cap,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: MAX_INLINE as u32,
+            Personality::Rxe => {
+                let max = self.dev.config.max_qp_wr;
+                for (what, n) in [
+                    ("max_send_wr", req.max_send_wr),
+                    ("max_recv_wr", req.max_recv_wr),
+                ] {
+                    // 0 is a queue pair that only sends, or only receives.
+                    if n > max {
+                        return Err(ProviderError::Invalid {
+                            what,
+                            why: format!("{n}: {} supports 0 to {max}", self.dev.name),
+                        });
+                    }
+                }
+                if req.max_inline_data as usize > MAX_INLINE {
+                    return Err(ProviderError::Invalid {
+                        what: "max_inline_data",
+                        why: format!(
+                            "{} bytes: {} supports up to {MAX_INLINE}",
+                            req.max_inline_data, self.dev.name
+                        ),
+                    });
+                }
+                let caps = QpCaps {
+                    max_send_wr: req.max_send_wr,
+                    max_recv_wr: req.max_recv_wr,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: MAX_INLINE as u32,
+                };
+                (
+                    caps,
+                    (req.max_send_wr + 1).next_power_of_two() - 1,
+                    (req.max_recv_wr + 1).next_power_of_two() - 1,
+                    MAX_INLINE,
+                )
+            }
         };
         let qpn = self.reserve_qpn()?;
-        let sq = Arc::new(SendRing::new(send_limit));
+        let sq = Arc::new(SendRing::with_inline(send_limit, inline_room));
         let rq = Arc::new(RecvRing::new(recv_limit));
         let qp = Arc::new(QpInner {
             qpn,

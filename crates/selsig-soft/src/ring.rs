@@ -28,7 +28,8 @@
 
 use crate::sync::{AtomicU64, Ordering, Padded};
 
-/// Inline data a WQE holds (a separate line per slot, touched by inline WQEs only).
+/// Inline data an rxe WQE holds (a separate line per slot, touched by inline WQEs only);
+/// an mlx5 QP's WQEs hold what its `max_inline_data` reads back, in as many lines.
 pub(crate) const MAX_INLINE: usize = 64;
 
 /// One cache line of words: a WQE's inline data.
@@ -43,6 +44,23 @@ fn lines(n: usize) -> Box<[Line]> {
     (0..n)
         .map(|_| Line(std::array::from_fn(|_| AtomicU64::new(0))))
         .collect()
+}
+
+/// `lines` lines of 8 words for each of `slots` slots, and one more, so that they can
+/// start on a cache line: the words and the index of the first.
+fn line_words(slots: usize, lines: usize) -> (Box<[AtomicU64]>, usize) {
+    let words: Box<[AtomicU64]> = (0..(slots * lines + 1) * 8)
+        .map(|_| AtomicU64::new(0))
+        .collect();
+    // Words of 8 bytes (std's; loom's are larger and need no alignment) are 8-aligned, so
+    // fewer than 8 of them reach the next line.
+    let misaligned = words.as_ptr().addr() % 64;
+    let skip = if std::mem::size_of::<AtomicU64>() == 8 && misaligned != 0 {
+        (64 - misaligned) / 8
+    } else {
+        0
+    };
+    (words, skip)
 }
 
 fn halves(n: usize) -> Box<[Half]> {
@@ -139,7 +157,10 @@ pub(crate) struct Wqe {
 pub(crate) struct SendRing {
     shadow: Shadow,
     slots: Box<[Half]>,
-    inline: Box<[Line]>,
+    /// Each slot's inline data: `inline_stride` words from `inline_start`, line-aligned.
+    inline: Box<[AtomicU64]>,
+    inline_start: usize,
+    inline_stride: usize,
     wr_ids: Box<[AtomicU64]>,
     imms: Box<[AtomicU64]>,
     mask: u64,
@@ -155,13 +176,25 @@ pub(crate) struct SendRing {
 
 impl SendRing {
     /// A ring where the producer may hold `limit` slots (rounded up to a power of two
-    /// internally).
+    /// internally), each with room for [`MAX_INLINE`] bytes of inline data.
+    #[cfg(any(test, loom))]
     pub(crate) fn new(limit: u32) -> Self {
+        Self::with_inline(limit, MAX_INLINE)
+    }
+
+    /// A ring where the producer may hold `limit` slots (rounded up to a power of two
+    /// internally), each with room for `inline` bytes of inline data (in whole cache lines,
+    /// at least one).
+    pub(crate) fn with_inline(limit: u32, inline: usize) -> Self {
         let size = (limit as usize).next_power_of_two().max(1);
+        let lines = inline.div_ceil(64).max(1);
+        let (inline, inline_start) = line_words(size, lines);
         SendRing {
             shadow: Shadow::new(size),
             slots: halves(size),
-            inline: lines(size),
+            inline,
+            inline_start,
+            inline_stride: lines * 8,
             wr_ids: (0..size).map(|_| AtomicU64::new(0)).collect(),
             imms: (0..size).map(|_| AtomicU64::new(0)).collect(),
             mask: size as u64 - 1,
@@ -286,8 +319,10 @@ impl SendRing {
 
     /// The inline data words of slot `index` (read by the NIC for WQE `index`).
     pub(crate) fn inline_words(&self, index: u64) -> &[AtomicU64] {
-        self.shadow.read((index & self.mask) as usize);
-        &self.inline[(index & self.mask) as usize].0
+        let at = (index & self.mask) as usize;
+        self.shadow.read(at);
+        let start = self.inline_start + at * self.inline_stride;
+        &self.inline[start..start + self.inline_stride]
     }
 }
 

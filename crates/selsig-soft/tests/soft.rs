@@ -52,7 +52,10 @@ fn pair_connected(
         caps: QpCaps {
             max_send_wr: send_wr,
             max_recv_wr: 64,
-            max_inline_data: 64,
+            // The most inline data of 256-byte WQEs on mlx5 (semantics 13), whose depths
+            // read back as the powers of two these tests count on; 61 bytes or more make
+            // 320-byte WQEs, and other depths (`mlx5_sizes_queues_as_libmlx5_does`).
+            max_inline_data: 60,
             ..QpCaps::default()
         },
         sq_sig_all,
@@ -568,6 +571,76 @@ fn bad_rkey_on_wr3_fails_it_and_flushes_the_rest() {
     p.a.post_send(&[write(9, &local, 0, 8, remote.remote(0), false)])
         .unwrap();
     assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(9, WcStatus::WrFlushErr)]);
+}
+
+/// Error completions carry a vendor syndrome on mlx5, as a ConnectX's do (libmlx5 copies
+/// the CQE's `vendor_err_synd`), the values public logs show with each status: 0x88 with
+/// `REM_ACCESS_ERR`, 0xf9 with `WR_FLUSH_ERR` (a receive's flush too), 0x51 with
+/// `LOC_PROT_ERR` (semantics 34). rxe leaves it 0; a success has none on either.
+#[test]
+fn error_completions_carry_a_vendor_syndrome_on_mlx5_only() {
+    for personality in [Personality::Mlx5, Personality::Rxe] {
+        let syndrome = |v: u32| {
+            if personality == Personality::Mlx5 {
+                v
+            } else {
+                0
+            }
+        };
+        let p = pair_with(personality, 64, 256, false);
+        let local = p.mr(64, Access::LOCAL_WRITE);
+        let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        // A local protection error (beyond the local region; rxe reports it as a local
+        // QP operation error).
+        p.a.post_send(&[write(1, &local, 32, 64, remote.remote(0), true)])
+            .unwrap();
+        let wc = poll_n(&p.cq_a, 1)[0];
+        let local_error = match personality {
+            Personality::Mlx5 => WcStatus::LocProtErr,
+            Personality::Rxe => WcStatus::LocQpOpErr,
+        };
+        assert_eq!(
+            (wc.status, wc.vendor_err),
+            (local_error, syndrome(0x51)),
+            "{personality:?}"
+        );
+        // A success, then a bad rkey and a flush; the peer's receive is flushed too.
+        let p = pair_with(personality, 64, 256, false);
+        let local = p.mr(64, Access::LOCAL_WRITE);
+        let remote = p.mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        p.b.post_recv(&[RecvWr {
+            wr_id: 7,
+            sge: None,
+        }])
+        .unwrap();
+        let mut bad = remote.remote(0);
+        bad.rkey ^= 0x5a5;
+        p.a.post_send(&[
+            write(1, &local, 0, 8, remote.remote(0), true),
+            write(2, &local, 0, 8, bad, false),
+            write(3, &local, 0, 8, remote.remote(0), false),
+        ])
+        .unwrap();
+        let got: Vec<(u64, WcStatus, u32)> = poll_n(&p.cq_a, 3)
+            .iter()
+            .map(|w| (w.wr_id, w.status, w.vendor_err))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, WcStatus::Success, 0),
+                (2, WcStatus::RemAccessErr, syndrome(0x88)),
+                (3, WcStatus::WrFlushErr, syndrome(0xf9)),
+            ],
+            "{personality:?}"
+        );
+        let wc = poll_n(&p.cq_b, 1)[0];
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.vendor_err),
+            (7, WcStatus::WrFlushErr, syndrome(0xf9)),
+            "{personality:?}"
+        );
+    }
 }
 
 #[test]
@@ -1397,9 +1470,18 @@ fn a_receive_slot_is_free_again_when_mlx5_polls_its_completion_or_rxe_writes_it(
         let a = dev.create_qp(&pd, &cq_a, &cq_a, &depths(4, 1)).unwrap();
         let b = dev.create_qp(&pd, &cq_b, &cq_b, &depths(4, 1)).unwrap();
         connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
-        assert_eq!(b.caps().max_recv_wr, 1, "{personality:?}");
+        // mlx5's receive queue takes at least 64 bytes, four 16-byte WQEs
+        // (`mlx5_calc_rq_size`, semantics 13); rxe's holds what was asked.
+        let depth = b.caps().max_recv_wr;
+        let expected = match personality {
+            Personality::Mlx5 => 4,
+            Personality::Rxe => 1,
+        };
+        assert_eq!(depth, expected, "{personality:?}");
         let recv = |wr_id| b.post_recv(&[RecvWr { wr_id, sge: None }]);
-        recv(0).unwrap();
+        for wr_id in 0..u64::from(depth) {
+            recv(wr_id).unwrap();
+        }
         assert!(recv(9).unwrap_err().is_full(), "{personality:?}");
         let send = empty_send(1);
         a.post_send(&[send]).unwrap();
@@ -1830,7 +1912,7 @@ fn invalid_work_requests_and_states_are_refused() {
     assert!(e.to_string().contains("within one device"), "{e}");
     // Inline data longer than the QP allows.
     let p = pair();
-    let big = [0u8; 65];
+    let big = [0u8; 61];
     let err =
         p.a.post_send(&[SendWr {
             local: Local::Inline(&big),
@@ -1839,13 +1921,13 @@ fn invalid_work_requests_and_states_are_refused() {
         .unwrap_err();
     assert_eq!(
         err.failure,
-        PostFailure::InlineTooLong { len: 65, max: 64 },
+        PostFailure::InlineTooLong { len: 61, max: 60 },
         "{err}"
     );
     assert_eq!(
         err.to_string(),
-        "work request 0 of the batch was not posted: invalid work request: 65 bytes of inline \
-         data, more than the queue pair's max_inline_data of 64"
+        "work request 0 of the batch was not posted: invalid work request: 61 bytes of inline \
+         data, more than the queue pair's max_inline_data of 60"
     );
 }
 
@@ -2059,11 +2141,225 @@ fn remote_write_access_needs_local_write_as_in_verbs() {
     );
 }
 
+/// A QP of `send` send and `recv` receive WRs with `inline` bytes of inline data.
+fn sized(send: u32, recv: u32, inline: u32) -> QpInit {
+    QpInit {
+        caps: QpCaps {
+            max_inline_data: inline,
+            ..depths(send, recv).caps
+        },
+        sq_sig_all: false,
+    }
+}
+
+/// The capacities the mlx5 personality reads back are libmlx5's (semantics 13): the
+/// examples worked out from `providers/mlx5/verbs.c` by hand (the full table is
+/// `selsig::mlx5_sizing`'s), and every depth and inline size of that table as the shared
+/// arithmetic gives them, the same as the verbs provider gets from libmlx5 for the same
+/// request.
 #[test]
-fn mlx5_rounds_capacities_up_to_powers_of_two() {
+fn mlx5_sizes_queues_as_libmlx5_does() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let caps = |send, recv, inline| {
+        dev.create_qp(&pd, &cq, &cq, &sized(send, recv, inline))
+            .map(|qp| qp.caps())
+    };
+    let read = |c: QpCaps| (c.max_send_wr, c.max_inline_data);
+    // Up to 60 bytes inline, 256-byte WQEs: powers of two.
+    assert_eq!(read(caps(100, 1, 0).unwrap()), (128, 60));
+    assert_eq!(read(caps(3, 1, 60).unwrap()), (4, 60));
+    // 64 bytes inline, 320-byte WQEs.
+    assert_eq!(read(caps(4, 1, 64).unwrap()), (6, 124));
+    assert_eq!(read(caps(8, 1, 64).unwrap()), (12, 124));
+    assert_eq!(read(caps(64, 1, 64).unwrap()), (102, 124));
+    // 128 bytes inline, 384-byte WQEs.
+    assert_eq!(read(caps(100, 1, 128).unwrap()), (170, 188));
+    // Receive queues: a power of two, at least 4; none asked, none given.
+    let c = caps(1, 1, 0).unwrap();
+    assert_eq!((c.max_recv_wr, c.max_recv_sge), (4, 1));
+    assert_eq!(caps(1, 5, 0).unwrap().max_recv_wr, 8);
+    let c = caps(1, 0, 0).unwrap();
+    assert_eq!((c.max_recv_wr, c.max_recv_sge), (0, 0));
+    // The refusals: 8192 WQEs of 256 bytes fill the 32768 blocks of the default device.
+    assert_eq!(caps(8192, 1, 0).unwrap().max_send_wr, 8192);
+    let e = caps(8193, 1, 0).unwrap_err().to_string();
+    assert!(e.contains("max_send_wr") && e.contains("max_qp_wr"), "{e}");
+    assert_eq!(caps(1, 1, 316).unwrap().max_inline_data, 316);
+    let e = caps(1, 1, 317).unwrap_err().to_string();
+    assert!(e.contains("max_inline_data"), "{e}");
+    let e = caps(1, 32769, 0).unwrap_err().to_string();
+    assert!(e.contains("max_recv_wr"), "{e}");
+    // Every depth and inline size of the table, against the shared arithmetic.
+    let limits = selsig::mlx5_sizing::Mlx5Limits::connectx(SoftConfig::default().max_qp_wr);
+    for depth in [1, 2, 3, 4, 5, 8, 63, 64, 100, 1000, 32768] {
+        for inline in [0, 28, 60, 64, 128] {
+            let request = selsig::mlx5_sizing::Mlx5Request {
+                max_send_wr: depth,
+                max_recv_wr: depth,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: inline,
+                send_ops: selsig::mlx5_sizing::SendOps::Default,
+            };
+            let expected = selsig::mlx5_sizing::size_rc_qp(&limits, &request);
+            match (caps(depth, depth, inline), expected) {
+                (Ok(c), Ok(e)) => assert_eq!(
+                    (
+                        c.max_send_wr,
+                        c.max_recv_wr,
+                        c.max_inline_data,
+                        c.max_recv_sge
+                    ),
+                    (
+                        e.max_send_wr,
+                        e.max_recv_wr,
+                        e.max_inline_data,
+                        e.max_recv_sge
+                    ),
+                    "depth {depth}, inline {inline}"
+                ),
+                (Err(_), Err(_)) => {}
+                (got, expected) => panic!("depth {depth}, inline {inline}: {got:?}, {expected:?}"),
+            }
+        }
+    }
+    // CQs as before: room for one more than asked, a power of two, one kept empty.
     let p = pair_with(Personality::Mlx5, 100, 100, false);
-    assert_eq!(p.a.caps().max_send_wr, 128);
     assert_eq!(p.cq_a.capacity(), 127);
+}
+
+/// The errnos of refused posts are those libmlx5 returns, and none of them reads as a
+/// full queue (semantics 33): inline data beyond `max_inline_data` is `ENOMEM`
+/// (`set_data_inl_seg`; rxe: `EINVAL`), a send before RTS `ENOMEM` (rdma-core 40 and later,
+/// `qp_state_max_gs`; rxe: no errno, as before), a receive in the reset state `EINVAL`.
+/// Too many scatter/gather entries (`ENOMEM` too) cannot be asked of the soft NIC: a
+/// `SendWr` carries one at most, and its QPs read back `max_send_sge` 1.
+#[test]
+fn refused_posts_carry_libmlx5s_errno_and_say_what_they_are() {
+    let errno = |e: &selsig::PostWrError| e.source.as_ref().and_then(|s| s.raw_os_error());
+    for personality in [Personality::Mlx5, Personality::Rxe] {
+        let mlx5 = personality == Personality::Mlx5;
+        let p = pair_with(personality, 8, 64, false);
+        let (local, remote) = write_regions(&p);
+        // Before RTS: a QP never connected.
+        let fresh = p
+            .dev
+            .create_qp(&p.pd, &p.cq_a, &p.cq_a, &depths(4, 4))
+            .unwrap();
+        let err = fresh
+            .post_send(&[write(1, &local, 0, 8, remote.remote(0), true)])
+            .unwrap_err();
+        assert_eq!(
+            (err.index, err.failure, errno(&err)),
+            (0, PostFailure::State(QpState::Reset), mlx5.then_some(12)),
+            "{personality:?}"
+        );
+        assert!(!err.is_full(), "{personality:?}");
+        let err = fresh
+            .post_recv(&[RecvWr {
+                wr_id: 1,
+                sge: None,
+            }])
+            .unwrap_err();
+        assert_eq!(
+            (err.failure, errno(&err)),
+            (PostFailure::State(QpState::Reset), mlx5.then_some(22)),
+            "{personality:?}"
+        );
+        // Inline data one byte beyond the QP's limit, behind a WRITE that is posted.
+        let max = p.a.caps().max_inline_data;
+        let long = vec![3u8; max as usize + 1];
+        let err =
+            p.a.post_send(&[
+                write(1, &local, 0, 8, remote.remote(0), true),
+                SendWr {
+                    local: Local::Inline(&long),
+                    ..write(2, &local, 0, 8, remote.remote(0), true)
+                },
+            ])
+            .unwrap_err();
+        assert_eq!(
+            (err.index, err.failure, errno(&err)),
+            (
+                1,
+                PostFailure::InlineTooLong {
+                    len: long.len(),
+                    max
+                },
+                Some(if mlx5 { 12 } else { 22 })
+            ),
+            "{personality:?}"
+        );
+        assert!(!err.is_full(), "{personality:?}");
+        assert_eq!(statuses(&poll_n(&p.cq_a, 1)), [(1, WcStatus::Success)]);
+        // A full queue is ENOMEM too, and full (mlx5: nothing frees the unsignaled ones).
+        if mlx5 {
+            let err = post_unsignaled_until_full(&p, &(local, remote), 100).unwrap_err();
+            assert!(err.is_full(), "{err}");
+            assert_eq!(errno(&err), Some(12));
+        }
+    }
+}
+
+/// A QP of 320-byte WQEs holds exactly the 6 WQEs it reads back for a depth of 4, and each
+/// its 124 bytes of inline data, which land whole.
+#[test]
+fn an_mlx5_queue_holds_what_it_reads_back_and_the_inline_data_it_promises() {
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let a = dev.create_qp(&pd, &cq, &cq, &sized(4, 1, 64)).unwrap();
+    let b = dev.create_qp(&pd, &cq, &cq, &sized(4, 1, 64)).unwrap();
+    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+    assert_eq!((a.caps().max_send_wr, a.caps().max_inline_data), (6, 124));
+    let remote = dev
+        .reg_mr(&pd, 6 * 128, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let data: Vec<Vec<u8>> = (0..6u8)
+        .map(|k| (0..124u8).map(|i| i.wrapping_mul(7) ^ k).collect())
+        .collect();
+    fn inline_write(wr_id: u64, bytes: &[u8], remote: RemoteAddr, signaled: bool) -> SendWr<'_> {
+        SendWr {
+            wr_id,
+            opcode: Opcode::RdmaWrite,
+            local: Local::Inline(bytes),
+            remote,
+            imm_data: 0,
+            signaled,
+        }
+    }
+    // Six unsignaled WRITEs of 124 bytes fit, a seventh does not: nothing frees their
+    // slots until a completion covering them is polled.
+    for (k, bytes) in data.iter().enumerate() {
+        a.post_send(&[inline_write(
+            k as u64,
+            bytes,
+            remote.remote(k * 128),
+            k == 5,
+        )])
+        .unwrap_or_else(|e| panic!("WRITE {k}: {e}"));
+    }
+    let err = a
+        .post_send(&[inline_write(6, &data[0], remote.remote(0), true)])
+        .unwrap_err();
+    assert!(err.is_full(), "{err}");
+    assert_eq!(statuses(&poll_n(&cq, 1)), [(5, WcStatus::Success)]);
+    for (k, bytes) in data.iter().enumerate() {
+        let mut landed = vec![0u8; 124];
+        remote.read(k * 128, &mut landed).unwrap();
+        assert_eq!(&landed, bytes, "WRITE {k}");
+    }
+    // One byte more than the QP reads back is refused.
+    let long = [1u8; 125];
+    let err = a
+        .post_send(&[inline_write(7, &long, remote.remote(0), true)])
+        .unwrap_err();
+    assert_eq!(
+        err.failure,
+        PostFailure::InlineTooLong { len: 125, max: 124 }
+    );
 }
 
 #[test]
@@ -2128,7 +2424,7 @@ fn a_single_post_the_provider_refuses_comes_back_and_leaves_no_trace() {
             assert!(
                 matches!(
                     source.failure,
-                    PostFailure::InlineTooLong { len: 100, max: 64 }
+                    PostFailure::InlineTooLong { len: 100, max: 60 }
                 ),
                 "{source:?}"
             );
@@ -2401,14 +2697,15 @@ fn a_device_refuses_cqs_larger_than_it_can_hold() {
     assert_eq!(cq.capacity(), selsig_soft::MAX_CQE);
 }
 
-/// A send queue of 2^16 slots (the most a 16-bit WQE counter names) on mlx5: completions
-/// free slots correctly for several laps past the counter's wrap, with up to the whole
-/// depth outstanding.
+/// The deepest send queue on mlx5: a device of 2^16 64-byte blocks (the most a 16-bit WQE
+/// counter names) gives a QP of 256-byte WQEs 2^14 slots (semantics 13). Completions free
+/// slots correctly for laps past the counter's wrap, with up to the whole depth
+/// outstanding.
 #[test]
 fn the_deepest_send_queue_frees_slots_through_the_counter_wrap() {
-    let depth: u32 = 1 << 16;
+    let depth: u32 = 1 << 14;
     let dev = SoftDevice::open(SoftConfig {
-        max_qp_wr: depth,
+        max_qp_wr: selsig_soft::MAX_QP_WR,
         ..SoftConfig::default()
     })
     .unwrap();
@@ -2423,11 +2720,17 @@ fn the_deepest_send_queue_frees_slots_through_the_counter_wrap() {
     let remote = dev
         .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
+    // One more is refused.
+    let deeper = dev
+        .create_qp(&pd, &cq, &cq, &depths(depth + 1, 1))
+        .unwrap_err();
+    assert!(deeper.to_string().contains("max_send_wr"), "{deeper}");
     // Fill the whole queue, the last WRITE signaled: one more is refused until its
-    // completion is polled; then the whole depth fits again, three laps over.
+    // completion is polled; then the whole depth fits again, five laps over (the counter
+    // wraps in the fifth).
     let mut wr_id = 0u64;
     let mut buf = [WorkCompletion::new(0, WcStatus::Success, 0); 4];
-    for lap in 0..3 {
+    for lap in 0..5 {
         let wrs: Vec<_> = (0..u64::from(depth))
             .map(|i| {
                 wr_id += 1;

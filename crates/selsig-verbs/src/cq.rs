@@ -247,7 +247,8 @@ impl From<&sys::ibv_wc> for WorkCompletion {
 
 /// The fields of a completion that `ibv_poll_cq(3)` defines for it; the others are 0
 /// (`None`): providers leave them unwritten (mlx5 writes no `byte_len` for a WRITE, no
-/// `imm_data` for a send with immediate, no `vendor_err` on success). A status this crate
+/// `imm_data` for a send with immediate though it sets `IBV_WC_WITH_IMM`, semantics 35, no
+/// `vendor_err` on success). A status this crate
 /// does not know becomes `IBV_WC_GENERAL_ERR`, an opcode it does not know `None`.
 fn decode(wc: &sys::ibv_wc) -> WorkCompletion {
     let status = WcStatus::try_from(wc.status).unwrap_or(WcStatus::GeneralErr);

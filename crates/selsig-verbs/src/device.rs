@@ -114,6 +114,8 @@ pub struct VerbsDevice {
     ethernet: bool,
     /// Destroying a QP removes its unpolled completions from its CQs (mlx4, mlx5).
     pub(crate) cleans_cq: bool,
+    /// The kernel driver is mlx5's (`mlx5_core`): libmlx5 sizes its queues.
+    pub(crate) mlx5: bool,
     /// The kernel's Soft-RoCE (rxe).
     rxe: bool,
     /// A software device (rxe), whose kernel flushes a receive queue only when the QP moves
@@ -468,6 +470,7 @@ impl VerbsDevice {
         }
         let driver = driver_of(&ctx.name);
         let cleans_cq = driver_cleans_cq(driver.as_deref());
+        let mlx5 = driver.as_deref() == Some("mlx5_core");
         let rxe = is_rxe(&ctx.name);
         let software = is_software(rxe, driver.as_deref());
         Ok(VerbsDevice {
@@ -480,6 +483,7 @@ impl VerbsDevice {
             active_mtu: mtu_bytes(attr.active_mtu),
             ethernet,
             cleans_cq,
+            mlx5,
             rxe,
             software,
         })

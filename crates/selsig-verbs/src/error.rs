@@ -91,7 +91,8 @@ pub(crate) fn errno_of(rc: i32, errno: Option<i32>) -> i32 {
 /// returned (rxe and mlx5 return the errno; others may return -1 and set `errno`, read
 /// right after the call), `bad` the position of `bad_wr` in the list of `len` work
 /// requests (`None` when the provider left it null: a send batch was taken whole, a
-/// receive batch not at all), `state` queries the QP's state (only for `EINVAL`).
+/// receive batch not at all), `state` queries the QP's state (only for `EINVAL`, and
+/// `ENOMEM` from a send queue).
 fn post_error(
     rc: i32,
     errno: Option<i32>,
@@ -115,6 +116,12 @@ fn post_error(
     }
     let index = bad.map_or(0, |i| i.clamp(0, len as isize - 1) as usize);
     let failure = match code {
+        // libmlx5 from rdma-core 40 answers a post before RTS with ENOMEM too
+        // (`qp_state_max_gs`, semantics 33): not full, and never to be.
+        libc::ENOMEM if queue == Queue::Send => match state() {
+            s @ (QpState::Reset | QpState::Init | QpState::Rtr) => PostFailure::State(s),
+            _ => PostFailure::Full,
+        },
         libc::ENOMEM | libc::ENOSPC => PostFailure::Full,
         libc::EINVAL => {
             // A send queue takes work requests from RTS on (and, flushing them, in the
@@ -188,7 +195,7 @@ mod tests {
             Some(3),
             8,
             Queue::Send,
-            never,
+            || QpState::Rts,
         );
         assert_eq!(
             (e.index, e.failure, errno_of(&e)),
@@ -196,7 +203,7 @@ mod tests {
         );
         // Others return -1 and set errno: the same for sends and receives.
         for queue in [Queue::Send, Queue::Recv] {
-            let e = post_error(-1, Some(libc::ENOMEM), Some(0), 2, queue, never);
+            let e = post_error(-1, Some(libc::ENOMEM), Some(0), 2, queue, || QpState::Rts);
             assert_eq!(
                 (e.failure, errno_of(&e)),
                 (PostFailure::Full, Some(libc::ENOMEM))
@@ -217,7 +224,9 @@ mod tests {
             assert_eq!(errno_of(&e), Some(libc::EINVAL));
             assert!(matches!(e.failure, PostFailure::Invalid(_)), "{e:?}");
             // Others (siw, erdma, bnxt_re) return the errno negated; errno is stale then.
-            let e = post_error(-libc::ENOMEM, Some(libc::EAGAIN), Some(1), 2, queue, never);
+            let e = post_error(-libc::ENOMEM, Some(libc::EAGAIN), Some(1), 2, queue, || {
+                QpState::Rts
+            });
             assert_eq!(
                 (e.index, e.failure, errno_of(&e)),
                 (1, PostFailure::Full, Some(libc::ENOMEM))
@@ -269,6 +278,25 @@ mod tests {
         );
         // A pointer outside the list is not trusted beyond it.
         assert_eq!([at(Some(-1)), at(Some(9))], [0, 3]);
+    }
+
+    /// libmlx5 (rdma-core 40 and later) refuses a send before RTS with ENOMEM
+    /// (`qp_state_max_gs`): a state error, not a full queue. From RTS on, and on a receive
+    /// queue, ENOMEM is a full queue.
+    #[test]
+    fn enomem_from_a_send_queue_below_rts_is_a_state_error() {
+        let send =
+            |state| post_error(libc::ENOMEM, None, Some(0), 1, Queue::Send, || state).failure;
+        for state in [QpState::Reset, QpState::Init, QpState::Rtr] {
+            assert_eq!(send(state), PostFailure::State(state));
+        }
+        for state in [QpState::Rts, QpState::Err, QpState::Sqd] {
+            assert_eq!(send(state), PostFailure::Full, "{state:?}");
+        }
+        let recv = post_error(libc::ENOMEM, None, Some(0), 1, Queue::Recv, || {
+            panic!("a receive queue's ENOMEM is a full queue whatever the state")
+        });
+        assert_eq!(recv.failure, PostFailure::Full);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32};
 use std::sync::{Arc, Mutex};
 
+use selsig::mlx5_sizing::{self, Mlx5Limits, Mlx5Request, SendOps};
 use selsig::{Access, AsyncEvent, Device, ProviderError, QpCaps, QpInit};
 
 use crate::cq::{Channel, CqInner, VerbsCq};
@@ -16,6 +17,37 @@ use crate::mr::{VerbsMr, region_layout};
 use crate::pd::{PdInner, VerbsPd};
 use crate::qp::VerbsQp;
 use crate::sys;
+
+/// A QP libmlx5 refused (`failed`): with `EINVAL`, the reason libmlx5's sizing gives for
+/// `caps` on a ConnectX reporting `max_qp_wr` (semantics 13: a send queue of 256-byte WQEs
+/// holds at most a quarter of `max_qp_wr`, fewer with more inline data), named as the
+/// checks before `ibv_create_qp` name theirs; `failed` itself otherwise. The rule only
+/// explains a refusal, it never refuses: a kernel may report a `max_qp_wr` smaller than its
+/// send rings' blocks (see [`Mlx5Limits::connectx`]).
+fn mlx5_refusal(caps: &QpCaps, max_qp_wr: u32, failed: ProviderError) -> ProviderError {
+    let ProviderError::Os { source, .. } = &failed else {
+        return failed;
+    };
+    if source.raw_os_error() != Some(libc::EINVAL) {
+        return failed;
+    }
+    // What `create_qp` passes: at least one entry of each kind.
+    let request = Mlx5Request {
+        max_send_wr: caps.max_send_wr,
+        max_recv_wr: caps.max_recv_wr,
+        max_send_sge: caps.max_send_sge.max(1),
+        max_recv_sge: caps.max_recv_sge.max(1),
+        max_inline_data: caps.max_inline_data,
+        send_ops: SendOps::Default,
+    };
+    match mlx5_sizing::size_rc_qp(&Mlx5Limits::connectx(max_qp_wr), &request) {
+        Err(e) => ProviderError::Invalid {
+            what: e.what(),
+            why: format!("{e} (ibv_create_qp: {source})"),
+        },
+        Ok(_) => failed,
+    }
+}
 
 impl Device for VerbsDevice {
     type Pd = VerbsPd;
@@ -203,7 +235,13 @@ impl Device for VerbsDevice {
         // SAFETY: `attr` is valid; the CQs and the PD belong to this context and the QP
         // keeps them alive. On success the real capacities are written back into `attr.cap`.
         let qp = unsafe { (self.v().fns.create_qp)(pd.inner.pd.as_ptr(), &mut attr) };
-        let qp = NonNull::new(qp).ok_or_else(|| os("ibv_create_qp"))?;
+        let qp = NonNull::new(qp).ok_or_else(|| {
+            let failed = os("ibv_create_qp");
+            match self.limits.filter(|_| self.mlx5) {
+                Some(l) => mlx5_refusal(&init.caps, l.max_qp_wr, failed),
+                None => failed,
+            }
+        })?;
         let c = attr.cap;
         Ok(VerbsQp {
             qp,
@@ -248,6 +286,79 @@ impl Device for VerbsDevice {
             let event = decode_event(&ev);
             (self.v().fns.ack_async_event)(&mut ev);
             Some(event)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(errno: i32) -> ProviderError {
+        ProviderError::Os {
+            verb: "ibv_create_qp",
+            source: std::io::Error::from_raw_os_error(errno),
+        }
+    }
+
+    fn caps(max_send_wr: u32, max_inline_data: u32) -> QpCaps {
+        QpCaps {
+            max_send_wr,
+            max_recv_wr: 1,
+            max_inline_data,
+            ..QpCaps::default()
+        }
+    }
+
+    /// libmlx5's bare EINVAL gets the reason its sizing gives (semantics 13).
+    #[test]
+    fn an_mlx5_einval_is_named_by_libmlx5s_sizing() {
+        // 8193 WQEs of 256 bytes need 65536 blocks of a ConnectX's 32768.
+        let e = mlx5_refusal(&caps(8193, 0), 32768, refused(libc::EINVAL));
+        match &e {
+            ProviderError::Invalid { what, why } => {
+                assert_eq!(*what, "max_send_wr");
+                assert!(why.contains("65536 64-byte blocks"), "{why}");
+                assert!(why.contains("ibv_create_qp"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // 64 bytes inline: 320-byte WQEs, 6554 of them are too many.
+        let e = mlx5_refusal(&caps(6554, 64), 32768, refused(libc::EINVAL));
+        assert!(
+            matches!(
+                e,
+                ProviderError::Invalid {
+                    what: "max_send_wr",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = mlx5_refusal(&caps(1, 317), 32768, refused(libc::EINVAL));
+        assert!(
+            matches!(
+                e,
+                ProviderError::Invalid {
+                    what: "max_inline_data",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    /// What the sizing accepts, and other errors, stay libmlx5's own.
+    #[test]
+    fn other_refusals_are_left_as_they_are() {
+        let e = mlx5_refusal(&caps(8192, 0), 32768, refused(libc::EINVAL));
+        assert!(matches!(e, ProviderError::Os { .. }), "{e:?}");
+        let e = mlx5_refusal(&caps(8193, 0), 32768, refused(libc::ENOMEM));
+        match e {
+            ProviderError::Os { source, .. } => {
+                assert_eq!(source.raw_os_error(), Some(libc::ENOMEM))
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -23,12 +23,22 @@ use crate::sys;
 const POST_INLINE: usize = 16;
 
 /// The first work request that is refused before the provider sees it, and why: inline
-/// data longer than the QP's `max_inline_data` (mlx5 answers `ENOMEM`, which reads as a
-/// full queue; rxe `EINVAL`; and data of 4 GiB or more would be cut short by the 32-bit
-/// `ibv_sge` length), or an inline RDMA READ (`IBV_SEND_INLINE` is for SEND and RDMA
-/// WRITE only, `ibv_post_send(3)`).
-fn refused_up_front(wrs: &[SendWr<'_>], max_inline: u32) -> Option<(usize, PostFailure)> {
+/// data longer than the QP's `max_inline_data` (mlx5 answers `ENOMEM`, `set_data_inl_seg`,
+/// which reads as a full queue; rxe `EINVAL`; and data of 4 GiB or more would be cut short
+/// by the 32-bit `ibv_sge` length), an inline RDMA READ (`IBV_SEND_INLINE` is for SEND and
+/// RDMA WRITE only, `ibv_post_send(3)`), or a scatter/gather entry (data, inline or not,
+/// is passed as one) on a QP of `max_send_sge` 0, a QP the program made (mlx5 answers
+/// `ENOMEM` for more entries than `max_send_sge`, `_mlx5_post_send`: semantics 33).
+fn refused_up_front(
+    wrs: &[SendWr<'_>],
+    max_inline: u32,
+    max_sge: u32,
+) -> Option<(usize, PostFailure)> {
     wrs.iter().enumerate().find_map(|(i, w)| match w.local {
+        Local::Sge(_) | Local::Inline(_) if max_sge == 0 => Some((
+            i,
+            PostFailure::Invalid("a scatter/gather entry on a queue pair of max_send_sge 0"),
+        )),
         Local::Inline(_) if w.opcode == Opcode::RdmaRead => {
             Some((i, PostFailure::Invalid("an RDMA READ cannot be inline")))
         }
@@ -620,7 +630,9 @@ impl QueuePair for VerbsQp {
                 source: None,
             });
         }
-        if let Some((bad, failure)) = refused_up_front(wrs, self.caps.max_inline_data) {
+        if let Some((bad, failure)) =
+            refused_up_front(wrs, self.caps.max_inline_data, self.caps.max_send_sge)
+        {
             // What comes before it is posted, as a provider's `bad_wr` would leave it. If
             // that post took them all and failed after (rxe's doorbell), they are posted
             // all the same: the refusal at `bad` is the error to report.
@@ -816,9 +828,9 @@ mod tests {
             imm_data: 0,
             signaled: false,
         };
-        assert_eq!(refused_up_front(&[wr, wr], 8), None);
+        assert_eq!(refused_up_front(&[wr, wr], 8, 1), None);
         assert_eq!(
-            refused_up_front(&[wr, wr], 7),
+            refused_up_front(&[wr, wr], 7, 1),
             Some((0, PostFailure::InlineTooLong { len: 8, max: 7 }))
         );
         let read = SendWr {
@@ -826,9 +838,35 @@ mod tests {
             ..wr
         };
         assert_eq!(
-            refused_up_front(&[wr, read], 64),
+            refused_up_front(&[wr, read], 64, 1),
             Some((1, PostFailure::Invalid("an RDMA READ cannot be inline")))
         );
+        // A QP of max_send_sge 0 takes work requests without data only (libmlx5 would
+        // answer ENOMEM, a full queue to the caller, for ever).
+        let empty = SendWr {
+            local: Local::Empty,
+            ..wr
+        };
+        let sge = SendWr {
+            local: Local::Sge(selsig::Sge {
+                addr: 0,
+                length: 8,
+                lkey: 1,
+            }),
+            ..wr
+        };
+        assert_eq!(refused_up_front(&[empty, empty], 0, 0), None);
+        for data in [wr, sge] {
+            assert_eq!(
+                refused_up_front(&[empty, data], 64, 0),
+                Some((
+                    1,
+                    PostFailure::Invalid(
+                        "a scatter/gather entry on a queue pair of max_send_sge 0"
+                    )
+                ))
+            );
+        }
     }
 
     #[test]

@@ -64,6 +64,7 @@ pub mod buffer;
 mod claims;
 pub mod credits;
 mod errors;
+pub mod mlx5_sizing;
 pub mod policy;
 pub mod provider;
 pub mod queue;

@@ -281,8 +281,9 @@ impl<D: Device> Runner<'_, D> {
         };
         let name = self.sc.qp_name(r);
         // byte_len and immediate data are defined for receives (and byte_len for
-        // READs); elsewhere providers leave what they like (rxe flags immediate data
-        // on the sender's completion of a *_WITH_IMM).
+        // READs); elsewhere providers leave what they like (mlx5 and rxe flag immediate
+        // data on the sender's completion of a *_WITH_IMM, mlx5 with none behind the
+        // flag: semantics 35).
         let recv = matches!(wc.opcode, Some(WcOpcode::Recv | WcOpcode::RecvRdmaWithImm));
         let defined = recv || wc.opcode == Some(WcOpcode::RdmaRead);
         // A send of the QP's queue is shown by its sequence number (its wr_id without

@@ -12,7 +12,7 @@ use selsig::{
 };
 
 use crate::bytes::fill_pattern;
-use crate::model::{Fill, QpRef, Scenario};
+use crate::model::{Action, Fill, QpRef, Scenario};
 
 use super::runner::Runner;
 use super::side::{KeyedRegion, Side};
@@ -71,6 +71,19 @@ impl<'a, D: Device> Runner<'a, D> {
     }
 }
 
+/// The longest inline data the scenario posts on QP `index` (0 if none): what its QP
+/// asks for.
+fn inline_of(sc: &Scenario, index: usize) -> u32 {
+    sc.steps
+        .iter()
+        .filter_map(|step| match step {
+            Action::Post(p) if p.qp == index && p.inline => u32::try_from(p.size).ok(),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Every queue pair and its peer, connected.
 fn connect_pairs<D: Device>(
     sc: &Scenario,
@@ -85,21 +98,25 @@ fn connect_pairs<D: Device>(
     // (if only flushed), so their entries are not the senders'.
     let mut recv_slots = vec![0u32; cqs.len()];
     for (index, q) in sc.qps.iter().enumerate() {
-        // The requester posts no receives: one slot, whose completions never come.
+        // The requester posts no receives: one slot, whose completions never come. It
+        // asks for the inline data its posts carry, no more: on mlx5 up to 60 bytes make
+        // 256-byte WQEs and a send queue of a power of two WQEs, 61 to 64 make 320-byte
+        // ones and another depth (semantics 13).
         let init = QpInit {
             caps: QpCaps {
                 max_send_wr: q.depth,
                 max_recv_wr: 1,
-                max_inline_data: 64,
+                max_inline_data: inline_of(sc, index),
                 ..QpCaps::default()
             },
             sq_sig_all: q.sq_sig_all,
         };
+        // The peer only receives.
         let peer_init = QpInit {
             caps: QpCaps {
                 max_send_wr: 1,
                 max_recv_wr: q.peer_depth,
-                max_inline_data: 64,
+                max_inline_data: 0,
                 ..QpCaps::default()
             },
             sq_sig_all: false,
