@@ -13,20 +13,6 @@ use selsig::{
 };
 use selsig_soft::{SoftConfig, SoftDevice};
 
-/// User plus system CPU time of this process so far.
-fn cpu_time() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `usage` is a valid, writable `rusage`; RUSAGE_SELF is a valid target.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
-    assert_eq!(rc, 0, "getrusage: {}", std::io::Error::last_os_error());
-    // SAFETY: getrusage succeeded, so it filled `usage`.
-    let usage = unsafe { usage.assume_init() };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
 #[test]
 fn a_queue_waiting_for_5_s_uses_under_1_percent_of_a_core() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
@@ -53,9 +39,9 @@ fn a_queue_waiting_for_5_s_uses_under_1_percent_of_a_core() {
         .unwrap();
     // Let the NIC run the WRITE and settle.
     std::thread::sleep(Duration::from_millis(100));
-    let (cpu, start) = (cpu_time(), Instant::now());
+    let (cpu, start) = (selsig_testkit::cpu::process_cpu(), Instant::now());
     let handed = q.wait_with(Duration::from_secs(5), drop).unwrap();
-    let (used, waited) = (cpu_time() - cpu, start.elapsed());
+    let (used, waited) = (selsig_testkit::cpu::process_cpu() - cpu, start.elapsed());
     assert_eq!(handed, 0, "nothing retires: the WRITE is unsignaled");
     assert!(waited >= Duration::from_secs(5), "waited {waited:?}");
     let share = used.as_secs_f64() / waited.as_secs_f64();

@@ -5,9 +5,11 @@
 //!   provider on the real rxe0 run the same cases, so the two cannot drift.
 //! - [`alloc`]: a global allocator that counts, for the tests that prove no heap
 //!   allocation per work request.
+//! - [`cpu`]: CPU time from `getrusage`, of the process or the calling thread.
 //! - [`null`]: a memory region that is no memory, for fake providers.
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod alloc;
+pub mod cpu;
 pub mod null;
 pub mod rxe_errors;

@@ -65,20 +65,6 @@ fn setup() -> Setup {
     }
 }
 
-/// CPU time of the calling thread so far.
-fn thread_cpu() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `usage` is a valid, writable `rusage`; RUSAGE_THREAD is a valid target.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
-    assert_eq!(rc, 0, "getrusage: {}", std::io::Error::last_os_error());
-    // SAFETY: getrusage succeeded, so it filled `usage`.
-    let usage = unsafe { usage.assume_init() };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
 /// What one point measured.
 struct Point {
     writes: u64,
@@ -105,7 +91,7 @@ fn sync_point(every: u32, time: Duration) -> Point {
     let mut s = setup();
     let mut q: SignaledQueue<SoftDevice, ()> =
         SignaledQueue::new(s.a, Arc::clone(&s.cq), Policy::Every(every)).unwrap();
-    let (start, cpu) = (Instant::now(), thread_cpu());
+    let (start, cpu) = (Instant::now(), selsig_testkit::cpu::thread_cpu());
     let mut retired = 0u64;
     let free = &mut s.free;
     while start.elapsed() < time {
@@ -120,7 +106,7 @@ fn sync_point(every: u32, time: Duration) -> Point {
         })
         .unwrap();
     }
-    let (elapsed, cpu) = (start.elapsed(), thread_cpu() - cpu);
+    let (elapsed, cpu) = (start.elapsed(), selsig_testkit::cpu::thread_cpu() - cpu);
     Point {
         writes: retired,
         elapsed,
@@ -139,7 +125,7 @@ fn async_point(every: u32, time: Duration) -> Point {
         let acq = AsyncCq::<SoftDevice>::new(Arc::clone(&s.cq)).unwrap();
         let config = QueueConfig::with_policy(Policy::Every(every));
         let mut q: AsyncQueue<SoftDevice, ()> = AsyncQueue::new(&acq, s.a, config).unwrap();
-        let (start, cpu) = (Instant::now(), thread_cpu());
+        let (start, cpu) = (Instant::now(), selsig_testkit::cpu::thread_cpu());
         let mut retired = 0u64;
         let free = &mut s.free;
         while start.elapsed() < time {
@@ -158,7 +144,7 @@ fn async_point(every: u32, time: Duration) -> Point {
             .await
             .unwrap();
         }
-        let (elapsed, cpu) = (start.elapsed(), thread_cpu() - cpu);
+        let (elapsed, cpu) = (start.elapsed(), selsig_testkit::cpu::thread_cpu() - cpu);
         Point {
             writes: retired,
             elapsed,

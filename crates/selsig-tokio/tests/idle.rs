@@ -20,20 +20,6 @@ impl stories::Rig for SoftDevice {
     }
 }
 
-/// User plus system CPU time of this process so far.
-fn cpu_time() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `usage` is a valid, writable `rusage`; RUSAGE_SELF is a valid target.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
-    assert_eq!(rc, 0, "getrusage: {}", std::io::Error::last_os_error());
-    // SAFETY: getrusage succeeded, so it filled `usage`.
-    let usage = unsafe { usage.assume_init() };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_async_queue_waiting_for_5_s_uses_under_1_percent_of_a_core() {
     let dev = SoftDevice::open(SoftConfig::default()).unwrap();
@@ -49,9 +35,9 @@ async fn an_async_queue_waiting_for_5_s_uses_under_1_percent_of_a_core() {
         AsyncQueue::new(&acq, p.a, QueueConfig::with_policy(Policy::Every(1))).unwrap();
     q.post(Work::send(Buffer::new(local), 1)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let (cpu, start) = (cpu_time(), Instant::now());
+    let (cpu, start) = (selsig_testkit::cpu::process_cpu(), Instant::now());
     let next = tokio::time::timeout(Duration::from_secs(5), q.next()).await;
-    let (used, waited) = (cpu_time() - cpu, start.elapsed());
+    let (used, waited) = (selsig_testkit::cpu::process_cpu() - cpu, start.elapsed());
     assert!(
         next.is_err(),
         "nothing retires: the SEND waits for a receive"
