@@ -67,6 +67,12 @@
 // or not wholly.
 #define SELSIG_FLUSHED 2
 
+// `selsig_retired.outcome`: unknown: the device was lost (`IBV_EVENT_DEVICE_FATAL`)
+// before a completion said; it may have executed, in part, or not at all. `status` is
+// `IBV_WC_GENERAL_ERR` (no completion gave one). The device executes nothing more: the
+// buffer is the caller's again.
+#define SELSIG_DEVICE_LOST 3
+
 // `selsig_tracker_state`: accepting posts.
 #define SELSIG_STATE_READY 0
 
@@ -75,6 +81,9 @@
 
 // `selsig_tracker_state`: a work request failed; every later one is flushed.
 #define SELSIG_STATE_ERROR 2
+
+// `selsig_tracker_state`: the device was lost; nothing is outstanding.
+#define SELSIG_STATE_DEVICE_LOST 3
 
 // What a call did: `SELSIG_OK`, or why it did nothing (a batch call says how far it got).
 typedef enum selsig_result {
@@ -119,6 +128,8 @@ typedef enum selsig_result {
   SELSIG_ERR_ALLOC = 17,
   // A bug inside libselsig (a panic, caught at the boundary).
   SELSIG_ERR_PANIC = 18,
+  // The device was lost (`selsig_tracker_device_lost`): nothing more can be posted.
+  SELSIG_ERR_DEVICE_LOST = 19,
 } selsig_result;
 
 // A pool of CQ credits shared by the send queues of one CQ. Thread-safe.
@@ -169,9 +180,9 @@ typedef struct selsig_retired {
   // Its sequence number (1, 2, ... by default).
   uint64_t seq;
   // Its `enum ibv_wc_status`: `IBV_WC_SUCCESS`, the failure's, or
-  // `IBV_WC_WR_FLUSH_ERR`.
+  // `IBV_WC_WR_FLUSH_ERR` (`IBV_WC_GENERAL_ERR` when the device was lost).
   uint32_t status;
-  // `SELSIG_COMPLETED`, `SELSIG_FAILED` or `SELSIG_FLUSHED`.
+  // `SELSIG_COMPLETED`, `SELSIG_FAILED`, `SELSIG_FLUSHED` or `SELSIG_DEVICE_LOST`.
   uint16_t outcome;
   // 1 when it was posted signaled.
   uint16_t signaled;
@@ -338,6 +349,18 @@ enum selsig_result selsig_tracker_confirm_all(struct selsig_tracker *tracker,
 //
 // `tracker` is a live tracker.
 enum selsig_result selsig_tracker_start_drain(struct selsig_tracker *tracker);
+
+// The device was lost: `ibv_get_async_event` gave `IBV_EVENT_DEVICE_FATAL`. Poll the CQ
+// dry and hand those completions to the tracker first (the device wrote them before it
+// failed); then this retires every outstanding work request as `SELSIG_DEVICE_LOST`
+// (collect them with `selsig_tracker_poll_retired`: libmlx5 makes no completion for them,
+// not even flushes) and refuses every later post with `SELSIG_ERR_DEVICE_LOST`. `*n` is
+// how many it retired (0 when called again).
+//
+// # Safety
+//
+// `tracker` is a live tracker; `n` is writable.
+enum selsig_result selsig_tracker_device_lost(struct selsig_tracker *tracker, uint64_t *n);
 
 // Registers a marker, even while draining or in the error state: the caller posts a
 // signaled zero-length RDMA WRITE with `wr_id` `*wr_id`; its completion (a flush after

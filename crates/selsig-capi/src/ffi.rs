@@ -55,6 +55,8 @@ pub enum selsig_result {
     SELSIG_ERR_ALLOC = 17,
     /// A bug inside libselsig (a panic, caught at the boundary).
     SELSIG_ERR_PANIC = 18,
+    /// The device was lost (`selsig_tracker_device_lost`): nothing more can be posted.
+    SELSIG_ERR_DEVICE_LOST = 19,
 }
 
 use selsig_result::*;
@@ -100,6 +102,11 @@ pub const SELSIG_FAILED: u16 = 1;
 /// `selsig_retired.outcome`: it was flushed (`IBV_WC_WR_FLUSH_ERR`): it did not execute,
 /// or not wholly.
 pub const SELSIG_FLUSHED: u16 = 2;
+/// `selsig_retired.outcome`: unknown: the device was lost (`IBV_EVENT_DEVICE_FATAL`)
+/// before a completion said; it may have executed, in part, or not at all. `status` is
+/// `IBV_WC_GENERAL_ERR` (no completion gave one). The device executes nothing more: the
+/// buffer is the caller's again.
+pub const SELSIG_DEVICE_LOST: u16 = 3;
 
 /// `selsig_tracker_state`: accepting posts.
 pub const SELSIG_STATE_READY: u32 = 0;
@@ -107,6 +114,8 @@ pub const SELSIG_STATE_READY: u32 = 0;
 pub const SELSIG_STATE_DRAINING: u32 = 1;
 /// `selsig_tracker_state`: a work request failed; every later one is flushed.
 pub const SELSIG_STATE_ERROR: u32 = 2;
+/// `selsig_tracker_state`: the device was lost; nothing is outstanding.
+pub const SELSIG_STATE_DEVICE_LOST: u32 = 3;
 
 /// How one send queue is tracked. Fill it with `selsig_config_init`, then change what
 /// differs.
@@ -169,9 +178,9 @@ pub struct selsig_retired {
     /// Its sequence number (1, 2, ... by default).
     pub seq: u64,
     /// Its `enum ibv_wc_status`: `IBV_WC_SUCCESS`, the failure's, or
-    /// `IBV_WC_WR_FLUSH_ERR`.
+    /// `IBV_WC_WR_FLUSH_ERR` (`IBV_WC_GENERAL_ERR` when the device was lost).
     pub status: u32,
-    /// `SELSIG_COMPLETED`, `SELSIG_FAILED` or `SELSIG_FLUSHED`.
+    /// `SELSIG_COMPLETED`, `SELSIG_FAILED`, `SELSIG_FLUSHED` or `SELSIG_DEVICE_LOST`.
     pub outcome: u16,
     /// 1 when it was posted signaled.
     pub signaled: u16,
@@ -452,6 +461,7 @@ fn post_error<T>(e: &PostError<T>) -> selsig_result {
         PostError::QueueError { .. } => SELSIG_ERR_QUEUE_ERROR,
         PostError::Draining { .. } => SELSIG_ERR_DRAINING,
         PostError::SeqExhausted { .. } => SELSIG_ERR_SEQ_EXHAUSTED,
+        PostError::DeviceLost { .. } => SELSIG_ERR_DEVICE_LOST,
         // (PostError is non_exhaustive.)
         _ => SELSIG_ERR_INVALID,
     }
@@ -656,6 +666,7 @@ fn retired_of(r: Retired<u64>) -> selsig_retired {
         Outcome::Completed => (SELSIG_COMPLETED, WcStatus::Success),
         Outcome::Failed(status) => (SELSIG_FAILED, status),
         Outcome::Flushed => (SELSIG_FLUSHED, WcStatus::WrFlushErr),
+        Outcome::DeviceLost => (SELSIG_DEVICE_LOST, WcStatus::GeneralErr),
     };
     selsig_retired {
         cookie: r.payload,
@@ -707,6 +718,29 @@ pub unsafe extern "C" fn selsig_tracker_confirm_all(
 pub unsafe extern "C" fn selsig_tracker_start_drain(tracker: *mut selsig_tracker) -> selsig_result {
     boundary(|| {
         arg!(tracker).inner.start_drain();
+        SELSIG_OK
+    })
+}
+
+/// The device was lost: `ibv_get_async_event` gave `IBV_EVENT_DEVICE_FATAL`. Poll the CQ
+/// dry and hand those completions to the tracker first (the device wrote them before it
+/// failed); then this retires every outstanding work request as `SELSIG_DEVICE_LOST`
+/// (collect them with `selsig_tracker_poll_retired`: libmlx5 makes no completion for them,
+/// not even flushes) and refuses every later post with `SELSIG_ERR_DEVICE_LOST`. `*n` is
+/// how many it retired (0 when called again).
+///
+/// # Safety
+///
+/// `tracker` is a live tracker; `n` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn selsig_tracker_device_lost(
+    tracker: *mut selsig_tracker,
+    n: *mut u64,
+) -> selsig_result {
+    boundary(|| {
+        let t = arg!(tracker);
+        let n = arg!(n);
+        *n = t.inner.device_lost();
         SELSIG_OK
     })
 }
@@ -831,6 +865,7 @@ pub unsafe extern "C" fn selsig_tracker_state(
         *arg!(state) = match t.inner.state() {
             QueueState::Ready => SELSIG_STATE_READY,
             QueueState::Draining => SELSIG_STATE_DRAINING,
+            QueueState::DeviceLost => SELSIG_STATE_DEVICE_LOST,
             _ => SELSIG_STATE_ERROR,
         };
         SELSIG_OK

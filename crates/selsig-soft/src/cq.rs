@@ -55,6 +55,10 @@ impl CompletionQueue for SoftCq {
         self.cq.events.wait(timeout).map_err(CqError::Event)
     }
 
+    fn device_lost(&self) -> bool {
+        self.engine.dev.fatal.load(Ordering::Acquire)
+    }
+
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
         let cq = &self.cq;
         let mut st = cq.poll.lock();

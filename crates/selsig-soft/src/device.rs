@@ -84,6 +84,7 @@ impl SoftDevice {
             steps: Padded(AtomicU64::new(0)),
             events: Mutex::new(VecDeque::new()),
             stop: AtomicBool::new(false),
+            fatal: AtomicBool::new(false),
             sleeping: Padded(AtomicBool::new(false)),
             engine_thread: OnceLock::new(),
             next_id: AtomicU32::new(1),
@@ -118,6 +119,25 @@ impl SoftDevice {
     /// The device's GID (every QP's endpoint carries it).
     pub fn gid(&self) -> [u8; 16] {
         self.dev.gid
+    }
+
+    /// Makes the device fail as a ConnectX does at a fatal error (a firmware or PCI
+    /// error: `IBV_EVENT_DEVICE_FATAL`): the NIC executes nothing more and writes no more
+    /// completions, not even flushes (libmlx5 does not flush a user-space QP); the
+    /// completions already written can still be polled; posts are still taken until the
+    /// send queue is full (libmlx5 checks nothing on a post); the CQs make no completion
+    /// event (mlx5 wakes no user-space CQ); the asynchronous event
+    /// [`AsyncEvent::DeviceFatal`] is raised, once. The kernel's rxe never raises it: on
+    /// the rxe personality this is mlx5's behaviour all the same. Work requests the NIC
+    /// was executing at that instant finish first.
+    pub fn inject_fatal(&self) {
+        if self.dev.fatal.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.dev.events.lock().push_back(AsyncEvent::DeviceFatal);
+        if let Some(t) = self.dev.engine_thread.get() {
+            t.unpark();
+        }
     }
 
     fn id(&self) -> u32 {

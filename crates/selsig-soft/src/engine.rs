@@ -115,7 +115,8 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
     let mut version = u64::MAX;
     let mut idle = 0u32;
     loop {
-        if dev.stop.load(Ordering::Acquire) {
+        // A lost device executes nothing more and makes no event: the thread ends.
+        if dev.stop.load(Ordering::Acquire) || dev.fatal.load(Ordering::Acquire) {
             return;
         }
         let v = dev.qps_version.load(Ordering::Acquire);

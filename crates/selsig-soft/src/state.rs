@@ -37,6 +37,9 @@ pub(crate) struct DeviceInner {
     pub(crate) steps: Padded<AtomicU64>,
     pub(crate) events: Mutex<VecDeque<AsyncEvent>>,
     pub(crate) stop: AtomicBool,
+    /// The device was lost ([`SoftDevice::inject_fatal`](crate::SoftDevice::inject_fatal)):
+    /// the NIC executes nothing more.
+    pub(crate) fatal: AtomicBool,
     /// Read by every doorbell: a line of its own.
     pub(crate) sleeping: Padded<AtomicBool>,
     pub(crate) engine_thread: OnceLock<Thread>,

@@ -169,6 +169,13 @@ pub enum PostError<T> {
         /// The caller's payload.
         payload: T,
     },
+    /// The device was lost ([`SendTracker::device_lost`](crate::SendTracker::device_lost)):
+    /// nothing more can be posted on it.
+    #[error("the device was lost (a fatal error): nothing more can be posted")]
+    DeviceLost {
+        /// The caller's payload.
+        payload: T,
+    },
     /// No sequence number is left (only reachable with a first sequence number near the
     /// end of the sequence numbers, [`TrackerConfig::seq_end`](crate::TrackerConfig::seq_end)).
     #[error("no sequence number left")]
@@ -186,6 +193,7 @@ impl<T> PostError<T> {
             | PostError::CqFull { payload, .. }
             | PostError::QueueError { payload, .. }
             | PostError::Draining { payload }
+            | PostError::DeviceLost { payload }
             | PostError::SeqExhausted { payload } => payload,
         }
     }
@@ -211,6 +219,9 @@ impl<T> PostError<T> {
                 status,
             },
             PostError::Draining { payload } => PostError::Draining {
+                payload: f(payload),
+            },
+            PostError::DeviceLost { payload } => PostError::DeviceLost {
                 payload: f(payload),
             },
             PostError::SeqExhausted { payload } => PostError::SeqExhausted {

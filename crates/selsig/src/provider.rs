@@ -507,6 +507,9 @@ pub enum AsyncEvent {
         /// The port number.
         port: u8,
     },
+    /// The device hit a fatal error (`IBV_EVENT_DEVICE_FATAL`): it executes nothing more
+    /// and makes no more completions; close it.
+    DeviceFatal,
     /// Any other event, by its `ibv_event_type` value.
     Other {
         /// The raw event type.
@@ -524,6 +527,7 @@ impl AsyncEvent {
             AsyncEvent::QpReqErr { .. } => "qp_req_err",
             AsyncEvent::PortActive { .. } => "port_active",
             AsyncEvent::PortErr { .. } => "port_err",
+            AsyncEvent::DeviceFatal => "device_fatal",
             AsyncEvent::Other { .. } => "other",
         }
     }
@@ -700,6 +704,20 @@ pub trait CompletionQueue: Send + Sync + 'static {
     fn wait_event(&self, timeout: Option<Duration>) -> Result<u32, CqError> {
         let _ = timeout;
         Err(CqError::NoEvents)
+    }
+
+    /// Whether the device this CQ belongs to was lost: a fatal error
+    /// (`IBV_EVENT_DEVICE_FATAL`, [`AsyncEvent::DeviceFatal`]) after which no completion
+    /// comes any more (libmlx5 does not flush a user-space QP of a lost device). The
+    /// completions the device wrote before it failed can still be polled.
+    ///
+    /// It may make a system call (verbs reads the device's asynchronous events, keeping
+    /// them for [`Device::poll_async_event`]): the driver asks when a poll found nothing
+    /// and it is about to sleep or give up, not on every poll. A provider whose
+    /// [`wait_event`](Self::wait_event) may sleep through the loss should wake for it. The
+    /// default: never lost.
+    fn device_lost(&self) -> bool {
+        false
     }
 }
 

@@ -156,6 +156,10 @@ const OWN_COMPLETION_WAIT: Duration = Duration::from_millis(100);
 /// The longest a drain sleeps on the CQ's events before it looks again.
 const DOZE: Duration = Duration::from_millis(10);
 
+/// The longest [`SignaledQueue::wait_with`] sleeps before it asks whether the device was
+/// lost (a lost device may make no completion event).
+const DEVICE_CHECK: Duration = Duration::from_millis(100);
+
 /// Whether `qp`'s send queue reports to `cq`, as far as the provider tells.
 fn sends_to(qp: &impl QueuePair, cq: &impl CompletionQueue) -> Result<(), ConfigError> {
     match (qp.send_cq_identity(), cq.identity()) {
@@ -817,11 +821,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
     where
         F: FnMut(Completion<D::Mr, U>),
     {
-        let n = match &self.shared {
-            Some(shared) => shared.poll(self.qp.qp_num(), &mut self.wcs)?,
-            // A count beyond the buffer (a provider breaking its contract) is cut to it.
-            None => self.cq.poll(&mut self.wcs)?.min(self.wcs.len()),
-        };
+        let n = self.poll_cq()?;
         let mut first_error = None;
         if n > 0 {
             let now = self.now();
@@ -839,6 +839,53 @@ impl<D: Device, U> SignaledQueue<D, U> {
         }
     }
 
+    /// Polls the CQ (or the queue's inbox on a [`SharedCq`]) into `self.wcs`.
+    #[inline]
+    fn poll_cq(&mut self) -> Result<usize, PollError> {
+        Ok(match &self.shared {
+            Some(shared) => shared.poll(self.qp.qp_num(), &mut self.wcs)?,
+            // A count beyond the buffer (a provider breaking its contract) is cut to it.
+            None => self.cq.poll(&mut self.wcs)?.min(self.wcs.len()),
+        })
+    }
+
+    /// Whether the device was lost ([`CompletionQueue::device_lost`]). When it was, the
+    /// completions the device wrote before it failed are handled first (they are the truth
+    /// about their work requests), then every work request still outstanding retires as
+    /// [`Outcome::DeviceLost`](crate::Outcome::DeviceLost) (collect them with
+    /// [`poll`](Self::poll) or [`collect`](Self::collect)), and the queue refuses every
+    /// later post ([`PostError::DeviceLost`](crate::PostError::DeviceLost)).
+    ///
+    /// [`wait_with`](Self::wait_with) and [`drain`](Self::drain) ask before they sleep; a
+    /// caller that polls in a loop asks when its polls have found nothing for a while (on
+    /// verbs it reads the device's asynchronous events: a system call, not for every
+    /// poll).
+    pub fn check_device(&mut self) -> bool {
+        if self.tracker.state() == QueueState::DeviceLost {
+            return true;
+        }
+        if !self.cq.device_lost() {
+            return false;
+        }
+        // The device writes nothing more: the CQ empties within its capacity. An
+        // impossible completion among these is counted (`Stats::rejected_cqes`) and
+        // dropped: the loss is what the caller must hear of.
+        let polls = self.cq.capacity() as usize / self.wcs.len().max(1) + 2;
+        for _ in 0..polls {
+            let n = match self.poll_cq() {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let now = self.now();
+            for i in 0..n {
+                let wc = self.wcs[i];
+                let _ = self.handle(&wc, now);
+            }
+        }
+        self.tracker.device_lost();
+        true
+    }
+
     /// Like [`poll_with`](Self::poll_with), but sleeps while nothing retires: on the CQ's
     /// completion events ([`CompletionQueue::req_notify`], then
     /// [`wait_event`](CompletionQueue::wait_event)), using no CPU, until a completion
@@ -852,6 +899,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
     /// completion of the CQ and finds its own in its inbox; one thread should wait on a
     /// CQ at a time (an event taken by another waiter wakes only that one: several
     /// waiters on one CQ want one poller, as `selsig-tokio` has).
+    ///
+    /// When the device is lost ([`check_device`](Self::check_device), asked before each
+    /// sleep and at least every 100 ms) it hands back every outstanding work request as
+    /// [`Outcome::DeviceLost`](crate::Outcome::DeviceLost) instead of sleeping for ever.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -878,6 +929,13 @@ impl<D: Device, U> SignaledQueue<D, U> {
             if handed > 0 {
                 return Ok(handed);
             }
+            if self.check_device() {
+                self.collect_with(|c| {
+                    handed += 1;
+                    f(c)
+                });
+                return Ok(handed);
+            }
             let until = match (end, self.next_deadline()) {
                 (Some(end), Some(due)) => Some(end.min(due)),
                 (end, due) => end.or(due),
@@ -894,8 +952,12 @@ impl<D: Device, U> SignaledQueue<D, U> {
             if handed > 0 {
                 return Ok(handed);
             }
-            self.cq
-                .wait_event(until.map(|until| until.saturating_duration_since(now)))?;
+            // At most DEVICE_CHECK at a time: a device lost while this sleeps may make no
+            // event (it is asked again above).
+            let sleep = until.map_or(DEVICE_CHECK, |until| {
+                until.saturating_duration_since(now).min(DEVICE_CHECK)
+            });
+            self.cq.wait_event(Some(sleep))?;
         }
     }
 
@@ -1119,11 +1181,19 @@ impl<D: Device, U> SignaledQueue<D, U> {
         left: Duration,
     ) -> Result<bool, PollError> {
         if self.cq.req_notify().is_err() {
+            if self.check_device() {
+                self.collect(out);
+                return Ok(true);
+            }
             std::hint::spin_loop();
             return Ok(false);
         }
         let before = self.tracker.outstanding();
         if self.poll(out)? == 0 {
+            if self.check_device() {
+                self.collect(out);
+                return Ok(true);
+            }
             // An event's failure is no drain's: it goes on polling.
             let _ = self.cq.wait_event(Some(left.min(DOZE)));
         }

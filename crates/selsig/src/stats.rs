@@ -41,6 +41,9 @@ pub struct Stats {
     pub failed: u64,
     /// Work requests retired as flushed.
     pub flushed: u64,
+    /// Work requests retired with an unknown outcome: the device was lost
+    /// ([`Outcome::DeviceLost`](crate::Outcome::DeviceLost)).
+    pub lost: u64,
     /// Work requests retired by each completion (a completion that retires more than
     /// 2^20, which no NIC's queue holds, is recorded as 2^20: [`retired`](Self::retired)
     /// counts them all).
@@ -66,6 +69,7 @@ impl Stats {
             completed: 0,
             failed: 0,
             flushed: 0,
+            lost: 0,
             wrs_per_cqe: new_histogram(1 << 20),
             lag_ns: new_histogram(MAX_LAG_NS),
         }
@@ -77,6 +81,7 @@ impl Stats {
         self.completed
             .saturating_add(self.failed)
             .saturating_add(self.flushed)
+            .saturating_add(self.lost)
     }
 
     /// Mean work requests retired per completion handled.
@@ -113,6 +118,7 @@ impl Stats {
         self.completed = self.completed.saturating_add(other.completed);
         self.failed = self.failed.saturating_add(other.failed);
         self.flushed = self.flushed.saturating_add(other.flushed);
+        self.lost = self.lost.saturating_add(other.lost);
         // Both histograms have the same bounds, so adding cannot fail.
         let _ = self.wrs_per_cqe.add(&other.wrs_per_cqe);
         let _ = self.lag_ns.add(&other.lag_ns);

@@ -88,15 +88,23 @@ pub enum Outcome {
     Failed(WcStatus),
     /// It was flushed: the queue was in the error state before it executed.
     Flushed,
+    /// Unknown: the device was lost (a fatal error, `IBV_EVENT_DEVICE_FATAL`) before a
+    /// completion said what happened to it. It may have executed, in part or whole, or
+    /// not at all; no completion will come for it (libmlx5 does not flush a user-space
+    /// QP of a lost device). The device executes nothing more, so its buffer is the
+    /// caller's again.
+    DeviceLost,
 }
 
 impl Outcome {
-    /// A short lowercase name for traces (`completed`, `failed`, `flushed`).
+    /// A short lowercase name for traces (`completed`, `failed`, `flushed`,
+    /// `device_lost`).
     pub const fn as_str(&self) -> &'static str {
         match self {
             Outcome::Completed => "completed",
             Outcome::Failed(_) => "failed",
             Outcome::Flushed => "flushed",
+            Outcome::DeviceLost => "device_lost",
         }
     }
 }
@@ -138,6 +146,9 @@ pub enum QueueState {
         /// Its status.
         status: WcStatus,
     },
+    /// The device was lost ([`SendTracker::device_lost`]): no more posts, nothing
+    /// outstanding.
+    DeviceLost,
 }
 
 /// The settings of one tracker.
@@ -324,6 +335,8 @@ pub struct SendTracker<T> {
     sq_sig_all: bool,
     qp_num: Option<u32>,
     draining: bool,
+    /// The device was lost (`draining` is set too).
+    lost: bool,
     error: Option<(Seq, WcStatus)>,
     measure_lag: bool,
     /// Whether `now` is read at all: to measure lag, or for the `Adaptive` policy.
@@ -399,6 +412,7 @@ impl<T> SendTracker<T> {
             sq_sig_all: config.sq_sig_all,
             qp_num: config.qp_num,
             draining: false,
+            lost: false,
             error: None,
             measure_lag: config.measure_lag,
             clocked: config.measure_lag || matches!(config.policy, Policy::Adaptive { .. }),
@@ -518,6 +532,7 @@ impl<T> SendTracker<T> {
     /// The queue's state.
     pub fn state(&self) -> QueueState {
         match (self.error, self.draining) {
+            _ if self.lost => QueueState::DeviceLost,
             (Some((first, status)), _) => QueueState::Error { first, status },
             (None, true) => QueueState::Draining,
             (None, false) => QueueState::Ready,
@@ -604,7 +619,10 @@ impl<T> SendTracker<T> {
             });
         }
         if self.draining {
-            return Err(PostError::Draining { payload });
+            return Err(match self.lost {
+                true => PostError::DeviceLost { payload },
+                false => PostError::Draining { payload },
+            });
         }
         self.push(payload, signal, now)
     }
@@ -668,6 +686,9 @@ impl<T> SendTracker<T> {
     /// in the error state: move the QP to the error state, post the marker, wait for its
     /// completion (like the kernel's `ib_drain_sq`). Needs one slot and one CQ credit.
     pub fn post_marker(&mut self, now: Instant) -> Result<Seq, PostError<()>> {
+        if self.lost {
+            return Err(PostError::DeviceLost { payload: () });
+        }
         self.reserve().map_err(|refusal| refusal.with(()))?;
         let now_ns = self.nanos(now);
         self.record_post(None, Some(SignalReason::Marker), now_ns);
@@ -678,6 +699,36 @@ impl<T> SendTracker<T> {
     /// as their completions arrive.
     pub fn start_drain(&mut self) {
         self.draining = true;
+    }
+
+    /// The device was lost (a fatal error: `IBV_EVENT_DEVICE_FATAL`, or the provider's
+    /// [`device_lost`](crate::CompletionQueue::device_lost)): every outstanding work
+    /// request retires as [`Outcome::DeviceLost`], in posting order, and the queue
+    /// refuses every later post ([`PostError::DeviceLost`]). Returns how many of the
+    /// caller's work requests it retired (markers are not counted); 0 when called again.
+    ///
+    /// Handle the completions already polled first: a completion the device wrote before
+    /// it failed is the truth about its work requests. None can come after this: one that
+    /// does is refused ([`CompletionError::AlreadyRetired`]).
+    pub fn device_lost(&mut self) -> u64 {
+        if self.lost {
+            return 0;
+        }
+        self.lost = true;
+        self.draining = true;
+        let count = self.outstanding();
+        let mut user = 0u64;
+        for entry in self.ring.range_mut(self.retired..) {
+            entry.outcome = Outcome::DeviceLost;
+            user += u64::from(entry.payload.is_some());
+        }
+        self.stats.lost += user;
+        self.unretired_markers = 0;
+        self.retired = self.ring.len();
+        self.signaled_seqs.clear();
+        self.run = 0;
+        self.release_credits(count);
+        user
     }
 
     /// Hands back the work requests from `from` on, which the provider did not post (a
@@ -856,6 +907,7 @@ impl<T> SendTracker<T> {
                 Outcome::Completed => self.stats.completed += n,
                 Outcome::Failed(_) => self.stats.failed += n,
                 Outcome::Flushed => self.stats.flushed += n,
+                Outcome::DeviceLost => self.stats.lost += n,
             }
         }
         self.stats.wrs_per_cqe.saturating_record(user);
@@ -1229,6 +1281,62 @@ mod tests {
                 (r.payload, r.outcome)
             })
             .collect()
+    }
+
+    /// A lost device retires everything outstanding, signaled or not, markers silently, as
+    /// `DeviceLost`, after what completions already said; nothing more is accepted.
+    #[test]
+    fn a_lost_device_retires_every_outstanding_work_request_as_device_lost() {
+        let (mut t, now) = tracker(16, 16, Policy::Every(4));
+        post_n(&mut t, now, 6); // 4 signaled
+        t.handle_completion(&wc(4, WcStatus::Success), now).unwrap();
+        t.confirm_all(now).unwrap(); // marker 7 behind 5 and 6
+        assert_eq!(t.device_lost(), 2, "5 and 6; the marker is not counted");
+        assert_eq!(t.state(), QueueState::DeviceLost);
+        assert!(t.is_idle());
+        let outcomes = drain(&mut t);
+        let expected: Vec<_> = (1..=4)
+            .map(|s| (s, Outcome::Completed))
+            .chain((5..=6).map(|s| (s, Outcome::DeviceLost)))
+            .collect();
+        assert_eq!(outcomes, expected);
+        assert_eq!((t.stats().completed, t.stats().lost), (4, 2));
+        assert_eq!(t.stats().retired(), 6);
+        // Nothing is accepted any more, and the payload comes back.
+        match t.post(9, Signal::Auto, now) {
+            Err(PostError::DeviceLost { payload: 9 }) => {}
+            other => panic!("expected DeviceLost, got {other:?}"),
+        }
+        assert!(matches!(
+            t.post_marker(now),
+            Err(PostError::DeviceLost { .. })
+        ));
+        assert_eq!(t.confirm_all(now).unwrap(), None);
+        // A completion the device wrote before it failed, handled late, is refused.
+        assert_eq!(
+            t.handle_completion(&wc(7, WcStatus::Success), now),
+            Err(CompletionError::AlreadyRetired { wr_id: 7 })
+        );
+        assert_eq!(t.device_lost(), 0, "once only");
+        assert_eq!(Outcome::DeviceLost.to_string(), "device_lost");
+    }
+
+    /// A lost device gives back the shared pool's credits of its outstanding work
+    /// requests: no completion will come to take them, and the pool's other queues go on.
+    #[test]
+    fn a_lost_device_gives_the_pool_its_credits_back() {
+        let pool = CqCredits::new(8);
+        let now = Instant::now();
+        let config = TrackerConfig::new(16, 8)
+            .cq(CqBudget::Shared(pool.clone()))
+            .policy(Policy::Every(4));
+        let mut t = SendTracker::new(config, now).expect("valid config");
+        post_n(&mut t, now, 5);
+        assert_eq!(pool.available(), 3);
+        assert_eq!(t.device_lost(), 5);
+        assert_eq!(pool.available(), 8);
+        drop(t);
+        assert_eq!(pool.available(), 8, "not given back twice");
     }
 
     /// A panic in the caller's closure ends that pass: the work request it was handed is

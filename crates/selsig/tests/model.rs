@@ -75,6 +75,7 @@ struct Counts {
     completed: u64,
     failed: u64,
     flushed: u64,
+    lost: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -83,6 +84,7 @@ enum PostErr {
     CqFull,
     QueueError(u64),
     Draining,
+    DeviceLost,
     Exhausted,
 }
 
@@ -93,6 +95,7 @@ fn post_err<T>(e: &PostError<T>) -> PostErr {
         PostError::QueueError { first, .. } => PostErr::QueueError(first.0),
         PostError::Draining { .. } => PostErr::Draining,
         PostError::SeqExhausted { .. } => PostErr::Exhausted,
+        PostError::DeviceLost { .. } => PostErr::DeviceLost,
         _ => unreachable!("a new PostError variant needs a model"),
     }
 }
@@ -109,6 +112,8 @@ enum Expect {
     Completions(Vec<Result<(u64, u64, u64, bool), CompletionError>>),
     Collected(Vec<(u64, u64, Outcome, bool)>),
     Marker(Result<Option<u64>, PostErr>),
+    /// How many work requests a lost device retired.
+    Lost(u64),
 }
 
 #[derive(Clone, Debug)]
@@ -118,6 +123,8 @@ struct Model {
     wrs: Vec<Wr>,
     next_id: u64,
     draining: bool,
+    /// The device was lost: the NIC executes nothing more.
+    lost: bool,
     error: Option<(u64, WcStatus)>,
     nic_next: usize,
     nic_error: bool,
@@ -148,6 +155,8 @@ enum Transition {
     Collect(u8),
     Confirm,
     Drain,
+    /// The device is lost (the driver polled the CQ dry first).
+    DeviceLost,
     Bogus(WorkCompletion),
 }
 
@@ -209,7 +218,10 @@ impl Model {
             return Err(PostErr::QueueError(first));
         }
         if self.draining {
-            return Err(PostErr::Draining);
+            return Err(match self.lost {
+                true => PostErr::DeviceLost,
+                false => PostErr::Draining,
+            });
         }
         self.reserve()?;
         let run = self.run();
@@ -263,6 +275,9 @@ impl Model {
     }
 
     fn marker(&mut self) -> Result<u64, PostErr> {
+        if self.lost {
+            return Err(PostErr::DeviceLost);
+        }
         self.reserve()?;
         let seq = self.next_seq();
         self.wrs.push(Wr {
@@ -391,13 +406,35 @@ impl Model {
                     Outcome::Completed => self.counts.completed += 1,
                     Outcome::Failed(_) => self.counts.failed += 1,
                     Outcome::Flushed => self.counts.flushed += 1,
+                    Outcome::DeviceLost => unreachable!("no completion says the device was lost"),
                 }
             }
         }
         Ok((self.seq(first), self.seq(idx), user, entered_error))
     }
 
+    /// The device is lost: every outstanding work request's outcome, and the truth the
+    /// tracker can know of it, is `DeviceLost` (it may have executed, unsignaled).
+    fn lose_device(&mut self) -> u64 {
+        if self.lost {
+            return 0;
+        }
+        self.lost = true;
+        self.draining = true;
+        let mut user = 0;
+        for w in self.wrs.iter_mut().filter(|w| w.outcome.is_none()) {
+            w.outcome = Some(Outcome::DeviceLost);
+            w.truth = Some(Outcome::DeviceLost);
+            user += u64::from(w.id.is_some());
+        }
+        self.counts.lost += user;
+        user
+    }
+
     fn execute(&mut self, n: usize) {
+        if self.lost {
+            return;
+        }
         for _ in 0..n {
             let Some(w) = self.wrs.get(self.nic_next) else {
                 return;
@@ -528,6 +565,7 @@ impl ReferenceStateMachine for Reference {
                 wrs: Vec::new(),
                 next_id: 1000,
                 draining: false,
+                lost: false,
                 error: None,
                 nic_next: 0,
                 nic_error: false,
@@ -553,7 +591,11 @@ impl ReferenceStateMachine for Reference {
             4 => (1u8..=COLLECT_ALL).prop_map(Transition::Collect),
             1 => Just(Transition::Confirm),
         ];
-        let rare = prop_oneof![Just(Transition::ModifyToError), Just(Transition::Drain),];
+        let rare = prop_oneof![
+            Just(Transition::ModifyToError),
+            Just(Transition::Drain),
+            Just(Transition::DeviceLost),
+        ];
         if bogus.is_empty() {
             prop_oneof![20 => base, 1 => rare].boxed()
         } else {
@@ -569,6 +611,7 @@ impl ReferenceStateMachine for Reference {
     fn preconditions(state: &Model, t: &Transition) -> bool {
         match t {
             Transition::Bogus(wc) => state.check(wc).is_err(),
+            Transition::DeviceLost => state.cq.is_empty(),
             _ => true,
         }
     }
@@ -640,6 +683,7 @@ impl ReferenceStateMachine for Reference {
                 s.draining = true;
                 Expect::Marker(s.marker().map(Some))
             }
+            Transition::DeviceLost => Expect::Lost(s.lose_device()),
             Transition::Bogus(wc) => Expect::Completions(vec![s.complete(&wc)]),
         };
         s
@@ -790,6 +834,7 @@ impl StateMachineTest for Sut {
                         .map_err(|e| post_err(&e)),
                 )
             }
+            Transition::DeviceLost => Expect::Lost(sut.tracker.device_lost()),
             Transition::Bogus(wc) => Expect::Completions(vec![
                 sut.tracker
                     .handle_completion(&wc, sut.now)
@@ -825,6 +870,8 @@ impl StateMachineTest for Sut {
             }
         }
         match (t.state(), m.error) {
+            (QueueState::DeviceLost, _) => assert!(m.lost),
+            (_, _) if m.lost => panic!("the device was lost, the tracker says {:?}", t.state()),
             (QueueState::Error { first, status }, Some((f, s))) => {
                 assert_eq!((first.0, status), (f, s))
             }
@@ -848,6 +895,7 @@ impl StateMachineTest for Sut {
             completed: s.completed,
             failed: s.failed,
             flushed: s.flushed,
+            lost: s.lost,
         };
         assert_eq!(&actual, c);
         let lags = if m.cfg.measure_lag {

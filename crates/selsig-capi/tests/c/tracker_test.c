@@ -340,6 +340,42 @@ static void stream(void)
     selsig_tracker_destroy(t);
 }
 
+/* A lost device (IBV_EVENT_DEVICE_FATAL): what the CQ held is handled first, then every
+ * outstanding work request retires as SELSIG_DEVICE_LOST, and nothing more is posted. */
+static void device_lost(void)
+{
+    selsig_tracker *t = tracker_of(16, 16, 4, 0);
+    selsig_posted p;
+    for (uint64_t wr = 1; wr <= 7; wr++)
+        OK(selsig_tracker_post(t, wr, 0, &p));
+    struct ibv_wc cq[1] = {wc_of(4, IBV_WC_SUCCESS, 7)};
+    size_t handled = 0;
+    OK(selsig_tracker_handle_wcs(t, cq, 1, &handled));
+    uint64_t lost = 0;
+    OK(selsig_tracker_device_lost(t, &lost));
+    CHECK(lost == 3);
+    selsig_retired r[8];
+    size_t n = 0;
+    OK(selsig_tracker_poll_retired(t, r, 8, &n));
+    CHECK(n == 7);
+    for (int i = 0; i < 7; i++) {
+        CHECK(r[i].cookie == (uint64_t)i + 1);
+        if (i < 4)
+            CHECK(r[i].outcome == SELSIG_COMPLETED);
+        else
+            CHECK(r[i].outcome == SELSIG_DEVICE_LOST && r[i].status == IBV_WC_GENERAL_ERR);
+    }
+    uint32_t state = 0;
+    OK(selsig_tracker_state(t, &state));
+    CHECK(state == SELSIG_STATE_DEVICE_LOST);
+    CHECK(selsig_tracker_post(t, 8, 0, &p) == SELSIG_ERR_DEVICE_LOST);
+    OK(selsig_tracker_device_lost(t, &lost));
+    CHECK(lost == 0);
+    CHECK(selsig_tracker_device_lost(t, NULL) == SELSIG_ERR_NULL);
+    CHECK(selsig_tracker_device_lost(NULL, &lost) == SELSIG_ERR_NULL);
+    selsig_tracker_destroy(t);
+}
+
 int main(void)
 {
     seed();
@@ -349,6 +385,7 @@ int main(void)
     tagged_sends();
     shared_pool();
     stream();
+    device_lost();
     printf("libselsig C test: %d checks passed\n", checks);
     return 0;
 }
