@@ -62,5 +62,6 @@ const struct selsig_layout_entry selsig_verbs_layout[] = {
 	{ "value IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET },
 	{ "value IBV_EVENT_QP_ACCESS_ERR", IBV_EVENT_QP_ACCESS_ERR },
 	{ "value IBV_EVENT_PORT_ERR", IBV_EVENT_PORT_ERR },
+	{ "value IBV_EVENT_DEVICE_FATAL", IBV_EVENT_DEVICE_FATAL },
 	{ 0, 0 },
 };

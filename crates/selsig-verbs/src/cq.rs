@@ -380,6 +380,16 @@ impl CompletionQueue for VerbsCq {
         }
     }
 
+    /// Reads the device's asynchronous events (keeping them for
+    /// [`poll_async_event`](selsig::Device::poll_async_event)) for `IBV_EVENT_DEVICE_FATAL`.
+    /// On a program's own context ([`VerbsDevice::from_raw`](crate::VerbsDevice::from_raw))
+    /// the events are the program's: this says `false`, and the program that reads
+    /// `IBV_EVENT_DEVICE_FATAL` tells its queues
+    /// ([`SignaledQueue::device_lost`](selsig::SignaledQueue::device_lost)).
+    fn device_lost(&self) -> bool {
+        self.inner.ctx.lost()
+    }
+
     fn wait_event(&self, timeout: Option<Duration>) -> Result<u32, CqError> {
         let fd = self.inner.channel()?.fd;
         // No deadline: no limit (a timeout too long for the clock is none either).

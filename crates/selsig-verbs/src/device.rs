@@ -2,11 +2,13 @@
 //! on a port (its limits, GID, MTU and driver), and the decoding of its asynchronous
 //! events.
 
+use std::collections::VecDeque;
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use selsig::{AsyncEvent, ProviderError};
 
@@ -57,6 +59,57 @@ pub(crate) struct Context {
     pub(crate) name: String,
     /// Opened here, and closed on `Drop`; else the program's ([`VerbsDevice::from_raw`]).
     pub(crate) owned: bool,
+    /// The asynchronous events read and not yet handed out (at most [`MAX_EVENTS`]).
+    pub(crate) events: Mutex<VecDeque<AsyncEvent>>,
+    /// `IBV_EVENT_DEVICE_FATAL` was read: the device is lost.
+    pub(crate) lost: AtomicBool,
+}
+
+/// The most asynchronous events a context keeps unread; beyond, the oldest non-fatal one
+/// goes (a peer can make a QP raise events; it must not make them fill memory).
+const MAX_EVENTS: usize = 1024;
+
+impl Context {
+    /// Reads the asynchronous events pending on the context's (non-blocking) descriptor
+    /// into `events`, noting a fatal error. Nothing on a program's own context: its events
+    /// are the program's to read.
+    pub(crate) fn read_async_events(&self) {
+        if !self.owned {
+            return;
+        }
+        let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            // SAFETY: `ev` is filled by `get_async_event` (non-blocking: the fd was set
+            // O_NONBLOCK at open), decoded, then acknowledged as the API requires. The QP
+            // or CQ it points to is alive until then: destroying one waits for the
+            // acknowledgement of its events (`events_completed` in
+            // `ibv_cmd_destroy_qp`/`_cq`).
+            let event = unsafe {
+                let mut ev = sys::ibv_async_event {
+                    element: std::ptr::null_mut(),
+                    event_type: 0,
+                };
+                if (self.v.fns.get_async_event)(self.ctx.as_ptr(), &mut ev) != 0 {
+                    return;
+                }
+                let event = decode_event(&ev);
+                (self.v.fns.ack_async_event)(&mut ev);
+                event
+            };
+            if event == AsyncEvent::DeviceFatal {
+                self.lost.store(true, Ordering::Release);
+            }
+            keep(&mut events, event, MAX_EVENTS);
+        }
+    }
+
+    /// Whether the device was lost (reading the pending events first).
+    pub(crate) fn lost(&self) -> bool {
+        if !self.lost.load(Ordering::Acquire) {
+            self.read_async_events();
+        }
+        self.lost.load(Ordering::Acquire)
+    }
 }
 
 // SAFETY: libibverbs contexts may be used from any thread (the library locks internally);
@@ -332,6 +385,8 @@ impl VerbsDevice {
             ctx,
             name,
             owned: true,
+            events: Mutex::new(VecDeque::new()),
+            lost: AtomicBool::new(false),
         });
         Self::describe(ctx, options)
     }
@@ -371,6 +426,8 @@ impl VerbsDevice {
             ctx,
             name,
             owned: false,
+            events: Mutex::new(VecDeque::new()),
+            lost: AtomicBool::new(false),
         });
         Self::describe(ctx, options)
     }
@@ -534,6 +591,17 @@ pub(crate) fn set_nonblocking(fd: c_int) -> io::Result<()> {
     }
 }
 
+/// Appends `event` to `events`, which keeps at most `max`: beyond, the oldest event that is
+/// not `DeviceFatal` goes.
+fn keep(events: &mut VecDeque<AsyncEvent>, event: AsyncEvent, max: usize) {
+    if events.len() >= max
+        && let Some(i) = events.iter().position(|e| *e != AsyncEvent::DeviceFatal)
+    {
+        events.remove(i);
+    }
+    events.push_back(event);
+}
+
 /// The event `ev` describes.
 ///
 /// # Safety
@@ -557,6 +625,7 @@ pub(crate) unsafe fn decode_event(ev: &sys::ibv_async_event) -> AsyncEvent {
         sys::IBV_EVENT_PORT_ERR => AsyncEvent::PortErr {
             port: port_of(ev.element),
         },
+        sys::IBV_EVENT_DEVICE_FATAL => AsyncEvent::DeviceFatal,
         other => AsyncEvent::Other { event_type: other },
     }
 }
@@ -575,6 +644,25 @@ fn port_of(element: *mut c_void) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Unread events are bounded: the oldest goes first, a fatal error's never.
+    #[test]
+    fn unread_events_are_bounded_and_the_fatal_one_stays() {
+        let mut events = VecDeque::new();
+        keep(&mut events, AsyncEvent::PortErr { port: 1 }, 3);
+        keep(&mut events, AsyncEvent::DeviceFatal, 3);
+        for qp_num in 1..=3 {
+            keep(&mut events, AsyncEvent::QpFatal { qp_num }, 3);
+        }
+        assert_eq!(
+            Vec::from(events),
+            [
+                AsyncEvent::DeviceFatal,
+                AsyncEvent::QpFatal { qp_num: 2 },
+                AsyncEvent::QpFatal { qp_num: 3 },
+            ]
+        );
+    }
 
     /// The port number of a port event is the union's `int`, at its start, on either byte
     /// order (a cast of the pointer's value reads it only on a little-endian host).
@@ -634,6 +722,11 @@ mod tests {
                 sys::IBV_EVENT_PORT_ERR,
                 std::ptr::without_provenance_mut(1),
                 AsyncEvent::PortErr { port: 1 },
+            ),
+            (
+                sys::IBV_EVENT_DEVICE_FATAL,
+                std::ptr::without_provenance_mut(0),
+                AsyncEvent::DeviceFatal,
             ),
             (
                 99,

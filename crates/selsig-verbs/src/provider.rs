@@ -11,7 +11,7 @@ use selsig::mlx5_sizing::{self, Mlx5Limits, Mlx5Request, SendOps};
 use selsig::{Access, AsyncEvent, Device, ProviderError, QpCaps, QpInit};
 
 use crate::cq::{Channel, CqInner, VerbsCq};
-use crate::device::{VerbsDevice, decode_event, set_nonblocking};
+use crate::device::{VerbsDevice, set_nonblocking};
 use crate::error::{destroy_error, os, report};
 use crate::mr::{VerbsMr, region_layout};
 use crate::pd::{PdInner, VerbsPd};
@@ -267,26 +267,13 @@ impl Device for VerbsDevice {
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
         // A program's own context: its events are the program's to read (its descriptor
-        // may block).
-        if !self.ctx.owned {
-            return None;
-        }
-        // SAFETY: `ev` is filled by `get_async_event` (non-blocking: the fd was set
-        // O_NONBLOCK at open), read, then acknowledged as the API requires. The QP or CQ
-        // it points to is alive until then: destroying one waits for the acknowledgement
-        // of its events (`events_completed` in `ibv_cmd_destroy_qp`/`_cq`).
-        unsafe {
-            let mut ev = sys::ibv_async_event {
-                element: std::ptr::null_mut(),
-                event_type: 0,
-            };
-            if (self.v().fns.get_async_event)(self.ctx.ctx.as_ptr(), &mut ev) != 0 {
-                return None;
-            }
-            let event = decode_event(&ev);
-            (self.v().fns.ack_async_event)(&mut ev);
-            Some(event)
-        }
+        // may block); nothing is read there.
+        self.ctx.read_async_events();
+        self.ctx
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop_front()
     }
 }
 

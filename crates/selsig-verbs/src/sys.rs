@@ -453,6 +453,7 @@ pub const IBV_EVENT_CQ_ERR: c_uint = 0;
 pub const IBV_EVENT_QP_FATAL: c_uint = 1;
 pub const IBV_EVENT_QP_REQ_ERR: c_uint = 2;
 pub const IBV_EVENT_QP_ACCESS_ERR: c_uint = 3;
+pub const IBV_EVENT_DEVICE_FATAL: c_uint = 8;
 pub const IBV_EVENT_PORT_ACTIVE: c_uint = 9;
 pub const IBV_EVENT_PORT_ERR: c_uint = 10;
 
@@ -762,6 +763,10 @@ mod layout {
             (
                 "value IBV_EVENT_PORT_ERR".into(),
                 IBV_EVENT_PORT_ERR as usize,
+            ),
+            (
+                "value IBV_EVENT_DEVICE_FATAL".into(),
+                IBV_EVENT_DEVICE_FATAL as usize,
             ),
         ]
     }

@@ -867,6 +867,21 @@ impl<D: Device, U> SignaledQueue<D, U> {
         if !self.cq.device_lost() {
             return false;
         }
+        self.device_lost();
+        true
+    }
+
+    /// The device was lost, as the caller learned (it reads the device's asynchronous
+    /// events itself and got `IBV_EVENT_DEVICE_FATAL`): what [`check_device`](
+    /// Self::check_device) does when the CQ says so. The completions still in the CQ are
+    /// handled first, then every outstanding work request retires as
+    /// [`Outcome::DeviceLost`](crate::Outcome::DeviceLost); collect them with
+    /// [`poll`](Self::poll) or [`collect`](Self::collect). Returns how many of the
+    /// caller's work requests it retired as lost (0 when called again).
+    pub fn device_lost(&mut self) -> u64 {
+        if self.tracker.state() == QueueState::DeviceLost {
+            return 0;
+        }
         // The device writes nothing more: the CQ empties within its capacity. An
         // impossible completion among these is counted (`Stats::rejected_cqes`) and
         // dropped: the loss is what the caller must hear of.
@@ -882,8 +897,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 let _ = self.handle(&wc, now);
             }
         }
-        self.tracker.device_lost();
-        true
+        self.tracker.device_lost()
     }
 
     /// Like [`poll_with`](Self::poll_with), but sleeps while nothing retires: on the CQ's
