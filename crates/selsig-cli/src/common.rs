@@ -76,6 +76,8 @@ pub struct DeviceInfo {
     /// The device behaves like the kernel's Soft-RoCE: verbs on an rxe device, or the soft
     /// NIC's rxe personality.
     pub rxe: bool,
+    /// What makes the device fail on purpose: the soft provider's.
+    pub faults: Option<selsig_soft::SoftFaults>,
 }
 
 /// Work that runs on any device.
@@ -120,6 +122,7 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                 personality: Some(personality),
                 gid_index: None,
                 rxe: personality == Personality::Rxe,
+                faults: Some(dev.faults()),
             };
             task.run(&dev, &info)
         }
@@ -150,6 +153,7 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                 personality: None,
                 gid_index: dev.gid_index(),
                 rxe: dev.is_rxe(),
+                faults: None,
             };
             task.run(&dev, &info)
         }

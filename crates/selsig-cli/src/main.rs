@@ -624,9 +624,12 @@ impl common::OnDevice for RunOn<'_> {
         dev: &D,
         info: &common::DeviceInfo,
     ) -> anyhow::Result<selsig_scenario::RunResult> {
-        let options = selsig_scenario::RunOptions::new()
+        let mut options = selsig_scenario::RunOptions::new()
             .rxe(info.rxe)
             .gid_index(info.gid_index);
+        if let Some(faults) = info.faults.clone() {
+            options = options.inject_fatal(move || faults.inject_fatal());
+        }
         Ok(selsig_scenario::run(self.0, dev, &options)?)
     }
 }

@@ -1123,6 +1123,7 @@ pub(crate) mod tests {
             personality: None,
             gid_index: None,
             rxe: false,
+            faults: None,
         }
     }
 

@@ -124,6 +124,7 @@ pub(crate) struct Step {
     pub drain: Option<String>,
     pub dereg: Option<String>,
     pub to_error: Option<String>,
+    pub device_fatal: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

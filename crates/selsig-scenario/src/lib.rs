@@ -60,5 +60,5 @@ pub use bytes::{fill_pattern, fnv1a64};
 pub use check::{load, parse};
 pub use error::{RunError, ScenarioError};
 pub use model::{Personality, Scenario};
-pub use run::{RunOptions, RunResult, run};
+pub use run::{InjectFatal, RunOptions, RunResult, run};
 pub use trace::Event;

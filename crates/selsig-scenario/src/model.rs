@@ -209,6 +209,7 @@ pub(crate) enum Action {
     Drain(usize),
     Dereg(usize),
     ToError(QpRef),
+    DeviceFatal,
 }
 
 impl Action {
@@ -221,18 +222,19 @@ impl Action {
             Action::Drain(_) => "drain",
             Action::Dereg(_) => "dereg",
             Action::ToError(_) => "to_error",
+            Action::DeviceFatal => "device_fatal",
         }
     }
 }
 
 /// One item of `expect.outcomes`: `"1-2 completed"`, `"3 failed:rem_access_err"`,
-/// `"4-8 flushed"`. Returns (first, last, outcome, status).
+/// `"4-8 flushed"`, `"5-8 device_lost"`. Returns (first, last, outcome, status).
 pub(crate) fn parse_outcome_range(
     item: &str,
 ) -> Result<(u64, u64, String, Option<String>), String> {
     let bad = || {
         format!(
-            "{item:?} is not like \"1-2 completed\", \"3 failed:rem_access_err\" or \"4-8 flushed\""
+            "{item:?} is not like \"1-2 completed\", \"3 failed:rem_access_err\", \"4-8 flushed\" or \"5-8 device_lost\""
         )
     };
     let (range, what) = item.trim().split_once(' ').ok_or_else(bad)?;
@@ -251,7 +253,7 @@ pub(crate) fn parse_outcome_range(
         None => (what.trim().to_string(), None),
     };
     match (outcome.as_str(), status.as_deref()) {
-        ("completed" | "flushed", None) => {}
+        ("completed" | "flushed" | "device_lost", None) => {}
         // A success is a completion, and a flush a work request flushed, never failed.
         ("failed", Some(s @ ("success" | "wr_flush_err"))) => {
             let instead = if s == "success" {

@@ -201,3 +201,37 @@ fn traces_show_no_vendor_syndrome() {
         assert!(!text.contains("vendor"), "{personality:?}: {text}");
     }
 }
+
+/// The device-loss scenario through the library: the program hands the runner what makes
+/// its device fail; without it the `device_fatal` step fails, naming the software NIC.
+#[test]
+fn a_lost_device_retires_the_outstanding_work_as_device_lost() {
+    let scenario = load(&shipped("device-loss.toml")).expect("scenarios/device-loss.toml");
+    let (device, options) = soft(Personality::Mlx5);
+    let faults = device.faults();
+    let result = selsig_scenario::run(
+        &scenario,
+        &device,
+        &options.clone().inject_fatal(move || faults.inject_fatal()),
+    )
+    .expect("a run");
+    assert!(
+        result.passed(),
+        "failures {:?}, error {:?}",
+        result.failures,
+        result.error.as_ref().map(|e| format!("{e:#}"))
+    );
+    let lost = result
+        .trace_text()
+        .matches("\"outcome\":\"device_lost\"")
+        .count();
+    assert_eq!(lost, 4, "{}", result.trace_text());
+
+    let (device, options) = soft(Personality::Mlx5);
+    let result = selsig_scenario::run(&scenario, &device, &options).expect("a run");
+    let error = format!("{:#}", result.error.expect("the step fails"));
+    assert!(
+        error.contains("step 4 (device_fatal)") && error.contains("needs the software NIC"),
+        "{error}"
+    );
+}

@@ -43,6 +43,47 @@ pub struct SoftDevice {
     engine: Arc<Engine>,
 }
 
+/// Makes a software device fail on purpose ([`SoftDevice::faults`]).
+#[derive(Debug, Clone)]
+pub struct SoftFaults {
+    engine: Arc<Engine>,
+}
+
+impl SoftFaults {
+    /// Makes the device fail as a ConnectX does at a fatal error (a firmware or PCI error:
+    /// `IBV_EVENT_DEVICE_FATAL`): the NIC executes nothing more and writes no more
+    /// completions, not even flushes (libmlx5 does not flush a user-space QP); the
+    /// completions already written can still be polled; posts are still taken until the
+    /// send queue is full (libmlx5 checks nothing on a post); the CQs make no completion
+    /// event (mlx5 wakes no user-space CQ); the asynchronous event
+    /// [`AsyncEvent::DeviceFatal`] is raised, once. The kernel's rxe never raises it: on
+    /// the rxe personality this is mlx5's behaviour all the same.
+    ///
+    /// Returns once the NIC has stopped: the work requests it was executing at that
+    /// instant finish first, and nothing is written after.
+    pub fn inject_fatal(&self) {
+        let dev = &self.engine.dev;
+        if !dev.fatal.swap(true, Ordering::AcqRel) {
+            dev.events.lock().push_back(AsyncEvent::DeviceFatal);
+        }
+        loop {
+            let running = self
+                .engine
+                .thread
+                .lock()
+                .as_ref()
+                .is_some_and(|t| !t.is_finished());
+            if !running {
+                return;
+            }
+            if let Some(t) = dev.engine_thread.get() {
+                t.unpark();
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
 impl SoftDevice {
     /// Opens a new device with `config` and starts its NIC thread.
     pub fn open(config: SoftConfig) -> Result<SoftDevice, ProviderError> {
@@ -121,23 +162,17 @@ impl SoftDevice {
         self.dev.gid
     }
 
-    /// Makes the device fail as a ConnectX does at a fatal error (a firmware or PCI
-    /// error: `IBV_EVENT_DEVICE_FATAL`): the NIC executes nothing more and writes no more
-    /// completions, not even flushes (libmlx5 does not flush a user-space QP); the
-    /// completions already written can still be polled; posts are still taken until the
-    /// send queue is full (libmlx5 checks nothing on a post); the CQs make no completion
-    /// event (mlx5 wakes no user-space CQ); the asynchronous event
-    /// [`AsyncEvent::DeviceFatal`] is raised, once. The kernel's rxe never raises it: on
-    /// the rxe personality this is mlx5's behaviour all the same. Work requests the NIC
-    /// was executing at that instant finish first.
+    /// What makes this device fail on purpose, as a handle of its own (for a test or a
+    /// scenario runner that holds no reference to the device).
+    pub fn faults(&self) -> SoftFaults {
+        SoftFaults {
+            engine: Arc::clone(&self.engine),
+        }
+    }
+
+    /// [`SoftFaults::inject_fatal`]: the device fails as at a fatal error.
     pub fn inject_fatal(&self) {
-        if self.dev.fatal.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        self.dev.events.lock().push_back(AsyncEvent::DeviceFatal);
-        if let Some(t) = self.dev.engine_thread.get() {
-            t.unpark();
-        }
+        self.faults().inject_fatal();
     }
 
     fn id(&self) -> u32 {

@@ -96,4 +96,4 @@ pub use config::{MAX_CQE, MAX_QP_WR, Personality, RXE_MAX_CQE, SoftConfig};
 #[cfg(not(loom))]
 pub use cq::SoftCq;
 #[cfg(not(loom))]
-pub use device::{SoftDevice, SoftMr, SoftPd, SoftQp};
+pub use device::{SoftDevice, SoftFaults, SoftMr, SoftPd, SoftQp};

@@ -295,14 +295,14 @@ impl Checker<'_> {
             };
             let needs_qp = match kind {
                 "qp_fatal" | "qp_access_err" | "qp_req_err" => true,
-                "cq_err" | "port_active" | "port_err" | "other" => false,
+                "cq_err" | "port_active" | "port_err" | "device_fatal" | "other" => false,
                 _ => {
                     return Err(self.err(
                         span.clone(),
                         format!(
                             "{what}.events: {event:?}: unknown event type {kind:?}: expected \
                              qp_fatal, qp_access_err or qp_req_err (as \"type:qp\"), cq_err, \
-                             port_active, port_err or other"
+                             port_active, port_err, device_fatal or other"
                         ),
                     ));
                 }

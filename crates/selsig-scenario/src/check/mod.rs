@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use crate::error::ScenarioError;
-use crate::format::File;
+use crate::format::{File, PollStep};
 use crate::model::{Action, Qp, Region, Scenario};
 
 mod bounds;
@@ -169,17 +169,30 @@ impl Checker<'_> {
                 s.drain.is_some(),
                 s.dereg.is_some(),
                 s.to_error.is_some(),
+                s.device_fatal.is_some(),
             ]
             .iter()
             .filter(|b| **b)
             .count();
             if set != 1 {
                 return Err(self.err(span, format!(
-                    "step {}: give exactly one of post, recv, poll, confirm, drain, dereg, to_error ({set} given)",
+                    "step {}: give exactly one of post, recv, poll, confirm, drain, dereg, to_error, device_fatal ({set} given)",
                     n + 1
                 )));
             }
             let at = Here { n, span };
+            let kind = match (&s.poll, &s.drain) {
+                (Some(PollStep::Word(w)), _) if w == "idle" => "poll_idle",
+                (Some(_), _) => "poll",
+                (None, Some(_)) => "drain",
+                _ if s.post.is_some() => "post",
+                _ if s.recv.is_some() => "recv",
+                _ if s.confirm.is_some() => "confirm",
+                _ if s.dereg.is_some() => "dereg",
+                _ if s.to_error.is_some() => "to_error",
+                _ => "device_fatal",
+            };
+            state.after_loss(&at, kind)?;
             let action = if let Some(p) = &s.post {
                 state.post(&at, p)?
             } else if let Some(r) = &s.recv {
@@ -194,6 +207,8 @@ impl Checker<'_> {
                 state.dereg(&at, r)?
             } else if let Some(q) = &s.to_error {
                 state.error_state(&at, q)?
+            } else if let Some(yes) = s.device_fatal {
+                state.device_fatal(&at, yes)?
             } else {
                 unreachable!("exactly one field is set")
             };

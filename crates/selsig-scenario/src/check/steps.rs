@@ -28,6 +28,8 @@ pub(super) struct Steps<'s> {
     pub recv_bounds: Vec<RecvBound>,
     /// The work requests and receives posted so far.
     pub total: u64,
+    /// The `device_fatal` step (from 1), if one came.
+    pub lost: Option<usize>,
 }
 
 impl<'s> Steps<'s> {
@@ -39,6 +41,7 @@ impl<'s> Steps<'s> {
             deregistered: vec![None; regions.len()],
             recv_bounds: vec![RecvBound::default(); qps.len()],
             total: 0,
+            lost: None,
         }
     }
 
@@ -182,7 +185,10 @@ impl<'s> Steps<'s> {
     pub fn poll(&self, at: &Here, p: &PollStep) -> Result<Action, ScenarioError> {
         Ok(match p {
             PollStep::Word(w) if w == "idle" => {
-                unused_receives(&self.recv_bounds, self.qps).map_err(|m| self.here(at, m))?;
+                // After a device_fatal step nothing is waited for: receives get nothing.
+                if self.lost.is_none() {
+                    unused_receives(&self.recv_bounds, self.qps).map_err(|m| self.here(at, m))?;
+                }
                 Action::PollIdle
             }
             PollStep::Word(w) => {
@@ -209,9 +215,12 @@ impl<'s> Steps<'s> {
     /// `drain = "qp"`.
     pub fn drain(&mut self, at: &Here, q: &str) -> Result<Action, ScenarioError> {
         let qp = self.find_qp(q, at, false)?.index;
-        // A drain waits for its own queue pair only.
-        unused_receives(&self.recv_bounds[qp..=qp], &self.qps[qp..=qp])
-            .map_err(|m| self.here(at, m))?;
+        // A drain waits for its own queue pair only (after a device_fatal step, for
+        // nothing).
+        if self.lost.is_none() {
+            unused_receives(&self.recv_bounds[qp..=qp], &self.qps[qp..=qp])
+                .map_err(|m| self.here(at, m))?;
+        }
         self.recv_bounds[qp].drained = true;
         Ok(Action::Drain(qp))
     }
@@ -224,6 +233,34 @@ impl<'s> Steps<'s> {
         }
         self.deregistered[i] = Some(at.n + 1);
         Ok(Action::Dereg(i))
+    }
+
+    /// `device_fatal = true`: once, and only `poll = "idle"` and `drain` after it.
+    pub fn device_fatal(&mut self, at: &Here, yes: bool) -> Result<Action, ScenarioError> {
+        if !yes {
+            return Err(self.here(
+                at,
+                "device_fatal = false would change nothing: leave the step out".to_string(),
+            ));
+        }
+        self.lost = Some(at.n + 1);
+        Ok(Action::DeviceFatal)
+    }
+
+    /// After a `device_fatal` step, a step that is not `poll = "idle"` or `drain` is
+    /// refused: the device executes nothing more, and its queues take no work.
+    pub fn after_loss(&self, at: &Here, kind: &str) -> Result<(), ScenarioError> {
+        match self.lost {
+            Some(n) if !matches!(kind, "poll_idle" | "drain") => Err(self.here(
+                at,
+                format!(
+                    "a {kind} step after the device_fatal of step {n}: only poll = \"idle\" \
+                     and drain may follow (the device executes nothing more and makes no \
+                     completion)"
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// `to_error = "qp"` or `"qp.peer"`.

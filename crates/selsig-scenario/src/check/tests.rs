@@ -586,3 +586,56 @@ fn outcome_ranges() {
     );
     assert!(parse_outcome_range("x completed").is_err());
 }
+
+/// `device_fatal = true` once; after it only `poll = "idle"` and `drain`, and those wait
+/// for no receive (a lost device completes none).
+#[test]
+fn device_fatal_is_followed_only_by_steps_that_wait_for_nothing() {
+    let fatal = OK.replace(
+        "[[step]]\npoll = \"idle\"",
+        "[[step]]\ndevice_fatal = true\n[[step]]\npoll = \"idle\"\n[[step]]\ndrain = \"a\"",
+    );
+    let s = parses("device_fatal then idle and drain", &fatal);
+    assert!(matches!(s.steps[1], Action::DeviceFatal));
+    assert_eq!(s.steps[1].kind(), "device_fatal");
+    refused(
+        "device_fatal = false",
+        &OK.replace("poll = \"idle\"", "device_fatal = false"),
+        "step 2: device_fatal = false would change nothing",
+    );
+    for (step, kind) in [
+        (
+            "post = { qp = \"a\", op = \"write\", local = \"src\", remote = \"dst\", size = 8 }",
+            "post",
+        ),
+        ("confirm = \"a\"", "confirm"),
+        ("poll = { cqes = 1 }", "poll"),
+        ("to_error = \"a\"", "to_error"),
+        ("dereg = \"dst\"", "dereg"),
+        ("device_fatal = true", "device_fatal"),
+    ] {
+        refused(
+            kind,
+            &fatal.replace("drain = \"a\"", step),
+            &format!("step 4: a {kind} step after the device_fatal of step 2"),
+        );
+    }
+    // Receives no SEND uses would make `poll = "idle"` wait for ever, but not after the
+    // device is lost.
+    let recv = "[[step]]\nrecv = { qp = \"a.peer\", count = 1 }\n[[step]]\npoll = \"idle\"";
+    refused(
+        "idle with an unused receive",
+        &OK.replace("[[step]]\npoll = \"idle\"", recv),
+        "wait",
+    );
+    parses(
+        "idle with an unused receive after device_fatal",
+        &OK.replace(
+            "[[step]]\npoll = \"idle\"",
+            &recv.replace(
+                "[[step]]\npoll",
+                "[[step]]\ndevice_fatal = true\n[[step]]\npoll",
+            ),
+        ),
+    );
+}

@@ -7,6 +7,9 @@
 //! device), `expect` (the expectations checked against the trace), then here: the steps in
 //! order, and the public entry point.
 
+use std::fmt;
+use std::sync::Arc;
+
 use anyhow::{Result, anyhow};
 use selsig::{Device, MemoryRegion, QueuePair};
 
@@ -26,8 +29,13 @@ mod work;
 use expect::check;
 use runner::{Runner, canonical};
 
+/// What makes the device fail as at a fatal error, for a `device_fatal` step; it returns
+/// once the device executes nothing more (the software NIC's
+/// `SoftFaults::inject_fatal`).
+pub type InjectFatal = Arc<dyn Fn() + Send + Sync>;
+
 /// How to run a scenario: what the device is.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 #[non_exhaustive]
 pub struct RunOptions {
     /// The device behaves like the kernel's Soft-RoCE (verbs on an rxe device, or
@@ -37,6 +45,19 @@ pub struct RunOptions {
     /// The GID index to connect the queue pairs with (RoCE; `None`: the provider's default,
     /// or none on InfiniBand and the software NIC).
     pub gid_index: Option<u8>,
+    /// What makes the device fail, for a `device_fatal` step (`None`: the step fails,
+    /// naming the software NIC as the device that can).
+    pub inject_fatal: Option<InjectFatal>,
+}
+
+impl fmt::Debug for RunOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("rxe", &self.rxe)
+            .field("gid_index", &self.gid_index)
+            .field("inject_fatal", &self.inject_fatal.as_ref().map(|_| "..."))
+            .finish()
+    }
 }
 
 impl RunOptions {
@@ -54,6 +75,12 @@ impl RunOptions {
     /// Sets [`gid_index`](Self::gid_index).
     pub fn gid_index(mut self, gid_index: Option<u8>) -> Self {
         self.gid_index = gid_index;
+        self
+    }
+
+    /// Sets [`inject_fatal`](Self::inject_fatal).
+    pub fn inject_fatal(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.inject_fatal = Some(Arc::new(f));
         self
     }
 }
@@ -109,7 +136,10 @@ pub fn run<D: Device>(
         _ => (&scenario.expect, None),
     };
     let mut result = Runner::new(scenario, device, options.gid_index)
-        .and_then(|runner| runner.run(expect))
+        .and_then(|mut runner| {
+            runner.inject_fatal = options.inject_fatal.clone();
+            runner.run(expect)
+        })
         .map_err(RunError::new)?;
     result.differs = differs;
     Ok(result)
@@ -201,6 +231,7 @@ impl<D: Device> Runner<'_, D> {
                 });
                 Ok(())
             }
+            Action::DeviceFatal => self.device_fatal(),
             Action::ToError(r) => {
                 let side = &mut self.sides[r.index];
                 if r.peer {

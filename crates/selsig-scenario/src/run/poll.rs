@@ -311,8 +311,15 @@ impl<D: Device> Runner<'_, D> {
         side.queue
             .handle_completion(&wc)
             .map_err(|e| anyhow!("qp {name:?}: {e}"))?;
+        self.retired(r.index, events);
+        Ok(())
+    }
+
+    /// The work requests queue `q` retired and did not hand back yet, into `events`.
+    fn retired(&mut self, q: usize, events: &mut Vec<Event>) {
+        let name = self.sc.qps[q].name.clone();
         let mut done = Vec::new();
-        side.queue.collect(&mut done);
+        self.sides[q].queue.collect(&mut done);
         for c in done {
             events.push(Event::Retire {
                 qp: name.clone(),
@@ -324,6 +331,42 @@ impl<D: Device> Runner<'_, D> {
                 },
             });
         }
+    }
+
+    /// A `device_fatal` step: the device fails (the hook returns once it executes nothing
+    /// more); the completions it wrote before go to their endpoints, then every queue's
+    /// outstanding work requests retire as `device_lost` (no completion will come for
+    /// them, not even a flush), and receives still outstanding get nothing. The step's
+    /// events in canonical order, the asynchronous `device_fatal` among them.
+    pub fn device_fatal(&mut self) -> Result<()> {
+        let Some(inject) = self.inject_fatal.clone() else {
+            bail!(
+                "this device cannot be made to fail on purpose: device_fatal needs the \
+                 software NIC (--provider soft)"
+            );
+        };
+        inject();
+        let mut events = std::mem::take(&mut self.deferred);
+        if let Err(e) = self.handle_stash(&mut events) {
+            return Err(self.failed(events, e));
+        }
+        for cq in 0..self.cqs.len() {
+            loop {
+                match self.poll_cq(cq, usize::MAX, &mut events) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => return Err(self.failed(events, e)),
+                }
+            }
+        }
+        for q in 0..self.sides.len() {
+            self.sides[q].queue.device_lost();
+            self.retired(q, &mut events);
+        }
+        self.lost = true;
+        self.async_events(&mut events);
+        canonical(&mut events, self.sc);
+        self.trace.extend(events);
         Ok(())
     }
 

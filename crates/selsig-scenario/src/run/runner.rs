@@ -36,6 +36,11 @@ pub(super) struct Runner<'a, D: Device> {
     /// canonical order, or, when their endpoint waits for room itself, before the events
     /// of its later completions.
     pub deferred: Vec<Event>,
+    /// What makes the device fail, for a `device_fatal` step ([`RunOptions::inject_fatal`](
+    /// crate::RunOptions::inject_fatal)).
+    pub inject_fatal: Option<super::InjectFatal>,
+    /// A `device_fatal` step came: receives still outstanding get nothing.
+    pub lost: bool,
     pub _pds: (D::Pd, Option<D::Pd>),
 }
 
@@ -154,7 +159,7 @@ impl<D: Device> Runner<'_, D> {
     /// Queue `q` has every work request retired and its peer every receive completed.
     pub fn side_idle(&self, q: usize) -> bool {
         let s = &self.sides[q];
-        s.queue.tracker().is_idle() && s.peer_recv_done >= s.peer_recvs
+        s.queue.tracker().is_idle() && (self.lost || s.peer_recv_done >= s.peer_recvs)
     }
 }
 

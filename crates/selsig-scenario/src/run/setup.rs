@@ -66,6 +66,8 @@ impl<'a, D: Device> Runner<'a, D> {
             wcs: vec![WorkCompletion::new(0, WcStatus::Success, 0); 64],
             stash: Vec::new(),
             deferred: Vec::new(),
+            inject_fatal: None,
+            lost: false,
             _pds: (pd, other),
         })
     }
