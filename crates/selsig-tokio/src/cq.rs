@@ -3,6 +3,7 @@
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -39,6 +40,10 @@ impl Default for CqOptions {
 const PUMP_BATCH: usize = 64;
 /// Pumps in a row before the poller lets other tasks of its thread run.
 const PUMPS_PER_TURN: u32 = 16;
+
+/// The longest the poller sleeps before it asks whether the device was lost (a lost
+/// device makes no completion event).
+const DEVICE_CHECK: Duration = Duration::from_millis(100);
 
 /// A completion queue shared by any number of [`AsyncQueue`](crate::AsyncQueue)s, with
 /// its pool of CQ credits and one poller task.
@@ -79,6 +84,9 @@ pub(crate) struct PollerState {
     /// The tasks of queues waiting for credits of the shared pool, which other queues
     /// give back as they retire work requests.
     credit_waiters: Mutex<Vec<Waker>>,
+    /// The device was lost ([`CompletionQueue::device_lost`]): the poller stopped, and
+    /// the queues retire their outstanding work requests as lost.
+    lost: AtomicBool,
 }
 
 /// A poller's failure, kept to be reported to every queue (a `CqError` is not `Clone`).
@@ -132,6 +140,11 @@ impl PollerState {
         for waker in waiters.drain(..) {
             waker.wake();
         }
+    }
+
+    /// Whether the device was lost (the poller found it so and stopped).
+    pub(crate) fn lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
     }
 
     /// Why the poller stopped, as a `CqError`.
@@ -315,7 +328,20 @@ async fn pump_for_ever<D: Device>(
         if pump(shared, &mut wcs, state)? > 0 {
             continue;
         }
-        let mut ready = fd.readable().await.map_err(CqError::Event)?;
+        // A lost device makes no completion event (mlx5): the sleep ends every
+        // DEVICE_CHECK to ask.
+        let mut ready = match tokio::time::timeout(DEVICE_CHECK, fd.readable()).await {
+            Ok(ready) => ready.map_err(CqError::Event)?,
+            Err(_) if shared.cq().device_lost() => {
+                // What the device wrote before it failed goes to the queues first.
+                while pump(shared, &mut wcs, state)? > 0 {}
+                state.lost.store(true, Ordering::Release);
+                shared.wake_all();
+                state.credits_back();
+                return Ok(());
+            }
+            Err(_) => continue,
+        };
         shared.cq().take_events()?;
         // Kept ready if the fd turned readable again since `readable` said so (tokio
         // tracks it), so no event is lost.

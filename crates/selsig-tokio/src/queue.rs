@@ -149,6 +149,13 @@ impl<D: Device, U> AsyncQueue<D, U> {
             if let Some(e) = self.cq.state().failure() {
                 return Poll::Ready(Err(PollError::Cq(e)));
             }
+            if self.cq.state().lost() && self.queue.device_lost() > 0 {
+                // Every outstanding work request retired as lost: into the stream.
+                let mut lost = Vec::new();
+                self.queue.collect(&mut lost);
+                self.retired.extend(lost);
+                return Poll::Ready(Ok(()));
+            }
             match self.idle(cx) {
                 // Filed since the poll: take them.
                 Idle::Filed => continue,
@@ -285,6 +292,12 @@ impl<D: Device, U> AsyncQueue<D, U> {
             }
             if let Some(e) = self.cq.state().failure() {
                 return Poll::Ready(Err(PollError::Cq(e)));
+            }
+            if self.cq.state().lost() {
+                // Every outstanding work request retires as lost; the next poll hands
+                // them out.
+                self.queue.device_lost();
+                continue;
             }
             let Some(due) = self.queue.next_deadline() else {
                 match self.confirm_lone_tail() {
