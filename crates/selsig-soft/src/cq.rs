@@ -55,6 +55,10 @@ impl CompletionQueue for SoftCq {
         self.cq.events.wait(timeout).map_err(CqError::Event)
     }
 
+    fn ignores_overrun(&self) -> bool {
+        self.cq.ignore_overrun
+    }
+
     fn device_lost(&self) -> bool {
         self.engine.dev.fatal.load(Ordering::Acquire)
     }

@@ -175,6 +175,55 @@ impl SoftDevice {
         self.faults().inject_fatal();
     }
 
+    /// A completion queue created with `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`
+    /// (`ibv_create_cq_ex`), as libmlx5 makes one: a completion that finds it full is lost
+    /// without a word (no error state, no `IBV_EVENT_CQ_ERR`, the QP goes on). A ConnectX
+    /// writes it over an entry not polled yet; the software NIC drops it, which loses as
+    /// much. A [`SignaledQueue`](selsig::SignaledQueue) refuses such a CQ. On the rxe
+    /// personality creation fails with `EOPNOTSUPP`, as the kernel's rxe refuses any CQ
+    /// flag (`rxe_create_cq`).
+    pub fn create_cq_ignore_overrun(&self, min_entries: u32) -> Result<SoftCq, ProviderError> {
+        if self.dev.config.personality == Personality::Rxe {
+            return Err(ProviderError::Os {
+                verb: "ibv_create_cq_ex",
+                source: std::io::Error::from_raw_os_error(
+                    rustix::io::Errno::OPNOTSUPP.raw_os_error(),
+                ),
+            });
+        }
+        self.make_cq(min_entries, true)
+    }
+
+    fn make_cq(&self, min_entries: u32, ignore_overrun: bool) -> Result<SoftCq, ProviderError> {
+        if min_entries == 0 || min_entries > self.dev.config.max_cqe {
+            return Err(ProviderError::Invalid {
+                what: "CQ size",
+                why: format!(
+                    "{min_entries} entries: {} supports 1 to {}",
+                    self.dev.name, self.dev.config.max_cqe
+                ),
+            });
+        }
+        // Like mlx5: room for at least one more than asked, in a power of two, one kept empty.
+        let capacity = (min_entries + 1).next_power_of_two() - 1;
+        Ok(SoftCq {
+            cq: Arc::new(CqInner {
+                id: self.id(),
+                ring: CompletionRing::new(capacity),
+                error: AtomicBool::new(false),
+                seen_consumer: crate::sync::AtomicU64::new(0),
+                free_on_poll: self.dev.config.personality == Personality::Mlx5,
+                overrun_is_fatal: self.dev.config.personality == Personality::Mlx5,
+                ignore_overrun,
+                events: CqEvents::new(),
+                poll: Padded(Mutex::new(PollState::default())),
+                send_queues: RwLock::new(HashMap::new()),
+                recv_queues: RwLock::new(HashMap::new()),
+            }),
+            engine: Arc::clone(&self.engine),
+        })
+    }
+
     fn id(&self) -> u32 {
         self.dev.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -810,32 +859,7 @@ impl Device for SoftDevice {
     }
 
     fn create_cq(&self, min_entries: u32) -> Result<SoftCq, ProviderError> {
-        if min_entries == 0 || min_entries > self.dev.config.max_cqe {
-            return Err(ProviderError::Invalid {
-                what: "CQ size",
-                why: format!(
-                    "{min_entries} entries: {} supports 1 to {}",
-                    self.dev.name, self.dev.config.max_cqe
-                ),
-            });
-        }
-        // Like mlx5: room for at least one more than asked, in a power of two, one kept empty.
-        let capacity = (min_entries + 1).next_power_of_two() - 1;
-        Ok(SoftCq {
-            cq: Arc::new(CqInner {
-                id: self.id(),
-                ring: CompletionRing::new(capacity),
-                error: AtomicBool::new(false),
-                seen_consumer: crate::sync::AtomicU64::new(0),
-                free_on_poll: self.dev.config.personality == Personality::Mlx5,
-                overrun_is_fatal: self.dev.config.personality == Personality::Mlx5,
-                events: CqEvents::new(),
-                poll: Padded(Mutex::new(PollState::default())),
-                send_queues: RwLock::new(HashMap::new()),
-                recv_queues: RwLock::new(HashMap::new()),
-            }),
-            engine: Arc::clone(&self.engine),
-        })
+        self.make_cq(min_entries, false)
     }
 
     fn create_qp(

@@ -380,7 +380,10 @@ fn error_cqe(qp: &QpInner, index: u64, status: WcStatus) -> Cqe {
 /// `IBV_EVENT_QP_FATAL`, once. rxe (Linux 6.1, `rxe_cq_post`): the completion is dropped
 /// with an `IBV_EVENT_CQ_ERR` of its own, and the CQ and the QP go on as before.
 fn push(dev: &DeviceInner, qp: &QpInner, cq: &CqInner, cqe: &Cqe) -> bool {
-    matches!(push_with(dev, qp, cq, cqe), Pushed::Done | Pushed::Dropped)
+    matches!(
+        push_with(dev, qp, cq, cqe),
+        Pushed::Done | Pushed::Dropped | Pushed::Ignored
+    )
 }
 
 /// [`push`], saying what became of the completion. On mlx5 an error completion carries a
@@ -399,7 +402,7 @@ fn push_with(dev: &DeviceInner, qp: &QpInner, cq: &CqInner, cqe: &Cqe) -> Pushed
         };
     let pushed = cq.push(cqe);
     match pushed {
-        Pushed::Done => return pushed,
+        Pushed::Done | Pushed::Ignored => return pushed,
         Pushed::Dropped => {
             dev.push_event(AsyncEvent::CqErr { cq: cq.id });
             return pushed;

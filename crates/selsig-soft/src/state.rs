@@ -96,6 +96,9 @@ pub(crate) struct CqInner {
     /// mlx5: an overrun puts the CQ in the error state for good. rxe (Linux 6.1) drops
     /// the completion that finds no room, raises `IBV_EVENT_CQ_ERR` for it and goes on.
     pub(crate) overrun_is_fatal: bool,
+    /// Created with `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN` (mlx5): a completion that finds no
+    /// room is lost without a word.
+    pub(crate) ignore_overrun: bool,
     /// Its completion events (`ibv_req_notify_cq`).
     pub(crate) events: CqEvents,
     /// Written by the poller: on a line of its own, away from the NIC's fields.
@@ -144,6 +147,9 @@ impl CqInner {
             return Pushed::Lost;
         }
         if !self.ring.push(cqe, &self.seen_consumer) {
+            if self.ignore_overrun {
+                return Pushed::Ignored;
+            }
             if !self.overrun_is_fatal {
                 return Pushed::Dropped;
             }
@@ -164,6 +170,9 @@ pub(crate) enum Pushed {
     Lost,
     /// The CQ had no room and dropped this completion only (rxe): it stays usable.
     Dropped,
+    /// The CQ had no room and ignores overruns: the completion is lost, and nothing says
+    /// so.
+    Ignored,
 }
 
 /// A queue pair's state, shared with the NIC thread.

@@ -11,6 +11,14 @@ pub enum ConfigError {
     /// The send queue has no slot.
     #[error("the send queue capacity must be at least 1")]
     ZeroSqCapacity,
+    /// The completion queue was created with `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`: an
+    /// overrun there loses completions without a word (no error, no `IBV_EVENT_CQ_ERR`),
+    /// and with them the outcome of work requests, which selsig must not lose. Its own
+    /// queues never overrun a CQ; work outside its accounting on the same CQ could.
+    #[error(
+        "the completion queue ignores overruns (IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN): completions lost there would go unnoticed; give the queue a CQ created without it"
+    )]
+    CqIgnoresOverrun,
     /// The completion queue has no slot.
     #[error("the completion queue capacity must be at least 1")]
     ZeroCqCapacity,

@@ -706,6 +706,16 @@ pub trait CompletionQueue: Send + Sync + 'static {
         Err(CqError::NoEvents)
     }
 
+    /// Whether the CQ was created with `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`: an overrun does
+    /// not move it to the error state nor raise `IBV_EVENT_CQ_ERR`, and completions are
+    /// lost without a word. A [`SignaledQueue`](crate::SignaledQueue) refuses such a CQ
+    /// ([`ConfigError::CqIgnoresOverrun`](crate::ConfigError::CqIgnoresOverrun)). The
+    /// default: `false` (a CQ a program made itself and wraps may not know: do not give
+    /// selsig one made with the flag).
+    fn ignores_overrun(&self) -> bool {
+        false
+    }
+
     /// Whether the device this CQ belongs to was lost: a fatal error
     /// (`IBV_EVENT_DEVICE_FATAL`, [`AsyncEvent::DeviceFatal`]) after which no completion
     /// comes any more (libmlx5 does not flush a user-space QP of a lost device). The

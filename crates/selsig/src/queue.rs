@@ -382,6 +382,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
         config: &QueueConfig,
         on_shared: Option<usize>,
     ) -> Result<(CqClaim, SendTracker<Payload<D::Mr, U>>, Instant, u64), ConfigError> {
+        if cq.ignores_overrun() {
+            return Err(ConfigError::CqIgnoresOverrun);
+        }
         if let Some(budget) = &config.cq {
             // Every outstanding work request may make a completion: the budget cannot be
             // more than the CQ holds.
