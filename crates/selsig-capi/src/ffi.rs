@@ -288,6 +288,7 @@ pub extern "C" fn selsig_strerror(code: c_int) -> *const c_char {
         16 => b"the output array is too small\0",
         17 => b"the tracker for a send queue this large cannot be allocated\0",
         18 => b"an internal error of libselsig (a panic, caught)\0",
+        19 => b"the device was lost (a fatal error): nothing more can be posted\0",
         _ => b"unknown result code\0",
     };
     text.as_ptr().cast()

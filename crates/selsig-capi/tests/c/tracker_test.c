@@ -194,7 +194,7 @@ static void bad_input(void)
     selsig_tracker_destroy(t);
 
     /* Every code has a message; an unknown one says so. */
-    for (int code = 0; code <= SELSIG_ERR_PANIC; code++)
+    for (int code = 0; code <= SELSIG_ERR_DEVICE_LOST; code++)
         CHECK(strlen(selsig_strerror(code)) > 0 && strcmp(selsig_strerror(code), "unknown result code") != 0);
     CHECK(strcmp(selsig_strerror(-1), "unknown result code") == 0);
     CHECK(strcmp(selsig_strerror(SELSIG_ERR_SQ_FULL), "the send queue is full: poll completions first") == 0);
@@ -369,6 +369,7 @@ static void device_lost(void)
     OK(selsig_tracker_state(t, &state));
     CHECK(state == SELSIG_STATE_DEVICE_LOST);
     CHECK(selsig_tracker_post(t, 8, 0, &p) == SELSIG_ERR_DEVICE_LOST);
+    CHECK(strstr(selsig_strerror(SELSIG_ERR_DEVICE_LOST), "device was lost") != NULL);
     OK(selsig_tracker_device_lost(t, &lost));
     CHECK(lost == 0);
     CHECK(selsig_tracker_device_lost(t, NULL) == SELSIG_ERR_NULL);
