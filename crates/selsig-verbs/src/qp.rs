@@ -107,7 +107,11 @@ pub struct VerbsQp {
 // rdma-core, as they do in any program that posts while another thread changes or
 // queries the QP: the post sees the state just before or just after the change (at worst
 // a stale `EINVAL`, which `post_error` re-checks against the queried state). selsig cannot
-// close that without serializing every post with those calls.
+// close that without serializing every post with those calls. A program's QP made in a
+// thread domain (`from_raw`) has no post or doorbell lock in libmlx5 (semantics 37): a
+// `SignaledQueue` posts with `&mut self`, one thread at a time per QP, and the doorbell
+// shared by the thread domain's QPs is the program's to serialize (docs/verbs.md,
+// "Thread domains", which `from_raw` names among its conditions).
 unsafe impl Send for VerbsQp {}
 // SAFETY: as above.
 unsafe impl Sync for VerbsQp {}
@@ -153,7 +157,9 @@ impl VerbsQp {
     ///
     /// `qp` is a live QP of `dev`'s context, and stays so until the returned queue pair is
     /// dropped; while it lives, nothing else posts to its send queue or modifies it (its
-    /// work requests and state are the tracker's to account for).
+    /// work requests and state are the tracker's to account for). A QP made in a thread
+    /// domain (no locks in libmlx5) must also meet the conditions of docs/verbs.md,
+    /// "Thread domains": no two QPs of one thread domain posted to at once.
     pub unsafe fn from_raw(
         dev: &VerbsDevice,
         qp: *mut sys::ibv_qp,
