@@ -15,11 +15,8 @@ fn shipped(file: &str) -> PathBuf {
 
 /// A software device with `personality`, and the options that say what it is.
 fn soft(personality: Personality) -> (SoftDevice, RunOptions) {
-    let soft = match personality {
-        Personality::Mlx5 => selsig_soft::Personality::Mlx5,
-        Personality::Rxe => selsig_soft::Personality::Rxe,
-    };
-    let device = SoftDevice::open(SoftConfig::with_personality(soft)).expect("a soft device");
+    let device =
+        SoftDevice::open(SoftConfig::with_personality(personality)).expect("a soft device");
     let options = RunOptions::new().rxe(personality == Personality::Rxe);
     (device, options)
 }
