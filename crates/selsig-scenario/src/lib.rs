@@ -59,6 +59,8 @@ mod trace;
 pub use bytes::{fill_pattern, fnv1a64};
 pub use check::{load, parse};
 pub use error::{RunError, ScenarioError};
-pub use model::{Personality, Scenario};
+pub use model::Scenario;
 pub use run::{InjectFatal, RunOptions, RunResult, run};
+/// The software NIC's personality a scenario names (`[device] personality`).
+pub use selsig_soft::Personality;
 pub use trace::Event;

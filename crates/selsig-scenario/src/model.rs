@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use selsig::{Access, Policy, WcStatus};
+use selsig_soft::Personality;
 use serde::Deserialize;
 
 /// A scenario ready to run: names resolved, values in range. Made by [`load`](crate::load)
@@ -37,7 +38,7 @@ impl Scenario {
     }
 
     /// The software NIC's personality the file asks for (`[device] personality`), if any:
-    /// open `selsig_soft::SoftDevice` with it, and run with
+    /// open [`selsig_soft::SoftDevice`] with it, and run with
     /// [`RunOptions::rxe`](crate::RunOptions::rxe) for [`Personality::Rxe`]. Other providers
     /// have their own.
     pub fn personality(&self) -> Option<Personality> {
@@ -51,30 +52,6 @@ impl Scenario {
             format!("{base}.peer")
         } else {
             base.clone()
-        }
-    }
-}
-
-/// The software NIC's personality a scenario names (`[device] personality`), as
-/// `selsig_soft::Personality` has them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Personality {
-    /// `mlx5`: a send-queue slot is freed when a completion covering it is polled.
-    Mlx5,
-    /// `rxe`: a send-queue slot is freed when its work request executes (kernel Soft-RoCE).
-    Rxe,
-}
-
-impl std::str::FromStr for Personality {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "mlx5" => Ok(Personality::Mlx5),
-            "rxe" => Ok(Personality::Rxe),
-            other => Err(format!(
-                "unknown personality {other:?}: expected mlx5 or rxe"
-            )),
         }
     }
 }

@@ -13,14 +13,15 @@ fn shipped(file: &str) -> PathBuf {
         .join(file)
 }
 
-/// A software device with `personality`, and the options that say what it is.
+/// A software device with `personality`, and the options that say what it is and how it
+/// fails on purpose.
 fn soft(personality: Personality) -> (SoftDevice, RunOptions) {
-    let soft = match personality {
-        Personality::Mlx5 => selsig_soft::Personality::Mlx5,
-        Personality::Rxe => selsig_soft::Personality::Rxe,
-    };
-    let device = SoftDevice::open(SoftConfig::with_personality(soft)).expect("a soft device");
-    let options = RunOptions::new().rxe(personality == Personality::Rxe);
+    let device =
+        SoftDevice::open(SoftConfig::with_personality(personality)).expect("a soft device");
+    let faults = device.faults();
+    let options = RunOptions::new()
+        .rxe(personality == Personality::Rxe)
+        .inject_fatal(move || faults.inject_fatal());
     (device, options)
 }
 
@@ -171,8 +172,8 @@ fn without_completion_events_the_runner_polls_and_traces_the_same() {
         let scenario = load(file).unwrap_or_else(|e| panic!("{e}"));
         let (device, options) = soft(Personality::Mlx5);
         let with_events = selsig_scenario::run(&scenario, &device, &options).expect("a run");
-        let soft = SoftConfig::with_personality(selsig_soft::Personality::Mlx5);
-        let device = Eventless(SoftDevice::open(soft).expect("a soft device"));
+        let (device, options) = soft(Personality::Mlx5);
+        let device = Eventless(device);
         let without = selsig_scenario::run(&scenario, &device, &options).expect("a run");
         assert!(
             without.passed(),
@@ -208,13 +209,7 @@ fn traces_show_no_vendor_syndrome() {
 fn a_lost_device_retires_the_outstanding_work_as_device_lost() {
     let scenario = load(&shipped("device-loss.toml")).expect("scenarios/device-loss.toml");
     let (device, options) = soft(Personality::Mlx5);
-    let faults = device.faults();
-    let result = selsig_scenario::run(
-        &scenario,
-        &device,
-        &options.clone().inject_fatal(move || faults.inject_fatal()),
-    )
-    .expect("a run");
+    let result = selsig_scenario::run(&scenario, &device, &options).expect("a run");
     assert!(
         result.passed(),
         "failures {:?}, error {:?}",
@@ -227,8 +222,8 @@ fn a_lost_device_retires_the_outstanding_work_as_device_lost() {
         .count();
     assert_eq!(lost, 4, "{}", result.trace_text());
 
-    let (device, options) = soft(Personality::Mlx5);
-    let result = selsig_scenario::run(&scenario, &device, &options).expect("a run");
+    let device = SoftDevice::open(SoftConfig::default()).expect("a soft device");
+    let result = selsig_scenario::run(&scenario, &device, &RunOptions::new()).expect("a run");
     let error = format!("{:#}", result.error.expect("the step fails"));
     assert!(
         error.contains("step 4 (device_fatal)") && error.contains("needs the software NIC"),

@@ -804,231 +804,292 @@ fn execute<'m>(
     let Some(peer) = peer else {
         return no_answer(qp, rxe);
     };
-    let len = wqe.len;
     match wqe.opcode {
-        op::WRITE | op::WRITE_IMM => {
-            let Some(src) = source(qp, wqe, index, mrs, found) else {
-                return local_source_error(rxe);
-            };
-            if rxe && !qp_allows(peer, Access::REMOTE_WRITE) {
-                return invalid_request();
-            }
-            let imm = wqe.opcode == op::WRITE_IMM;
-            // Where the last packet starts: a message longer than the path MTU travels as
-            // several packets. The first carries the key and the length, which the
-            // responder checks for the whole message; only the last, with the immediate
-            // data, needs a receive. (Not computed for a WRITE without immediate, whose
-            // packets all go the same way.)
-            let last = if imm {
-                last_packet(len, qp.path_mtu.load(Ordering::Relaxed))
-            } else {
-                0
-            };
-            // rxe looks for the receive of a WRITE with immediate of one packet before it
-            // checks the key (`rxe_resp.c`: `check_resource` comes before `check_rkey`).
-            let mut rqe = None;
-            if rxe && imm && last == 0 {
-                match peek_recv(peer) {
-                    Some(r) => rqe = Some(r),
-                    None => return no_receive(qp),
-                }
-            }
-            // The remote key of a zero-length RDMA WRITE is not checked: there is no memory
-            // to protect (IBTA; this is what makes it usable as a confirm marker).
-            let dst = if len == 0 {
-                None
-            } else {
-                match remote(
-                    mrs,
-                    &mut found.written,
-                    peer,
-                    wqe.rkey,
-                    wqe.remote_addr,
-                    len,
-                    Access::REMOTE_WRITE,
-                ) {
-                    Some(d) => Some(d),
-                    None => {
-                        if let Some(rqe) = rqe {
-                            // rxe completes the receive it took with the error.
-                            consume_recv(peer);
-                            let cqe = recv_cqe(
-                                peer,
-                                rqe.wr_id,
-                                WcStatus::RemAccessErr,
-                                WcOpcode::RecvRdmaWithImm,
-                                0,
-                                None,
-                            );
-                            if !push_recv(dev, peer, &cqe) {
-                                return no_answer(qp, rxe);
-                            }
-                        }
-                        return remote_access_error();
-                    }
-                }
-            };
-            // The packets before the last are placed as they arrive, whether a receive
-            // waits or not.
-            let mut placed = 0;
-            if imm && rqe.is_none() {
-                if let Some((mr, off)) = dst {
-                    copy_part(&src, 0, &mr.words, off, last);
-                    placed = last;
-                }
-                match peek_recv(peer) {
-                    Some(r) => rqe = Some(r),
-                    None => return no_receive(qp),
-                }
-            }
-            if let Some((mr, off)) = dst {
-                copy_part(&src, placed, &mr.words, off, len - placed);
-            }
-            if let Some(rqe) = rqe {
-                consume_recv(peer);
-                let cqe = recv_cqe(
-                    peer,
-                    rqe.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    len,
-                    Some(qp.sq.imm(index)),
-                );
-                if !push_recv(dev, peer, &cqe) {
-                    return no_answer(qp, rxe);
-                }
-            }
-            Exec::Done {
-                opcode: WcOpcode::RdmaWrite,
-                byte_len: len,
-            }
-        }
-        op::READ => {
-            if rxe && !qp_allows(peer, Access::REMOTE_READ) {
-                return invalid_request();
-            }
-            // The destination, `Some(None)` for none; `None` if it cannot be written.
-            let destination = || {
-                if len == 0 {
-                    return Some(None);
-                }
-                local(
-                    mrs,
-                    qp.pd,
-                    wqe.lkey,
-                    wqe.local_addr,
-                    len,
-                    Access::LOCAL_WRITE,
-                )
-                .map(Some)
-            };
-            // mlx5 checks the destination before it sends the request; rxe when the
-            // response comes back (`rxe_comp.c`), after the responder checked its key.
-            let mut dst = None;
-            if !rxe {
-                let Some(d) = destination() else {
-                    return fail(WcStatus::LocProtErr);
-                };
-                dst = d;
-            }
-            let src = if len == 0 {
-                None
-            } else {
-                match remote(
-                    mrs,
-                    &mut found.read,
-                    peer,
-                    wqe.rkey,
-                    wqe.remote_addr,
-                    len,
-                    Access::REMOTE_READ,
-                ) {
-                    Some(s) => Some(s),
-                    None => return remote_access_error(),
-                }
-            };
-            if rxe {
-                let Some(d) = destination() else {
-                    return fail(WcStatus::LocProtErr);
-                };
-                dst = d;
-            }
-            if let (Some((dmr, doff)), Some((smr, soff))) = (dst, src) {
-                mem::copy(&smr.words, soff, &dmr.words, doff, len as usize);
-            }
-            Exec::Done {
-                opcode: WcOpcode::RdmaRead,
-                byte_len: len,
-            }
-        }
-        op::SEND | op::SEND_IMM => {
-            let Some(src) = source(qp, wqe, index, mrs, found) else {
-                return local_source_error(rxe);
-            };
-            let Some(rqe) = peek_recv(peer) else {
-                return no_receive(qp);
-            };
-            consume_recv(peer);
-            let imm = (wqe.opcode == op::SEND_IMM).then(|| qp.sq.imm(index));
-            let mtu = qp.path_mtu.load(Ordering::Relaxed);
-            if len > rqe.len {
-                // The receive is too small: the responder's receive fails and it goes to
-                // the error state; the requester learns of an invalid request (mlx5), or
-                // of a remote operation error after a malformed receive (rxe). The
-                // packets that fit were placed before the one that does not.
-                place_packets_that_fit(mrs, peer, &rqe, &src, mtu);
-                let (theirs, ours) = if rxe {
-                    (WcStatus::LocQpOpErr, WcStatus::RemOpErr)
-                } else {
-                    (WcStatus::LocLenErr, WcStatus::RemInvReqErr)
-                };
-                if !push_recv(
-                    dev,
-                    peer,
-                    &recv_cqe(peer, rqe.wr_id, theirs, WcOpcode::Recv, 0, None),
-                ) {
-                    return no_answer(qp, rxe);
-                }
-                peer.set_error();
-                return fail(ours);
-            }
-            if len > 0 {
-                match local(mrs, peer.pd, rqe.lkey, rqe.addr, len, Access::LOCAL_WRITE) {
-                    Some((mr, off)) => copy(&src, &mr.words, off, len),
-                    None => {
-                        // A receive the NIC cannot write into: a local protection error on
-                        // mlx5; rxe finds the receive malformed, as one too short. The
-                        // packets before the first it cannot place were placed.
-                        place_packets_that_fit(mrs, peer, &rqe, &src, mtu);
-                        let theirs = if rxe {
-                            WcStatus::LocQpOpErr
-                        } else {
-                            WcStatus::LocProtErr
-                        };
-                        if !push_recv(
-                            dev,
-                            peer,
-                            &recv_cqe(peer, rqe.wr_id, theirs, WcOpcode::Recv, 0, None),
-                        ) {
-                            return no_answer(qp, rxe);
-                        }
-                        peer.set_error();
-                        return fail(WcStatus::RemOpErr);
-                    }
-                }
-            }
-            if !push_recv(
-                dev,
-                peer,
-                &recv_cqe(peer, rqe.wr_id, WcStatus::Success, WcOpcode::Recv, len, imm),
-            ) {
-                return no_answer(qp, rxe);
-            }
-            Exec::Done {
-                opcode: WcOpcode::Send,
-                byte_len: len,
-            }
-        }
+        op::WRITE | op::WRITE_IMM => execute_write(dev, qp, peer, wqe, index, mrs, found),
+        op::READ => execute_read(qp, peer, wqe, mrs, found, rxe),
+        op::SEND | op::SEND_IMM => execute_send(dev, qp, peer, wqe, index, mrs, found),
         _ => fail(WcStatus::LocQpOpErr),
     }
+}
+
+/// Executes WQE `index` of `qp`, an RDMA WRITE with immediate data or without, at the
+/// answering responder `peer`.
+fn execute_write<'m>(
+    dev: &DeviceInner,
+    qp: &'m QpInner,
+    peer: &QpInner,
+    wqe: &Wqe,
+    index: u64,
+    mrs: &'m MrTable,
+    found: &mut Found<'m>,
+) -> Exec {
+    let rxe = dev.config.personality == Personality::Rxe;
+    let len = wqe.len;
+    let Some(src) = source(qp, wqe, index, mrs, found) else {
+        return local_source_error(rxe);
+    };
+    if rxe && !qp_allows(peer, Access::REMOTE_WRITE) {
+        return invalid_request();
+    }
+    let imm = wqe.opcode == op::WRITE_IMM;
+    // Where the last packet starts: a message longer than the path MTU travels as
+    // several packets. The first carries the key and the length, which the
+    // responder checks for the whole message; only the last, with the immediate
+    // data, needs a receive. (Not computed for a WRITE without immediate, whose
+    // packets all go the same way.)
+    let last = if imm {
+        last_packet(len, qp.path_mtu.load(Ordering::Relaxed))
+    } else {
+        0
+    };
+    // rxe looks for the receive of a WRITE with immediate of one packet before it
+    // checks the key (`rxe_resp.c`: `check_resource` comes before `check_rkey`).
+    let mut rqe = None;
+    if rxe && imm && last == 0 {
+        match peek_recv(peer) {
+            Some(r) => rqe = Some(r),
+            None => return no_receive(qp),
+        }
+    }
+    // The remote key of a zero-length RDMA WRITE is not checked: there is no memory
+    // to protect (IBTA; this is what makes it usable as a confirm marker).
+    let dst = if len == 0 {
+        None
+    } else {
+        match remote(
+            mrs,
+            &mut found.written,
+            peer,
+            wqe.rkey,
+            wqe.remote_addr,
+            len,
+            Access::REMOTE_WRITE,
+        ) {
+            Some(d) => Some(d),
+            None => {
+                if let Some(rqe) = rqe {
+                    // rxe completes the receive it took with the error.
+                    if !complete_write_recv(dev, peer, &rqe, WcStatus::RemAccessErr, 0, None) {
+                        return no_answer(qp, rxe);
+                    }
+                }
+                return remote_access_error();
+            }
+        }
+    };
+    // The packets before the last are placed as they arrive, whether a receive
+    // waits or not.
+    let mut placed = 0;
+    if imm && rqe.is_none() {
+        if let Some((mr, off)) = dst {
+            copy_part(&src, 0, &mr.words, off, last);
+            placed = last;
+        }
+        match peek_recv(peer) {
+            Some(r) => rqe = Some(r),
+            None => return no_receive(qp),
+        }
+    }
+    if let Some((mr, off)) = dst {
+        copy_part(&src, placed, &mr.words, off, len - placed);
+    }
+    if let Some(rqe) = rqe {
+        let imm = Some(qp.sq.imm(index));
+        if !complete_write_recv(dev, peer, &rqe, WcStatus::Success, len, imm) {
+            return no_answer(qp, rxe);
+        }
+    }
+    Exec::Done {
+        opcode: WcOpcode::RdmaWrite,
+        byte_len: len,
+    }
+}
+
+/// Consumes the receive `rqe` of `responder`, taken by an RDMA WRITE with immediate data,
+/// and appends its completion (see [`push_recv`], whose `false` it returns).
+#[inline]
+#[must_use]
+fn complete_write_recv(
+    dev: &DeviceInner,
+    responder: &QpInner,
+    rqe: &crate::ring::Rqe,
+    status: WcStatus,
+    byte_len: u32,
+    imm: Option<u32>,
+) -> bool {
+    consume_recv(responder);
+    let cqe = recv_cqe(
+        responder,
+        rqe.wr_id,
+        status,
+        WcOpcode::RecvRdmaWithImm,
+        byte_len,
+        imm,
+    );
+    push_recv(dev, responder, &cqe)
+}
+
+/// Executes `wqe` of `qp`, an RDMA READ, at the answering responder `peer`.
+fn execute_read<'m>(
+    qp: &QpInner,
+    peer: &QpInner,
+    wqe: &Wqe,
+    mrs: &'m MrTable,
+    found: &mut Found<'m>,
+    rxe: bool,
+) -> Exec {
+    let len = wqe.len;
+    if rxe && !qp_allows(peer, Access::REMOTE_READ) {
+        return invalid_request();
+    }
+    // The destination, `Some(None)` for none; `None` if it cannot be written.
+    let destination = || {
+        if len == 0 {
+            return Some(None);
+        }
+        local(
+            mrs,
+            qp.pd,
+            wqe.lkey,
+            wqe.local_addr,
+            len,
+            Access::LOCAL_WRITE,
+        )
+        .map(Some)
+    };
+    // mlx5 checks the destination before it sends the request; rxe when the
+    // response comes back (`rxe_comp.c`), after the responder checked its key.
+    let mut dst = None;
+    if !rxe {
+        let Some(d) = destination() else {
+            return fail(WcStatus::LocProtErr);
+        };
+        dst = d;
+    }
+    let src = if len == 0 {
+        None
+    } else {
+        match remote(
+            mrs,
+            &mut found.read,
+            peer,
+            wqe.rkey,
+            wqe.remote_addr,
+            len,
+            Access::REMOTE_READ,
+        ) {
+            Some(s) => Some(s),
+            None => return remote_access_error(),
+        }
+    };
+    if rxe {
+        let Some(d) = destination() else {
+            return fail(WcStatus::LocProtErr);
+        };
+        dst = d;
+    }
+    if let (Some((dmr, doff)), Some((smr, soff))) = (dst, src) {
+        mem::copy(&smr.words, soff, &dmr.words, doff, len as usize);
+    }
+    Exec::Done {
+        opcode: WcOpcode::RdmaRead,
+        byte_len: len,
+    }
+}
+
+/// Executes WQE `index` of `qp`, a SEND with immediate data or without, into the next
+/// receive of the answering responder `peer`.
+fn execute_send<'m>(
+    dev: &DeviceInner,
+    qp: &'m QpInner,
+    peer: &QpInner,
+    wqe: &Wqe,
+    index: u64,
+    mrs: &'m MrTable,
+    found: &mut Found<'m>,
+) -> Exec {
+    let rxe = dev.config.personality == Personality::Rxe;
+    let len = wqe.len;
+    let Some(src) = source(qp, wqe, index, mrs, found) else {
+        return local_source_error(rxe);
+    };
+    let Some(rqe) = peek_recv(peer) else {
+        return no_receive(qp);
+    };
+    consume_recv(peer);
+    let imm = (wqe.opcode == op::SEND_IMM).then(|| qp.sq.imm(index));
+    let mtu = qp.path_mtu.load(Ordering::Relaxed);
+    if len > rqe.len {
+        // The receive is too small: the responder's receive fails and it goes to
+        // the error state; the requester learns of an invalid request (mlx5), or
+        // of a remote operation error after a malformed receive (rxe). The
+        // packets that fit were placed before the one that does not.
+        let (theirs, ours) = if rxe {
+            (WcStatus::LocQpOpErr, WcStatus::RemOpErr)
+        } else {
+            (WcStatus::LocLenErr, WcStatus::RemInvReqErr)
+        };
+        if !fail_receive(dev, peer, &rqe, &src, mrs, mtu, theirs) {
+            return no_answer(qp, rxe);
+        }
+        return fail(ours);
+    }
+    if len > 0 {
+        match local(mrs, peer.pd, rqe.lkey, rqe.addr, len, Access::LOCAL_WRITE) {
+            Some((mr, off)) => copy(&src, &mr.words, off, len),
+            None => {
+                // A receive the NIC cannot write into: a local protection error on
+                // mlx5; rxe finds the receive malformed, as one too short. The
+                // packets before the first it cannot place were placed.
+                let theirs = if rxe {
+                    WcStatus::LocQpOpErr
+                } else {
+                    WcStatus::LocProtErr
+                };
+                if !fail_receive(dev, peer, &rqe, &src, mrs, mtu, theirs) {
+                    return no_answer(qp, rxe);
+                }
+                return fail(WcStatus::RemOpErr);
+            }
+        }
+    }
+    if !push_recv(
+        dev,
+        peer,
+        &recv_cqe(peer, rqe.wr_id, WcStatus::Success, WcOpcode::Recv, len, imm),
+    ) {
+        return no_answer(qp, rxe);
+    }
+    Exec::Done {
+        opcode: WcOpcode::Send,
+        byte_len: len,
+    }
+}
+
+/// The responder's side of a SEND that its consumed receive `rqe` cannot take (too
+/// small, or not writable): the packets that fit are placed, the receive completes with
+/// `status` and the responder goes to the error state. `false`, the responder left as
+/// [`push_recv`] leaves it, when the completion found no room (rxe): the requester then
+/// hears nothing.
+#[cold]
+#[must_use]
+fn fail_receive(
+    dev: &DeviceInner,
+    responder: &QpInner,
+    rqe: &crate::ring::Rqe,
+    src: &Source<'_>,
+    mrs: &MrTable,
+    mtu: u32,
+    status: WcStatus,
+) -> bool {
+    place_packets_that_fit(mrs, responder, rqe, src, mtu);
+    if !push_recv(
+        dev,
+        responder,
+        &recv_cqe(responder, rqe.wr_id, status, WcOpcode::Recv, 0, None),
+    ) {
+        return false;
+    }
+    responder.set_error();
+    true
 }
