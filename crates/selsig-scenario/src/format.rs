@@ -127,11 +127,11 @@ pub(crate) struct Step {
     pub device_fatal: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PostStep {
     pub qp: String,
-    /// write, write_imm, read, send, send_imm.
+    /// write, write_imm, read, send, send_imm, fetch_add, cmp_swap.
     pub op: String,
     /// The local region (not needed for zero-length operations or inline data from a
     /// literal).
@@ -160,6 +160,12 @@ pub(crate) struct PostStep {
     pub fault: Option<String>,
     /// Which work request of the batch the fault breaks (1-based, default 1).
     pub fault_at: Option<u64>,
+    /// What fetch_add adds (default 1).
+    pub add: Option<u64>,
+    /// What cmp_swap compares the remote 8 bytes with.
+    pub compare: Option<u64>,
+    /// What cmp_swap writes when they are equal.
+    pub swap: Option<u64>,
 }
 
 fn one() -> u64 {

@@ -134,6 +134,15 @@ pub(crate) enum Op {
     Read,
     Send,
     SendImm,
+    FetchAdd { add: u64 },
+    CmpSwap { compare: u64, swap: u64 },
+}
+
+impl Op {
+    /// Fetch-and-add or compare-and-swap.
+    pub fn is_atomic(self) -> bool {
+        matches!(self, Op::FetchAdd { .. } | Op::CmpSwap { .. })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -472,6 +472,27 @@ impl SoftQp {
         if wr.opcode == Opcode::RdmaRead && matches!(wr.local, Local::Inline(_)) {
             return Err(invalid(i, "an RDMA READ cannot be inline"));
         }
+        if wr.opcode.is_atomic() {
+            if matches!(wr.local, Local::Inline(_)) {
+                return Err(invalid(i, "an atomic operation cannot be inline"));
+            }
+            // The value before lands in the first 8 local bytes: rxe's provider refuses
+            // fewer, and a misaligned remote address (`validate_send_wr`, EINVAL); mlx5
+            // writes 8 bytes whatever the entry says (`set_data_ptr_seg_atomic`), which
+            // selsig refuses rather than let the NIC write past the entry (semantics 41).
+            if len < selsig::ATOMIC_LEN {
+                return Err(invalid(
+                    i,
+                    "an atomic operation needs 8 bytes of local memory",
+                ));
+            }
+            if !self.mlx5() && !wr.remote.addr.is_multiple_of(8) {
+                return Err(invalid(
+                    i,
+                    "an atomic operation's remote address must be 8-byte aligned (rxe)",
+                ));
+            }
+        }
         if u64::from(len) > selsig::MAX_MESSAGE_LEN {
             return Err(invalid(i, "longer than the largest message (2 GiB)"));
         }
@@ -486,14 +507,25 @@ impl SoftQp {
                 });
             }
         }
+        // An atomic's operands travel in its slot's inline words (it has no inline data).
+        let operands;
+        let (opcode, inline) = match wr.opcode {
+            Opcode::RdmaWrite => (ring::op::WRITE, inline),
+            Opcode::RdmaWriteWithImm => (ring::op::WRITE_IMM, inline),
+            Opcode::RdmaRead => (ring::op::READ, inline),
+            Opcode::Send => (ring::op::SEND, inline),
+            Opcode::SendWithImm => (ring::op::SEND_IMM, inline),
+            Opcode::AtomicCmpSwp { compare, swap } => {
+                operands = ring::atomic_operands(compare, swap);
+                (ring::op::CMP_SWP, &operands[..])
+            }
+            Opcode::AtomicFetchAdd { add } => {
+                operands = ring::atomic_operands(add, 0);
+                (ring::op::FETCH_ADD, &operands[..])
+            }
+        };
         let wqe = Wqe {
-            opcode: match wr.opcode {
-                Opcode::RdmaWrite => ring::op::WRITE,
-                Opcode::RdmaWriteWithImm => ring::op::WRITE_IMM,
-                Opcode::RdmaRead => ring::op::READ,
-                Opcode::Send => ring::op::SEND,
-                Opcode::SendWithImm => ring::op::SEND_IMM,
-            },
+            opcode,
             signaled: wr.signaled,
             inline: matches!(wr.local, Local::Inline(_)),
             len,

@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use selsig::{Access, AsyncEvent, QpState, WcOpcode, WcStatus};
+use selsig::{ATOMIC_LEN, Access, AsyncEvent, QpState, WcOpcode, WcStatus};
 
 use crate::config::Personality;
 use crate::mem;
@@ -808,7 +808,82 @@ fn execute<'m>(
         op::WRITE | op::WRITE_IMM => execute_write(dev, qp, peer, wqe, index, mrs, found),
         op::READ => execute_read(qp, peer, wqe, mrs, found, rxe),
         op::SEND | op::SEND_IMM => execute_send(dev, qp, peer, wqe, index, mrs, found),
+        op::CMP_SWP | op::FETCH_ADD => {
+            let (first, second) = qp.sq.atomic_operands(index);
+            execute_atomic(qp, peer, wqe, (first, second), mrs, rxe)
+        }
         _ => fail(WcStatus::LocQpOpErr),
+    }
+}
+
+/// Executes an atomic WQE (`wqe.opcode` `CMP_SWP` with `compare` and `swap`, or
+/// `FETCH_ADD` with `add` and 0) at the answering responder `peer` (semantics 41):
+/// the responder checks its QP's access (rxe: an invalid request; mlx5: a remote access
+/// error, as for a READ), the key, the bounds and the region's `REMOTE_ATOMIC`, then the
+/// 8-byte alignment (an invalid request: IBTA 9.4.5; the responder goes to the error
+/// state), and operates on the 8 bytes as one atomic word; their value before lands in
+/// the first 8 local bytes. mlx5 checks the local bytes before it sends the request, rxe
+/// when the answer comes back (`rxe_comp.c`, `do_atomic`), after the remote operation.
+fn execute_atomic(
+    qp: &QpInner,
+    peer: &QpInner,
+    wqe: &Wqe,
+    (first, second): (u64, u64),
+    mrs: &MrTable,
+    rxe: bool,
+) -> Exec {
+    if rxe && !qp_allows(peer, Access::REMOTE_ATOMIC) {
+        return invalid_request();
+    }
+    let destination = || {
+        local(
+            mrs,
+            qp.pd,
+            wqe.lkey,
+            wqe.local_addr,
+            ATOMIC_LEN,
+            Access::LOCAL_WRITE,
+        )
+    };
+    let mut dst = None;
+    if !rxe {
+        let Some(d) = destination() else {
+            return fail(WcStatus::LocProtErr);
+        };
+        dst = Some(d);
+    }
+    let mut slot = None;
+    let Some((mr, off)) = remote(
+        mrs,
+        &mut slot,
+        peer,
+        wqe.rkey,
+        wqe.remote_addr,
+        ATOMIC_LEN,
+        Access::REMOTE_ATOMIC,
+    ) else {
+        return remote_access_error();
+    };
+    if !wqe.remote_addr.is_multiple_of(8) || !off.is_multiple_of(8) {
+        return invalid_request();
+    }
+    let before = mem::atomic_op(&mr.words[off / 8], wqe.opcode == op::CMP_SWP, first, second);
+    // rxe: the remote operation is done when the local bytes are found wanting.
+    let dst = match dst {
+        Some(d) => d,
+        None => match destination() {
+            Some(d) => d,
+            None => return fail(WcStatus::LocProtErr),
+        },
+    };
+    mem::write(&dst.0.words, dst.1, &before.to_ne_bytes());
+    Exec::Done {
+        opcode: match wqe.opcode == op::CMP_SWP {
+            true => WcOpcode::CompSwap,
+            false => WcOpcode::FetchAdd,
+        },
+        // rxe: the local entry's length (`wqe->dma.length`); mlx5: 8 (`cq.c`).
+        byte_len: if rxe { wqe.len } else { ATOMIC_LEN },
     }
 }
 

@@ -226,6 +226,34 @@ pub(crate) fn read(src: &[AtomicU64], off: usize, out: &mut [u8]) {
     }
 }
 
+/// An atomic operation on the 8 bytes of `word`, read as an integer in the host's byte
+/// order (as an application wrote it through these functions): compare-and-swap
+/// (`cas`: becomes `second` if equal to `first`) or fetch-and-add (`first` added,
+/// wrapping). Returns the value before.
+pub(crate) fn atomic_op(word: &AtomicU64, cas: bool, first: u64, second: u64) -> u64 {
+    // The word holds the bytes little-endian: the host's integer is read from them.
+    let to_word = |v: u64| u64::from_le_bytes(v.to_ne_bytes());
+    let of_word = |w: u64| u64::from_ne_bytes(w.to_le_bytes());
+    let before = if cas {
+        match word.compare_exchange(
+            to_word(first),
+            to_word(second),
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+        ) {
+            Ok(w) | Err(w) => w,
+        }
+    } else {
+        word.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |w| Some(to_word(of_word(w).wrapping_add(first))),
+        )
+        .unwrap_or_else(|w| w)
+    };
+    of_word(before)
+}
+
 /// Copies `data` into `dst` at byte `off`. The caller has checked the range.
 pub(crate) fn write(dst: &[AtomicU64], off: usize, data: &[u8]) {
     let head = ((8 - off % 8) % 8).min(data.len());

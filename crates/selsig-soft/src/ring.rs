@@ -127,6 +127,17 @@ pub(crate) mod op {
     pub(crate) const READ: u8 = 2;
     pub(crate) const SEND: u8 = 3;
     pub(crate) const SEND_IMM: u8 = 4;
+    pub(crate) const CMP_SWP: u8 = 5;
+    pub(crate) const FETCH_ADD: u8 = 6;
+}
+
+/// An atomic's two operands (compare and swap, or add and 0) as the bytes written into
+/// its slot's inline words, where [`SendRing::atomic_operands`] reads them.
+pub(crate) fn atomic_operands(first: u64, second: u64) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&first.to_le_bytes());
+    bytes[8..].copy_from_slice(&second.to_le_bytes());
+    bytes
 }
 
 const FLAG_SIGNALED: u64 = 1;
@@ -315,6 +326,15 @@ impl SendRing {
     pub(crate) fn imm(&self, index: u64) -> u32 {
         self.shadow.read((index & self.mask) as usize);
         self.imms[(index & self.mask) as usize].load(Ordering::Relaxed) as u32
+    }
+
+    /// Consumer (NIC): the two operands of atomic WQE `index` ([`atomic_operands`]).
+    pub(crate) fn atomic_operands(&self, index: u64) -> (u64, u64) {
+        let words = self.inline_words(index);
+        (
+            words[0].load(Ordering::Relaxed),
+            words[1].load(Ordering::Relaxed),
+        )
     }
 
     /// The inline data words of slot `index` (read by the NIC for WQE `index`).

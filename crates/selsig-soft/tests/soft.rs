@@ -2886,6 +2886,7 @@ fn mlx5_personality_places_a_message_packet_by_packet() {
         inbox_len: 16,
         inbox_access: Access::LOCAL_WRITE,
         mtu: 4096,
+        remote_access: all,
     };
     // mlx5 raises IBV_EVENT_QP_ACCESS_ERR for the responder of a remote access error.
     let seen = |requester, a, b, responder: &[WcStatus], placed| Seen {

@@ -33,6 +33,8 @@ pub struct Case {
     pub inbox_access: Access,
     /// The path MTU asked for (messages longer travel as several packets).
     pub mtu: u32,
+    /// The access of b's region that RDMA and atomic operations target.
+    pub remote_access: Access,
 }
 
 /// What came of it.
@@ -57,6 +59,12 @@ const ALL: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_READ);
 const NO_REMOTE_WRITE: Access = Access::LOCAL_WRITE.union(Access::REMOTE_READ);
 const NO_REMOTE_READ: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+const ATOMIC: Access = ALL.union(Access::REMOTE_ATOMIC);
+const FETCH_ADD: Opcode = Opcode::AtomicFetchAdd { add: 1 };
+const CMP_SWP: Opcode = Opcode::AtomicCmpSwp {
+    compare: u64::from_ne_bytes([1, 8, 15, 22, 29, 36, 43, 50]),
+    swap: 7,
+};
 
 fn case(name: &'static str, qp_access: Access, opcode: Opcode, len: u32) -> Case {
     Case {
@@ -71,6 +79,17 @@ fn case(name: &'static str, qp_access: Access, opcode: Opcode, len: u32) -> Case
         inbox_len: 16,
         inbox_access: Access::LOCAL_WRITE,
         mtu: 4096,
+        remote_access: ALL,
+    }
+}
+
+impl Case {
+    /// The case with b's target region of `access`.
+    const fn remote(self, access: Access) -> Case {
+        Case {
+            remote_access: access,
+            ..self
+        }
     }
 }
 
@@ -138,7 +157,7 @@ pub fn cases() -> Vec<(Case, Seen)> {
                 Opcode::RdmaRead,
                 0,
             ),
-            refused,
+            refused.clone(),
         ),
         // A WRITE with immediate looks for a receive before its key is checked: without
         // one it waits (RNR, retried for ever); with one, the receive completes in error.
@@ -342,6 +361,59 @@ pub fn cases() -> Vec<(Case, Seen)> {
             },
             placed(8192, seen(Some(Success), Rts, Rts, &[Success])),
         ),
+        // Atomics (semantics 41): the value before lands in a's 8 local bytes (the
+        // remote region holds the pattern: its first 8 bytes come back).
+        (
+            case("FETCH_AND_ADD", ATOMIC, FETCH_ADD, 8).remote(ATOMIC),
+            placed(8, seen(Some(Success), Rts, Rts, &[])),
+        ),
+        (
+            case("COMPARE_AND_SWAP that matches", ATOMIC, CMP_SWP, 8).remote(ATOMIC),
+            placed(8, seen(Some(Success), Rts, Rts, &[])),
+        ),
+        // The responder QP must allow atomics (check_op_valid, as for READ and WRITE).
+        (
+            case(
+                "FETCH_AND_ADD to a QP without remote atomic",
+                ALL,
+                FETCH_ADD,
+                8,
+            )
+            .remote(ATOMIC),
+            refused.clone(),
+        ),
+        // The region must too (check_rkey): a remote access error, b in the error state.
+        (
+            case(
+                "FETCH_AND_ADD to a region without remote atomic",
+                ATOMIC,
+                FETCH_ADD,
+                8,
+            ),
+            seen(Some(RemAccessErr), Err, Err, &[]),
+        ),
+        (
+            Case {
+                bad_rkey: true,
+                ..case("FETCH_AND_ADD with a bad key", ATOMIC, FETCH_ADD, 8).remote(ATOMIC)
+            },
+            seen(Some(RemAccessErr), Err, Err, &[]),
+        ),
+        // The value before is written when the answer comes back (rxe_comp.c do_atomic):
+        // the remote operation is done, then the local bytes fail it.
+        (
+            Case {
+                local_access: Access::empty(),
+                ..case(
+                    "FETCH_AND_ADD into a region without local write",
+                    ATOMIC,
+                    FETCH_ADD,
+                    8,
+                )
+                .remote(ATOMIC)
+            },
+            seen(Some(LocProtErr), Err, Rts, &[]),
+        ),
     ]
 }
 
@@ -397,14 +469,17 @@ pub fn run<D: Device>(dev: &D, gid_index: Option<u8>, case: &Case) -> Seen {
     } = pair(dev, 16, (8, 4), &options);
     let size = (case.len as usize).max(4096);
     let local = dev.reg_mr(&pd, size, case.local_access).unwrap();
-    let remote = dev.reg_mr(&pd, size, ALL).unwrap();
+    let remote = dev.reg_mr(&pd, size, case.remote_access).unwrap();
     let inbox = dev
         .reg_mr(&pd, case.inbox_len as usize, case.inbox_access)
         .unwrap();
     // The source holds a pattern with no zero byte, the destinations zeros.
     let pattern: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8 + 1).collect();
     let (src, dst): (&dyn MemoryRegion, &dyn MemoryRegion) = match case.opcode {
-        Opcode::RdmaRead => (&remote, &local),
+        // An atomic's value before lands in the local bytes.
+        Opcode::RdmaRead | Opcode::AtomicCmpSwp { .. } | Opcode::AtomicFetchAdd { .. } => {
+            (&remote, &local)
+        }
         Opcode::Send | Opcode::SendWithImm => (&local, &inbox),
         _ => (&local, &remote),
     };

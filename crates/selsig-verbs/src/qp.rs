@@ -33,6 +33,7 @@ fn refused_up_front(
     wrs: &[SendWr<'_>],
     max_inline: u32,
     max_sge: u32,
+    rxe: bool,
 ) -> Option<(usize, PostFailure)> {
     wrs.iter().enumerate().find_map(|(i, w)| match w.local {
         Local::Sge(_) | Local::Inline(_) if max_sge == 0 => Some((
@@ -42,6 +43,25 @@ fn refused_up_front(
         Local::Inline(_) if w.opcode == Opcode::RdmaRead => {
             Some((i, PostFailure::Invalid("an RDMA READ cannot be inline")))
         }
+        Local::Inline(_) if w.opcode.is_atomic() => Some((
+            i,
+            PostFailure::Invalid("an atomic operation cannot be inline"),
+        )),
+        // The value before lands in the first 8 local bytes: rxe's provider refuses fewer
+        // (`validate_send_wr`), mlx5 writes 8 whatever the entry says
+        // (`set_data_ptr_seg_atomic`): refused rather than written past (semantics 41).
+        local if w.opcode.is_atomic() && local.len() < selsig::ATOMIC_LEN as usize => Some((
+            i,
+            PostFailure::Invalid("an atomic operation needs 8 bytes of local memory"),
+        )),
+        // rxe's provider refuses it with EINVAL (`validate_send_wr`); mlx5 leaves it to
+        // the responder (an invalid request, IBTA 9.4.5).
+        _ if rxe && w.opcode.is_atomic() && !w.remote.addr.is_multiple_of(8) => Some((
+            i,
+            PostFailure::Invalid(
+                "an atomic operation's remote address must be 8-byte aligned (rxe)",
+            ),
+        )),
         Local::Inline(d) if too_long_for_an_sge(d.len()) => {
             Some((i, PostFailure::Invalid("inline data of 4 GiB or more")))
         }
@@ -404,12 +424,33 @@ impl VerbsQp {
                 }
                 None => std::ptr::null_mut(),
             };
-            let opcode = match wr.opcode {
-                Opcode::RdmaWrite => sys::IBV_WR_RDMA_WRITE,
-                Opcode::RdmaWriteWithImm => sys::IBV_WR_RDMA_WRITE_WITH_IMM,
-                Opcode::RdmaRead => sys::IBV_WR_RDMA_READ,
-                Opcode::Send => sys::IBV_WR_SEND,
-                Opcode::SendWithImm => sys::IBV_WR_SEND_WITH_IMM,
+            let rdma = sys::ibv_send_wr_wr {
+                rdma: sys::ibv_rdma_info {
+                    remote_addr: wr.remote.addr,
+                    rkey: wr.remote.rkey,
+                },
+            };
+            // `wr.atomic`: its rkey is not where `wr.rdma` keeps it.
+            let atomic = |compare_add: u64, swap: u64| sys::ibv_send_wr_wr {
+                atomic: sys::ibv_atomic_info {
+                    remote_addr: wr.remote.addr,
+                    compare_add,
+                    swap,
+                    rkey: wr.remote.rkey,
+                },
+            };
+            let (opcode, info) = match wr.opcode {
+                Opcode::RdmaWrite => (sys::IBV_WR_RDMA_WRITE, rdma),
+                Opcode::RdmaWriteWithImm => (sys::IBV_WR_RDMA_WRITE_WITH_IMM, rdma),
+                Opcode::RdmaRead => (sys::IBV_WR_RDMA_READ, rdma),
+                Opcode::Send => (sys::IBV_WR_SEND, rdma),
+                Opcode::SendWithImm => (sys::IBV_WR_SEND_WITH_IMM, rdma),
+                Opcode::AtomicCmpSwp { compare, swap } => {
+                    (sys::IBV_WR_ATOMIC_CMP_AND_SWP, atomic(compare, swap))
+                }
+                Opcode::AtomicFetchAdd { add } => {
+                    (sys::IBV_WR_ATOMIC_FETCH_AND_ADD, atomic(add, 0))
+                }
             };
             let mut flags = 0;
             if wr.signaled {
@@ -433,12 +474,7 @@ impl VerbsQp {
                     opcode,
                     send_flags: flags,
                     imm_data: wr.imm_data.to_be(),
-                    wr: sys::ibv_send_wr_wr {
-                        rdma: sys::ibv_rdma_info {
-                            remote_addr: wr.remote.addr,
-                            rkey: wr.remote.rkey,
-                        },
-                    },
+                    wr: info,
                     _qp_type: 0,
                     _bind_mw_or_tso: [0; 6],
                 });
@@ -636,9 +672,12 @@ impl QueuePair for VerbsQp {
                 source: None,
             });
         }
-        if let Some((bad, failure)) =
-            refused_up_front(wrs, self.caps.max_inline_data, self.caps.max_send_sge)
-        {
+        if let Some((bad, failure)) = refused_up_front(
+            wrs,
+            self.caps.max_inline_data,
+            self.caps.max_send_sge,
+            self.dev.is_rxe(),
+        ) {
             // What comes before it is posted, as a provider's `bad_wr` would leave it. If
             // that post took them all and failed after (rxe's doorbell), they are posted
             // all the same: the refusal at `bad` is the error to report.
@@ -834,9 +873,9 @@ mod tests {
             imm_data: 0,
             signaled: false,
         };
-        assert_eq!(refused_up_front(&[wr, wr], 8, 1), None);
+        assert_eq!(refused_up_front(&[wr, wr], 8, 1, false), None);
         assert_eq!(
-            refused_up_front(&[wr, wr], 7, 1),
+            refused_up_front(&[wr, wr], 7, 1, false),
             Some((0, PostFailure::InlineTooLong { len: 8, max: 7 }))
         );
         let read = SendWr {
@@ -844,7 +883,7 @@ mod tests {
             ..wr
         };
         assert_eq!(
-            refused_up_front(&[wr, read], 64, 1),
+            refused_up_front(&[wr, read], 64, 1, false),
             Some((1, PostFailure::Invalid("an RDMA READ cannot be inline")))
         );
         // A QP of max_send_sge 0 takes work requests without data only (libmlx5 would
@@ -861,10 +900,10 @@ mod tests {
             }),
             ..wr
         };
-        assert_eq!(refused_up_front(&[empty, empty], 0, 0), None);
+        assert_eq!(refused_up_front(&[empty, empty], 0, 0, false), None);
         for data in [wr, sge] {
             assert_eq!(
-                refused_up_front(&[empty, data], 64, 0),
+                refused_up_front(&[empty, data], 64, 0, false),
                 Some((
                     1,
                     PostFailure::Invalid(
@@ -873,6 +912,64 @@ mod tests {
                 ))
             );
         }
+        // Atomics: never inline, at least 8 local bytes, and on rxe an aligned remote
+        // address (its provider refuses the rest with EINVAL).
+        let atomic = SendWr {
+            opcode: selsig::Opcode::AtomicFetchAdd { add: 1 },
+            remote: selsig::RemoteAddr { addr: 8, rkey: 2 },
+            ..sge
+        };
+        assert_eq!(refused_up_front(&[atomic], 64, 1, true), None);
+        let refused = |w: SendWr<'_>, rxe: bool| refused_up_front(&[atomic, w], 64, 1, rxe);
+        assert_eq!(
+            refused(
+                SendWr {
+                    local: Local::Inline(&small),
+                    ..atomic
+                },
+                false
+            ),
+            Some((
+                1,
+                PostFailure::Invalid("an atomic operation cannot be inline")
+            ))
+        );
+        let short = Local::Sge(selsig::Sge {
+            addr: 0,
+            length: 4,
+            lkey: 1,
+        });
+        assert_eq!(
+            refused(
+                SendWr {
+                    local: short,
+                    ..atomic
+                },
+                false
+            ),
+            Some((
+                1,
+                PostFailure::Invalid("an atomic operation needs 8 bytes of local memory")
+            ))
+        );
+        let misaligned = SendWr {
+            remote: selsig::RemoteAddr { addr: 12, rkey: 2 },
+            ..atomic
+        };
+        assert_eq!(
+            refused(misaligned, false),
+            None,
+            "mlx5: the responder's to refuse"
+        );
+        assert_eq!(
+            refused(misaligned, true),
+            Some((
+                1,
+                PostFailure::Invalid(
+                    "an atomic operation's remote address must be 8-byte aligned (rxe)"
+                )
+            ))
+        );
     }
 
     #[test]

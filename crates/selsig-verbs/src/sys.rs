@@ -353,12 +353,22 @@ pub struct ibv_rdma_info {
     pub rkey: u32,
 }
 
+/// The `atomic` member of `ibv_send_wr.wr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_atomic_info {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+}
+
 /// The `wr` union of `ibv_send_wr` (its largest member, `atomic`, is 32 bytes).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub union ibv_send_wr_wr {
     pub rdma: ibv_rdma_info,
-    pub _atomic: [u64; 4],
+    pub atomic: ibv_atomic_info,
 }
 
 /// `struct ibv_send_wr`.
@@ -444,6 +454,8 @@ pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_uint = 1;
 pub const IBV_WR_SEND: c_uint = 2;
 pub const IBV_WR_SEND_WITH_IMM: c_uint = 3;
 pub const IBV_WR_RDMA_READ: c_uint = 4;
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_uint = 5;
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_uint = 6;
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
 pub const IBV_SEND_INLINE: c_uint = 1 << 3;
 pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
@@ -720,6 +732,10 @@ mod layout {
             off!(ibv_send_wr, imm_data),
             off!(ibv_send_wr, wr.rdma.remote_addr),
             off!(ibv_send_wr, wr.rdma.rkey),
+            off!(ibv_send_wr, wr.atomic.remote_addr),
+            off!(ibv_send_wr, wr.atomic.compare_add),
+            off!(ibv_send_wr, wr.atomic.swap),
+            off!(ibv_send_wr, wr.atomic.rkey),
             size!(ibv_recv_wr),
             off!(ibv_recv_wr, sg_list),
             off!(ibv_recv_wr, num_sge),
@@ -747,6 +763,14 @@ mod layout {
             (
                 "value IBV_WR_SEND_WITH_IMM".into(),
                 IBV_WR_SEND_WITH_IMM as usize,
+            ),
+            (
+                "value IBV_WR_ATOMIC_CMP_AND_SWP".into(),
+                IBV_WR_ATOMIC_CMP_AND_SWP as usize,
+            ),
+            (
+                "value IBV_WR_ATOMIC_FETCH_AND_ADD".into(),
+                IBV_WR_ATOMIC_FETCH_AND_ADD as usize,
             ),
             ("value IBV_SEND_SIGNALED".into(), IBV_SEND_SIGNALED as usize),
             ("value IBV_SEND_INLINE".into(), IBV_SEND_INLINE as usize),

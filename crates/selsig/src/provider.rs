@@ -280,7 +280,27 @@ pub enum Opcode {
     Send,
     /// SEND with immediate data.
     SendWithImm,
+    /// Atomic compare-and-swap (`IBV_WR_ATOMIC_CMP_AND_SWP`): the 8 bytes at the remote
+    /// address (8-byte aligned, in a region registered with `REMOTE_ATOMIC`), when equal to
+    /// `compare`, become `swap`; their value before lands in the local 8 bytes (a region
+    /// with `LOCAL_WRITE`). Values in the host's byte order.
+    AtomicCmpSwp {
+        /// The value the remote 8 bytes are compared with.
+        compare: u64,
+        /// What they become when equal.
+        swap: u64,
+    },
+    /// Atomic fetch-and-add (`IBV_WR_ATOMIC_FETCH_AND_ADD`): `add` is added to the 8 bytes
+    /// at the remote address (wrapping), and their value before lands in the local 8 bytes;
+    /// as [`AtomicCmpSwp`](Self::AtomicCmpSwp) otherwise.
+    AtomicFetchAdd {
+        /// What is added.
+        add: u64,
+    },
 }
+
+/// The length of an atomic operation's operand, remote and local: 8 bytes.
+pub const ATOMIC_LEN: u32 = 8;
 
 impl Opcode {
     /// The lowercase name used in traces.
@@ -291,15 +311,35 @@ impl Opcode {
             Opcode::RdmaRead => "rdma_read",
             Opcode::Send => "send",
             Opcode::SendWithImm => "send_with_imm",
+            Opcode::AtomicCmpSwp { .. } => "atomic_cmp_and_swp",
+            Opcode::AtomicFetchAdd { .. } => "atomic_fetch_and_add",
         }
     }
 
-    /// `true` for operations that target a remote address.
+    /// `true` for operations that target a remote address (RDMA and atomics).
     pub const fn is_rdma(self) -> bool {
         matches!(
             self,
-            Opcode::RdmaWrite | Opcode::RdmaWriteWithImm | Opcode::RdmaRead
+            Opcode::RdmaWrite
+                | Opcode::RdmaWriteWithImm
+                | Opcode::RdmaRead
+                | Opcode::AtomicCmpSwp { .. }
+                | Opcode::AtomicFetchAdd { .. }
         )
+    }
+
+    /// `true` for the atomics.
+    pub const fn is_atomic(self) -> bool {
+        matches!(
+            self,
+            Opcode::AtomicCmpSwp { .. } | Opcode::AtomicFetchAdd { .. }
+        )
+    }
+
+    /// `true` for the operations whose responder writes into the local memory: RDMA READ
+    /// and the atomics (their region needs `LOCAL_WRITE`).
+    pub const fn writes_local(self) -> bool {
+        matches!(self, Opcode::RdmaRead) || self.is_atomic()
     }
 
     /// `true` for operations that carry immediate data.

@@ -69,6 +69,27 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
         Self::new(Opcode::RdmaRead, Data::Buffer(buffer), remote, user)
     }
 
+    /// An atomic compare-and-swap of the 8 bytes at `remote` (8-byte aligned, a region
+    /// registered with `REMOTE_ATOMIC`): when they equal `compare` they become `swap`. Their
+    /// value before lands in `buffer` (8 bytes of a region with `LOCAL_WRITE`).
+    pub fn compare_swap(
+        buffer: Buffer<M>,
+        remote: RemoteAddr,
+        compare: u64,
+        swap: u64,
+        user: U,
+    ) -> Self {
+        let opcode = Opcode::AtomicCmpSwp { compare, swap };
+        Self::new(opcode, Data::Buffer(buffer), remote, user)
+    }
+
+    /// An atomic fetch-and-add of `add` to the 8 bytes at `remote` (wrapping), their value
+    /// before landing in `buffer`; as [`compare_swap`](Self::compare_swap) otherwise.
+    pub fn fetch_add(buffer: Buffer<M>, remote: RemoteAddr, add: u64, user: U) -> Self {
+        let opcode = Opcode::AtomicFetchAdd { add };
+        Self::new(opcode, Data::Buffer(buffer), remote, user)
+    }
+
     /// A SEND of `buffer` (the peer needs a receive posted).
     pub fn send(buffer: Buffer<M>, user: U) -> Self {
         Self::new(

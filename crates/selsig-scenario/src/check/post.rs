@@ -7,6 +7,9 @@ use crate::error::ScenarioError;
 use crate::format::PostStep;
 use crate::model::{Action, Fault, Op, Post, SignalChoice};
 
+/// The bytes an atomic operates on.
+const ATOMIC_LEN: u64 = selsig::ATOMIC_LEN as u64;
+
 use super::bounds::unusable;
 use super::checker::MAX_REGION;
 use super::steps::{Here, Steps};
@@ -15,19 +18,21 @@ impl Steps<'_> {
     /// A post step.
     pub fn post(&mut self, at: &Here, p: &PostStep) -> Result<Action, ScenarioError> {
         let qp = self.find_qp(&p.qp, at, false)?.index;
-        let op = match p.op.as_str() {
-            "write" => Op::Write,
-            "write_imm" => Op::WriteImm,
-            "read" => Op::Read,
-            "send" => Op::Send,
-            "send_imm" => Op::SendImm,
-            o => {
-                return Err(self.here(
-                    at,
-                    format!("unknown op {o:?}: expected write, write_imm, read, send or send_imm"),
-                ));
-            }
+        let op = self.post_op(at, p)?;
+        // An atomic's size is 8 (given or not).
+        let sized;
+        let p = if op.is_atomic() && p.size == 0 {
+            sized = PostStep {
+                size: ATOMIC_LEN,
+                ..p.clone()
+            };
+            &sized
+        } else {
+            p
         };
+        if op.is_atomic() {
+            self.atomic_fields(at, p)?;
+        }
         let (local_offset, remote_offset, stride) = self.post_sizes(at, p)?;
         let (local, remote) = self.post_regions(at, p, op)?;
         let signal = match p.signal.as_str() {
@@ -38,7 +43,7 @@ impl Steps<'_> {
                 return Err(self.here(at, format!("signal {o:?} is not auto, force or last")));
             }
         };
-        if p.inline && (op == Op::Read || p.size > 64) {
+        if p.inline && (op == Op::Read || op.is_atomic() || p.size > 64) {
             return Err(self.here(
                 at,
                 "inline data is for WRITEs and SENDs of at most 64 bytes".into(),
@@ -63,6 +68,79 @@ impl Steps<'_> {
         self.post_extent(at, p, &post)?;
         self.post_receives(&post);
         Ok(Action::Post(post))
+    }
+
+    /// The operation of a post, with its operands (refused on the others).
+    fn post_op(&self, at: &Here, p: &PostStep) -> Result<Op, ScenarioError> {
+        let op = match p.op.as_str() {
+            "write" => Op::Write,
+            "write_imm" => Op::WriteImm,
+            "read" => Op::Read,
+            "send" => Op::Send,
+            "send_imm" => Op::SendImm,
+            "fetch_add" => Op::FetchAdd {
+                add: p.add.unwrap_or(1),
+            },
+            "cmp_swap" => match (p.compare, p.swap) {
+                (Some(compare), Some(swap)) => Op::CmpSwap { compare, swap },
+                _ => return Err(self.here(at, "cmp_swap needs compare and swap".into())),
+            },
+            o => {
+                return Err(self.here(
+                    at,
+                    format!(
+                        "unknown op {o:?}: expected write, write_imm, read, send, send_imm, \
+                         fetch_add or cmp_swap"
+                    ),
+                ));
+            }
+        };
+        for (field, given, op_of_it) in [
+            ("add", p.add.is_some(), "fetch_add"),
+            ("compare", p.compare.is_some(), "cmp_swap"),
+            ("swap", p.swap.is_some(), "cmp_swap"),
+        ] {
+            if given && p.op != op_of_it {
+                return Err(self.here(at, format!("{field} is for {op_of_it}, not {}", p.op)));
+            }
+        }
+        Ok(op)
+    }
+
+    /// An atomic's 8 bytes, at a remote address 8-byte aligned (rxe refuses another at the
+    /// post, mlx5 fails it at the responder: semantics 41), and the faults it can take.
+    fn atomic_fields(&self, at: &Here, p: &PostStep) -> Result<(), ScenarioError> {
+        if p.size != ATOMIC_LEN {
+            return Err(self.here(
+                at,
+                format!(
+                    "a {} operates on 8 bytes: size {} (leave it out)",
+                    p.op, p.size
+                ),
+            ));
+        }
+        let (offset, stride) = (p.remote_offset.unwrap_or(0), p.stride.unwrap_or(p.size));
+        if !offset.is_multiple_of(8) || !stride.is_multiple_of(8) {
+            return Err(self.here(
+                at,
+                format!(
+                    "a {}'s remote address must be 8-byte aligned: remote_offset {offset} \
+                     and stride {stride} must be multiples of 8",
+                    p.op
+                ),
+            ));
+        }
+        if p.fault.as_deref() == Some("out_of_bounds") {
+            return Err(self.here(
+                at,
+                format!(
+                    "fault \"out_of_bounds\" on a {}: 8 bytes that start in the region and end \
+                     beyond it are misaligned too (use bad_rkey or bad_lkey)",
+                    p.op
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The count, size, offsets and stride of a post, in range; returns the offsets and the
@@ -112,7 +190,7 @@ impl Steps<'_> {
             }
             None => None,
         };
-        let needs_remote = matches!(op, Op::Write | Op::WriteImm | Op::Read);
+        let needs_remote = matches!(op, Op::Write | Op::WriteImm | Op::Read) || op.is_atomic();
         let remote = match (&p.remote, needs_remote) {
             (Some(r), true) => Some(self.find_region(r, at)?),
             (Some(_), false) => {
@@ -280,6 +358,7 @@ impl Steps<'_> {
         let remote_need = match op {
             Op::Write | Op::WriteImm => Some(Access::REMOTE_WRITE),
             Op::Read => Some(Access::REMOTE_READ),
+            Op::FetchAdd { .. } | Op::CmpSwap { .. } => Some(Access::REMOTE_ATOMIC),
             Op::Send | Op::SendImm => None,
         };
         let fails_at_peer = remote_need.is_some_and(|need| {
@@ -287,7 +366,7 @@ impl Steps<'_> {
                 || (p.size > 0 && p.remote.is_some_and(|r| cannot_use(r, need)))
         });
         let local_need = match op {
-            Op::Read => Access::LOCAL_WRITE,
+            Op::Read | Op::FetchAdd { .. } | Op::CmpSwap { .. } => Access::LOCAL_WRITE,
             _ => Access::empty(),
         };
         // A local region the NIC cannot use fails the first work request on this

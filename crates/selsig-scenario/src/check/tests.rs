@@ -4,7 +4,7 @@ use selsig::{Access, Policy};
 
 use super::checker::{MAX_COUNT, MAX_REGION, MAX_TOTAL};
 use super::*;
-use crate::model::{Fill, QpRef, parse_outcome_range};
+use crate::model::{Fill, Op, QpRef, parse_outcome_range};
 
 const OK: &str = r#"
 description = "two WRITEs"
@@ -638,4 +638,88 @@ fn device_fatal_is_followed_only_by_steps_that_wait_for_nothing() {
             ),
         ),
     );
+}
+
+/// Atomics: 8 bytes at an aligned remote address, their operands on them alone.
+#[test]
+fn atomics_take_their_operands_and_8_aligned_bytes() {
+    let atomic = |fields: &str| {
+        OK.replace(
+            "op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 2",
+            fields,
+        )
+    };
+    let s = parses(
+        "fetch_add",
+        &atomic("op = \"fetch_add\", local = \"src\", remote = \"dst\", count = 2"),
+    );
+    let Action::Post(p) = &s.steps[0] else {
+        panic!("a post")
+    };
+    assert_eq!((p.op, p.size, p.stride), (Op::FetchAdd { add: 1 }, 8, 8));
+    let s = parses(
+        "cmp_swap",
+        &atomic(
+            "op = \"cmp_swap\", compare = 1, swap = 2, local = \"src\", remote = \"dst\", size = 8",
+        ),
+    );
+    let Action::Post(p) = &s.steps[0] else {
+        panic!("a post")
+    };
+    assert_eq!(
+        p.op,
+        Op::CmpSwap {
+            compare: 1,
+            swap: 2
+        }
+    );
+    for (what, fields, problem) in [
+        (
+            "add on a write",
+            "op = \"write\", add = 1, local = \"src\", remote = \"dst\", size = 8",
+            "add is for fetch_add, not write",
+        ),
+        (
+            "swap on fetch_add",
+            "op = \"fetch_add\", swap = 1, local = \"src\", remote = \"dst\"",
+            "swap is for cmp_swap, not fetch_add",
+        ),
+        (
+            "cmp_swap without swap",
+            "op = \"cmp_swap\", compare = 1, local = \"src\", remote = \"dst\"",
+            "cmp_swap needs compare and swap",
+        ),
+        (
+            "16 bytes",
+            "op = \"fetch_add\", local = \"src\", remote = \"dst\", size = 16",
+            "a fetch_add operates on 8 bytes: size 16",
+        ),
+        (
+            "misaligned",
+            "op = \"fetch_add\", local = \"src\", remote = \"dst\", remote_offset = 4",
+            "must be 8-byte aligned: remote_offset 4 and stride 8",
+        ),
+        (
+            "inline",
+            "op = \"fetch_add\", local = \"src\", remote = \"dst\", inline = true",
+            "inline data is for WRITEs and SENDs",
+        ),
+        (
+            "out of bounds",
+            "op = \"fetch_add\", local = \"src\", remote = \"dst\", fault = \"out_of_bounds\"",
+            "are misaligned too",
+        ),
+        (
+            "no remote",
+            "op = \"fetch_add\", local = \"src\"",
+            "a fetch_add needs a remote region",
+        ),
+        (
+            "unknown",
+            "op = \"atomic\", local = \"src\", remote = \"dst\"",
+            "expected write, write_imm, read, send, send_imm, fetch_add or cmp_swap",
+        ),
+    ] {
+        refused(what, &atomic(fields), problem);
+    }
 }

@@ -22,6 +22,10 @@ impl<D: Device> Runner<'_, D> {
             Op::Read => (Opcode::RdmaRead, "rdma_read"),
             Op::Send => (Opcode::Send, "send"),
             Op::SendImm => (Opcode::SendWithImm, "send_with_imm"),
+            Op::FetchAdd { add } => (Opcode::AtomicFetchAdd { add }, "atomic_fetch_and_add"),
+            Op::CmpSwap { compare, swap } => {
+                (Opcode::AtomicCmpSwp { compare, swap }, "atomic_cmp_and_swp")
+            }
         };
         let mut k = 0;
         while k < p.count {
