@@ -93,7 +93,8 @@ impl Case {
     }
 }
 
-/// The cases and what rxe does, as seen on rxe0 (Linux 6.1, rdma-core 44).
+/// The cases and what rxe does, as seen on rxe0 (Linux 6.1, rdma-core 44). A table of
+/// data, one entry of a few lines per case: long by its entries, not by its logic.
 pub fn cases() -> Vec<(Case, Seen)> {
     use QpState::{Err, Rts};
     use WcStatus::*;
