@@ -157,6 +157,8 @@ pub(crate) enum Fault {
     BadRkey,
     BadLkey,
     OutOfBounds,
+    /// An atomic's remote address 4 bytes past where it should be.
+    Misaligned,
 }
 
 #[derive(Debug)]

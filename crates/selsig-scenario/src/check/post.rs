@@ -258,10 +258,20 @@ impl Steps<'_> {
             "bad_rkey" => Fault::BadRkey,
             "bad_lkey" => Fault::BadLkey,
             "out_of_bounds" => Fault::OutOfBounds,
+            "misaligned" if !matches!(p.op.as_str(), "fetch_add" | "cmp_swap") => {
+                return Err(self.here(
+                    at,
+                    format!("fault \"misaligned\" is for the atomics, not {}", p.op),
+                ));
+            }
+            "misaligned" => Fault::Misaligned,
             o => {
                 return Err(self.here(
                     at,
-                    format!("unknown fault {o:?}: expected bad_rkey, bad_lkey or out_of_bounds"),
+                    format!(
+                        "unknown fault {o:?}: expected bad_rkey, bad_lkey, out_of_bounds or \
+                         misaligned"
+                    ),
                 ));
             }
         };

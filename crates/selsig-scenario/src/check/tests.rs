@@ -723,3 +723,25 @@ fn atomics_take_their_operands_and_8_aligned_bytes() {
         refused(what, &atomic(fields), problem);
     }
 }
+
+/// The misaligned fault is the atomics' alone.
+#[test]
+fn a_misaligned_fault_is_for_atomics() {
+    let post = |fields: &str| {
+        OK.replace(
+            "op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 2",
+            fields,
+        )
+    };
+    parses(
+        "a misaligned fetch_add",
+        &post("op = \"fetch_add\", local = \"src\", remote = \"dst\", fault = \"misaligned\""),
+    );
+    refused(
+        "a misaligned write",
+        &post(
+            "op = \"write\", local = \"src\", remote = \"dst\", size = 8, fault = \"misaligned\"",
+        ),
+        "fault \"misaligned\" is for the atomics, not write",
+    );
+}

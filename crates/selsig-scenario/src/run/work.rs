@@ -3,8 +3,8 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use selsig::{
-    Device, DrainMarker, MemoryRegion, Opcode, PostError, QueuePair, QueuePostError, RecvWr,
-    RemoteAddr, Sge, Signal, Work,
+    Device, DrainMarker, MemoryRegion, Opcode, PostError, PostFailure, PostWrError, QueuePair,
+    QueuePostError, RecvWr, RemoteAddr, Sge, Signal, Work,
 };
 
 use crate::model::{Fault, Op, Post, Recv, SignalChoice};
@@ -56,12 +56,13 @@ impl<D: Device> Runner<'_, D> {
             };
             let remote = match p.remote.map(|r| &self.regions[r]) {
                 Some(r) => {
-                    let addr = if fault == Some(Fault::OutOfBounds) {
+                    let addr = match fault {
                         // Starts inside the region (size/2 >= 1 bytes before its end), ends
                         // beyond it (the checker refuses sizes below 2).
-                        r.addr + r.len as u64 - p.size / 2
-                    } else {
-                        r.addr + roff
+                        Some(Fault::OutOfBounds) => r.addr + r.len as u64 - p.size / 2,
+                        // An atomic's 8 bytes, 4 bytes off their alignment.
+                        Some(Fault::Misaligned) => r.addr + roff + 4,
+                        _ => r.addr + roff,
                     };
                     let rkey = if fault == Some(Fault::BadRkey) {
                         r.key_r ^ 0x0005_a5a5
@@ -90,7 +91,10 @@ impl<D: Device> Runner<'_, D> {
                     if matches!(p.op, Op::Send | Op::SendImm | Op::WriteImm) {
                         side.consumers += 1;
                     }
-                    if matches!(fault, Some(Fault::BadRkey | Fault::OutOfBounds)) {
+                    if matches!(
+                        fault,
+                        Some(Fault::BadRkey | Fault::OutOfBounds | Fault::Misaligned)
+                    ) {
                         side.peer_flushable = true;
                     }
                     self.trace.push(Event::Post {
@@ -116,6 +120,23 @@ impl<D: Device> Runner<'_, D> {
                         qp: name.clone(),
                         count: p.count - k,
                         why: e.to_string(),
+                    });
+                    return Ok(());
+                }
+                // The provider refused the work request itself (rxe's provider refuses a
+                // misaligned atomic): it and the rest of the step are not posted.
+                Err(QueuePostError::Provider {
+                    source:
+                        PostWrError {
+                            failure: PostFailure::Invalid(why),
+                            ..
+                        },
+                    ..
+                }) => {
+                    self.trace.push(Event::Refused {
+                        qp: name.clone(),
+                        count: p.count - k,
+                        why: format!("the provider refused it: {why}"),
                     });
                     return Ok(());
                 }
