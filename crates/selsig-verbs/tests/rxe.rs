@@ -1755,3 +1755,56 @@ fn a_cq_is_destroyed_with_its_channel_an_unread_event_left() {
         );
     }
 }
+
+/// Asking a CQ whether its device was lost reads the device's asynchronous events, and
+/// keeps them for `poll_async_event`: rxe's overrun events, raised while a CQ of 2 entries
+/// gets 5 completions, come out of `poll_async_event` after `device_lost` read them, and
+/// the device is not lost (rxe never raises `IBV_EVENT_DEVICE_FATAL`: semantics 39).
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn looking_for_a_lost_device_keeps_the_other_events() {
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    let cq_a = dev.create_cq(2).unwrap();
+    let cq_b = dev.create_cq(4).unwrap();
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &send_depth(16)).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &send_depth(16)).unwrap();
+    let options = ConnectOptions {
+        gid_index: dev.gid_index(),
+        ..ConnectOptions::default()
+    };
+    connect_pair(&a, &b, &options).unwrap();
+    let n = u64::from(cq_a.capacity()) + 3;
+    let len = 8 * (n as usize + 1);
+    let local = dev.reg_mr(&pd, len, Access::LOCAL_WRITE).unwrap();
+    let pattern: Vec<u8> = (0..len).map(|i| i as u8 | 1).collect();
+    local.write(0, &pattern).unwrap();
+    let remote = dev.reg_mr(&pd, len, RW).unwrap();
+    let wrs: Vec<_> = (1..=n)
+        .map(|i| {
+            let at = 8 * i as usize;
+            write(i, &local, at, 8, remote.remote(at), true)
+        })
+        .collect();
+    a.post_send(&wrs).unwrap();
+    // The last WRITE landed, then its completion found no room: the three completions
+    // beyond the CQ's room each raise CQ_ERR (rxe_cq_post).
+    let last = 8 * n as usize;
+    let start = Instant::now();
+    let mut landed = [0u8; 8];
+    while landed[..] != pattern[last..last + 8] {
+        assert!(start.elapsed() < Duration::from_secs(20), "the WRITEs ran");
+        std::thread::sleep(Duration::from_millis(5));
+        remote.read(last, &mut landed).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!cq_a.device_lost(), "rxe0 is not lost");
+    let events: Vec<_> = std::iter::from_fn(|| dev.poll_async_event()).collect();
+    assert_eq!(
+        events.iter().filter(|e| e.as_str() == "cq_err").count(),
+        3,
+        "{events:?}"
+    );
+    assert!(!cq_a.device_lost());
+    drop((a, b));
+}
