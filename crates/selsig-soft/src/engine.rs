@@ -804,179 +804,324 @@ fn execute<'m>(
     let Some(peer) = peer else {
         return no_answer(qp, rxe);
     };
+    let request = Request {
+        dev,
+        qp,
+        peer,
+        wqe,
+        index,
+        rxe,
+    };
     match wqe.opcode {
-        op::WRITE | op::WRITE_IMM => execute_write(dev, qp, peer, wqe, index, mrs, found),
-        op::READ => execute_read(qp, peer, wqe, mrs, found, rxe),
-        op::SEND | op::SEND_IMM => execute_send(dev, qp, peer, wqe, index, mrs, found),
-        op::CMP_SWP | op::FETCH_ADD => {
-            let (first, second) = qp.sq.atomic_operands(index);
-            execute_atomic(qp, peer, wqe, (first, second), mrs, rxe)
-        }
+        op::WRITE | op::WRITE_IMM => request.write(mrs, found),
+        op::READ => request.read(mrs, found),
+        op::SEND | op::SEND_IMM => request.send(mrs, found),
+        op::CMP_SWP | op::FETCH_ADD => request.atomic(mrs),
         _ => fail(WcStatus::LocQpOpErr),
     }
 }
 
-/// Executes an atomic WQE (`wqe.opcode` `CMP_SWP` with `compare` and `swap`, or
-/// `FETCH_ADD` with `add` and 0) at the answering responder `peer` (semantics 41):
-/// the responder checks its QP's access (rxe: an invalid request; mlx5: a remote access
-/// error, as for a READ), the key, the bounds and the region's `REMOTE_ATOMIC`, then the
-/// 8-byte alignment (an invalid request: IBTA 9.4.5; the responder goes to the error
-/// state), and operates on the 8 bytes as one atomic word; their value before lands in
-/// the first 8 local bytes. mlx5 checks the local bytes before it sends the request, rxe
-/// when the answer comes back (`rxe_comp.c`, `do_atomic`), after the remote operation.
-fn execute_atomic(
-    qp: &QpInner,
-    peer: &QpInner,
-    wqe: &Wqe,
-    (first, second): (u64, u64),
-    mrs: &MrTable,
+/// A work request [`execute`] has for an answering responder, for the method of its
+/// opcode.
+#[derive(Clone, Copy)]
+struct Request<'r, 'm> {
+    dev: &'r DeviceInner,
+    /// The requester.
+    qp: &'m QpInner,
+    /// The responder, answering (in RTR or RTS).
+    peer: &'r QpInner,
+    /// WQE `index` of `qp`'s send queue.
+    wqe: &'r Wqe,
+    index: u64,
+    /// Whether the device has the rxe personality.
     rxe: bool,
-) -> Exec {
-    if rxe && !qp_allows(peer, Access::REMOTE_ATOMIC) {
-        return invalid_request();
-    }
-    let destination = || {
-        local(
-            mrs,
-            qp.pd,
-            wqe.lkey,
-            wqe.local_addr,
-            ATOMIC_LEN,
-            Access::LOCAL_WRITE,
-        )
-    };
-    let mut dst = None;
-    if !rxe {
-        let Some(d) = destination() else {
-            return fail(WcStatus::LocProtErr);
-        };
-        dst = Some(d);
-    }
-    let mut slot = None;
-    let Some((mr, off)) = remote(
-        mrs,
-        &mut slot,
-        peer,
-        wqe.rkey,
-        wqe.remote_addr,
-        ATOMIC_LEN,
-        Access::REMOTE_ATOMIC,
-    ) else {
-        return remote_access_error();
-    };
-    if !wqe.remote_addr.is_multiple_of(8) || !off.is_multiple_of(8) {
-        return invalid_request();
-    }
-    let before = mem::atomic_op(&mr.words[off / 8], wqe.opcode == op::CMP_SWP, first, second);
-    // rxe: the remote operation is done when the local bytes are found wanting.
-    let dst = match dst {
-        Some(d) => d,
-        None => match destination() {
-            Some(d) => d,
-            None => return fail(WcStatus::LocProtErr),
-        },
-    };
-    mem::write(&dst.0.words, dst.1, &before.to_ne_bytes());
-    Exec::Done {
-        opcode: match wqe.opcode == op::CMP_SWP {
-            true => WcOpcode::CompSwap,
-            false => WcOpcode::FetchAdd,
-        },
-        // rxe: the local entry's length (`wqe->dma.length`); mlx5: 8 (`cq.c`).
-        byte_len: if rxe { wqe.len } else { ATOMIC_LEN },
-    }
 }
 
-/// Executes WQE `index` of `qp`, an RDMA WRITE with immediate data or without, at the
-/// answering responder `peer`.
-fn execute_write<'m>(
-    dev: &DeviceInner,
-    qp: &'m QpInner,
-    peer: &QpInner,
-    wqe: &Wqe,
-    index: u64,
-    mrs: &'m MrTable,
-    found: &mut Found<'m>,
-) -> Exec {
-    let rxe = dev.config.personality == Personality::Rxe;
-    let len = wqe.len;
-    let Some(src) = source(qp, wqe, index, mrs, found) else {
-        return local_source_error(rxe);
-    };
-    if rxe && !qp_allows(peer, Access::REMOTE_WRITE) {
-        return invalid_request();
-    }
-    let imm = wqe.opcode == op::WRITE_IMM;
-    // Where the last packet starts: a message longer than the path MTU travels as
-    // several packets. The first carries the key and the length, which the
-    // responder checks for the whole message; only the last, with the immediate
-    // data, needs a receive. (Not computed for a WRITE without immediate, whose
-    // packets all go the same way.)
-    let last = if imm {
-        last_packet(len, qp.path_mtu.load(Ordering::Relaxed))
-    } else {
-        0
-    };
-    // rxe looks for the receive of a WRITE with immediate of one packet before it
-    // checks the key (`rxe_resp.c`: `check_resource` comes before `check_rkey`).
-    let mut rqe = None;
-    if rxe && imm && last == 0 {
-        match peek_recv(peer) {
-            Some(r) => rqe = Some(r),
-            None => return no_receive(qp),
+impl<'m> Request<'_, 'm> {
+    /// Executes an RDMA WRITE, with immediate data or without.
+    fn write(&self, mrs: &'m MrTable, found: &mut Found<'m>) -> Exec {
+        let len = self.wqe.len;
+        let Some(src) = source(self.qp, self.wqe, self.index, mrs, found) else {
+            return local_source_error(self.rxe);
+        };
+        if self.rxe && !qp_allows(self.peer, Access::REMOTE_WRITE) {
+            return invalid_request();
         }
-    }
-    // The remote key of a zero-length RDMA WRITE is not checked: there is no memory
-    // to protect (IBTA; this is what makes it usable as a confirm marker).
-    let dst = if len == 0 {
-        None
-    } else {
-        match remote(
-            mrs,
-            &mut found.written,
-            peer,
-            wqe.rkey,
-            wqe.remote_addr,
-            len,
-            Access::REMOTE_WRITE,
-        ) {
-            Some(d) => Some(d),
-            None => {
-                if let Some(rqe) = rqe {
-                    // rxe completes the receive it took with the error.
-                    if !complete_write_recv(dev, peer, &rqe, WcStatus::RemAccessErr, 0, None) {
-                        return no_answer(qp, rxe);
-                    }
-                }
-                return remote_access_error();
+        let imm = self.wqe.opcode == op::WRITE_IMM;
+        // Where the last packet starts: a message longer than the path MTU travels as
+        // several packets. The first carries the key and the length, which the
+        // responder checks for the whole message; only the last, with the immediate
+        // data, needs a receive. (Not computed for a WRITE without immediate, whose
+        // packets all go the same way.)
+        let last = if imm {
+            last_packet(len, self.qp.path_mtu.load(Ordering::Relaxed))
+        } else {
+            0
+        };
+        // rxe looks for the receive of a WRITE with immediate of one packet before it
+        // checks the key (`rxe_resp.c`: `check_resource` comes before `check_rkey`).
+        let mut rqe = None;
+        if self.rxe && imm && last == 0 {
+            match peek_recv(self.peer) {
+                Some(r) => rqe = Some(r),
+                None => return no_receive(self.qp),
             }
         }
-    };
-    // The packets before the last are placed as they arrive, whether a receive
-    // waits or not.
-    let mut placed = 0;
-    if imm && rqe.is_none() {
+        // The remote key of a zero-length RDMA WRITE is not checked: there is no memory
+        // to protect (IBTA; this is what makes it usable as a confirm marker).
+        let Some(dst) = self.remote_range(mrs, &mut found.written, Access::REMOTE_WRITE) else {
+            if let Some(rqe) = rqe {
+                // rxe completes the receive it took with the error.
+                let status = WcStatus::RemAccessErr;
+                if !complete_write_recv(self.dev, self.peer, &rqe, status, 0, None) {
+                    return no_answer(self.qp, self.rxe);
+                }
+            }
+            return remote_access_error();
+        };
+        // The packets before the last are placed as they arrive, whether a receive
+        // waits or not.
+        let mut placed = 0;
+        if imm && rqe.is_none() {
+            if let Some((mr, off)) = dst {
+                copy_part(&src, 0, &mr.words, off, last);
+                placed = last;
+            }
+            match peek_recv(self.peer) {
+                Some(r) => rqe = Some(r),
+                None => return no_receive(self.qp),
+            }
+        }
         if let Some((mr, off)) = dst {
-            copy_part(&src, 0, &mr.words, off, last);
-            placed = last;
+            copy_part(&src, placed, &mr.words, off, len - placed);
         }
-        match peek_recv(peer) {
-            Some(r) => rqe = Some(r),
-            None => return no_receive(qp),
+        if let Some(rqe) = rqe {
+            let imm = Some(self.qp.sq.imm(self.index));
+            if !complete_write_recv(self.dev, self.peer, &rqe, WcStatus::Success, len, imm) {
+                return no_answer(self.qp, self.rxe);
+            }
         }
-    }
-    if let Some((mr, off)) = dst {
-        copy_part(&src, placed, &mr.words, off, len - placed);
-    }
-    if let Some(rqe) = rqe {
-        let imm = Some(qp.sq.imm(index));
-        if !complete_write_recv(dev, peer, &rqe, WcStatus::Success, len, imm) {
-            return no_answer(qp, rxe);
+        Exec::Done {
+            opcode: WcOpcode::RdmaWrite,
+            byte_len: len,
         }
     }
-    Exec::Done {
-        opcode: WcOpcode::RdmaWrite,
-        byte_len: len,
+
+    /// Executes an RDMA READ.
+    fn read(&self, mrs: &'m MrTable, found: &mut Found<'m>) -> Exec {
+        let len = self.wqe.len;
+        if self.rxe && !qp_allows(self.peer, Access::REMOTE_READ) {
+            return invalid_request();
+        }
+        // The destination, `Some(None)` for none; `None` if it cannot be written.
+        let destination = || {
+            if len == 0 {
+                return Some(None);
+            }
+            local(
+                mrs,
+                self.qp.pd,
+                self.wqe.lkey,
+                self.wqe.local_addr,
+                len,
+                Access::LOCAL_WRITE,
+            )
+            .map(Some)
+        };
+        // mlx5 checks the destination before it sends the request; rxe when the
+        // response comes back (`rxe_comp.c`), after the responder checked its key.
+        let mut dst = None;
+        if !self.rxe {
+            let Some(d) = destination() else {
+                return fail(WcStatus::LocProtErr);
+            };
+            dst = d;
+        }
+        let Some(src) = self.remote_range(mrs, &mut found.read, Access::REMOTE_READ) else {
+            return remote_access_error();
+        };
+        if self.rxe {
+            let Some(d) = destination() else {
+                return fail(WcStatus::LocProtErr);
+            };
+            dst = d;
+        }
+        if let (Some((dmr, doff)), Some((smr, soff))) = (dst, src) {
+            mem::copy(&smr.words, soff, &dmr.words, doff, len as usize);
+        }
+        Exec::Done {
+            opcode: WcOpcode::RdmaRead,
+            byte_len: len,
+        }
+    }
+
+    /// Executes a SEND, with immediate data or without, into the responder's next receive.
+    fn send(&self, mrs: &'m MrTable, found: &mut Found<'m>) -> Exec {
+        let len = self.wqe.len;
+        let Some(src) = source(self.qp, self.wqe, self.index, mrs, found) else {
+            return local_source_error(self.rxe);
+        };
+        let Some(rqe) = peek_recv(self.peer) else {
+            return no_receive(self.qp);
+        };
+        consume_recv(self.peer);
+        let imm = (self.wqe.opcode == op::SEND_IMM).then(|| self.qp.sq.imm(self.index));
+        let mtu = self.qp.path_mtu.load(Ordering::Relaxed);
+        if len > rqe.len {
+            // The receive is too small: the responder's receive fails and it goes to
+            // the error state; the requester learns of an invalid request (mlx5), or
+            // of a remote operation error after a malformed receive (rxe). The
+            // packets that fit were placed before the one that does not.
+            let (theirs, ours) = if self.rxe {
+                (WcStatus::LocQpOpErr, WcStatus::RemOpErr)
+            } else {
+                (WcStatus::LocLenErr, WcStatus::RemInvReqErr)
+            };
+            if !fail_receive(self.dev, self.peer, &rqe, &src, mrs, mtu, theirs) {
+                return no_answer(self.qp, self.rxe);
+            }
+            return fail(ours);
+        }
+        if len > 0 {
+            match local(
+                mrs,
+                self.peer.pd,
+                rqe.lkey,
+                rqe.addr,
+                len,
+                Access::LOCAL_WRITE,
+            ) {
+                Some((mr, off)) => copy(&src, &mr.words, off, len),
+                None => {
+                    // A receive the NIC cannot write into: a local protection error on
+                    // mlx5; rxe finds the receive malformed, as one too short. The
+                    // packets before the first it cannot place were placed.
+                    let theirs = if self.rxe {
+                        WcStatus::LocQpOpErr
+                    } else {
+                        WcStatus::LocProtErr
+                    };
+                    if !fail_receive(self.dev, self.peer, &rqe, &src, mrs, mtu, theirs) {
+                        return no_answer(self.qp, self.rxe);
+                    }
+                    return fail(WcStatus::RemOpErr);
+                }
+            }
+        }
+        if !push_recv(
+            self.dev,
+            self.peer,
+            &recv_cqe(
+                self.peer,
+                rqe.wr_id,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                len,
+                imm,
+            ),
+        ) {
+            return no_answer(self.qp, self.rxe);
+        }
+        Exec::Done {
+            opcode: WcOpcode::Send,
+            byte_len: len,
+        }
+    }
+
+    /// Executes an atomic WQE (`CMP_SWP`, its operands `compare` and `swap`, or
+    /// `FETCH_ADD`, `add` and 0) at the responder (semantics 41): the responder checks its
+    /// QP's access (rxe: an invalid request; mlx5: a remote access error, as for a READ),
+    /// the key, the bounds and the region's `REMOTE_ATOMIC`, then the 8-byte alignment (an
+    /// invalid request: IBTA 9.4.5; the responder goes to the error state), and operates on
+    /// the 8 bytes as one atomic word; their value before lands in the first 8 local bytes.
+    /// mlx5 checks the local bytes before it sends the request, rxe when the answer comes
+    /// back (`rxe_comp.c`, `do_atomic`), after the remote operation.
+    fn atomic(&self, mrs: &MrTable) -> Exec {
+        let (first, second) = self.qp.sq.atomic_operands(self.index);
+        if self.rxe && !qp_allows(self.peer, Access::REMOTE_ATOMIC) {
+            return invalid_request();
+        }
+        let destination = || {
+            local(
+                mrs,
+                self.qp.pd,
+                self.wqe.lkey,
+                self.wqe.local_addr,
+                ATOMIC_LEN,
+                Access::LOCAL_WRITE,
+            )
+        };
+        let mut dst = None;
+        if !self.rxe {
+            let Some(d) = destination() else {
+                return fail(WcStatus::LocProtErr);
+            };
+            dst = Some(d);
+        }
+        let mut slot = None;
+        let Some((mr, off)) = remote(
+            mrs,
+            &mut slot,
+            self.peer,
+            self.wqe.rkey,
+            self.wqe.remote_addr,
+            ATOMIC_LEN,
+            Access::REMOTE_ATOMIC,
+        ) else {
+            return remote_access_error();
+        };
+        if !self.wqe.remote_addr.is_multiple_of(8) || !off.is_multiple_of(8) {
+            return invalid_request();
+        }
+        let before = mem::atomic_op(
+            &mr.words[off / 8],
+            self.wqe.opcode == op::CMP_SWP,
+            first,
+            second,
+        );
+        // rxe: the remote operation is done when the local bytes are found wanting.
+        let dst = match dst {
+            Some(d) => d,
+            None => match destination() {
+                Some(d) => d,
+                None => return fail(WcStatus::LocProtErr),
+            },
+        };
+        mem::write(&dst.0.words, dst.1, &before.to_ne_bytes());
+        Exec::Done {
+            opcode: match self.wqe.opcode == op::CMP_SWP {
+                true => WcOpcode::CompSwap,
+                false => WcOpcode::FetchAdd,
+            },
+            // rxe: the local entry's length (`wqe->dma.length`); mlx5: 8 (`cq.c`).
+            byte_len: if self.rxe { self.wqe.len } else { ATOMIC_LEN },
+        }
+    }
+
+    /// The responder's region of the WQE's remote range and the range's offset in it, for
+    /// `need` (see [`remote`]; `slot` is the [`Found`] role of `need`): `Some(None)` for an
+    /// empty range, whose key is not checked, `None` where the responder refuses it.
+    #[inline]
+    fn remote_range(
+        &self,
+        mrs: &'m MrTable,
+        slot: &mut Option<&'m MrInner>,
+        need: Access,
+    ) -> Option<Option<(&'m MrInner, usize)>> {
+        let wqe = self.wqe;
+        if wqe.len == 0 {
+            return Some(None);
+        }
+        remote(
+            mrs,
+            slot,
+            self.peer,
+            wqe.rkey,
+            wqe.remote_addr,
+            wqe.len,
+            need,
+        )
+        .map(Some)
     }
 }
 
@@ -1002,143 +1147,6 @@ fn complete_write_recv(
         imm,
     );
     push_recv(dev, responder, &cqe)
-}
-
-/// Executes `wqe` of `qp`, an RDMA READ, at the answering responder `peer`.
-fn execute_read<'m>(
-    qp: &QpInner,
-    peer: &QpInner,
-    wqe: &Wqe,
-    mrs: &'m MrTable,
-    found: &mut Found<'m>,
-    rxe: bool,
-) -> Exec {
-    let len = wqe.len;
-    if rxe && !qp_allows(peer, Access::REMOTE_READ) {
-        return invalid_request();
-    }
-    // The destination, `Some(None)` for none; `None` if it cannot be written.
-    let destination = || {
-        if len == 0 {
-            return Some(None);
-        }
-        local(
-            mrs,
-            qp.pd,
-            wqe.lkey,
-            wqe.local_addr,
-            len,
-            Access::LOCAL_WRITE,
-        )
-        .map(Some)
-    };
-    // mlx5 checks the destination before it sends the request; rxe when the
-    // response comes back (`rxe_comp.c`), after the responder checked its key.
-    let mut dst = None;
-    if !rxe {
-        let Some(d) = destination() else {
-            return fail(WcStatus::LocProtErr);
-        };
-        dst = d;
-    }
-    let src = if len == 0 {
-        None
-    } else {
-        match remote(
-            mrs,
-            &mut found.read,
-            peer,
-            wqe.rkey,
-            wqe.remote_addr,
-            len,
-            Access::REMOTE_READ,
-        ) {
-            Some(s) => Some(s),
-            None => return remote_access_error(),
-        }
-    };
-    if rxe {
-        let Some(d) = destination() else {
-            return fail(WcStatus::LocProtErr);
-        };
-        dst = d;
-    }
-    if let (Some((dmr, doff)), Some((smr, soff))) = (dst, src) {
-        mem::copy(&smr.words, soff, &dmr.words, doff, len as usize);
-    }
-    Exec::Done {
-        opcode: WcOpcode::RdmaRead,
-        byte_len: len,
-    }
-}
-
-/// Executes WQE `index` of `qp`, a SEND with immediate data or without, into the next
-/// receive of the answering responder `peer`.
-fn execute_send<'m>(
-    dev: &DeviceInner,
-    qp: &'m QpInner,
-    peer: &QpInner,
-    wqe: &Wqe,
-    index: u64,
-    mrs: &'m MrTable,
-    found: &mut Found<'m>,
-) -> Exec {
-    let rxe = dev.config.personality == Personality::Rxe;
-    let len = wqe.len;
-    let Some(src) = source(qp, wqe, index, mrs, found) else {
-        return local_source_error(rxe);
-    };
-    let Some(rqe) = peek_recv(peer) else {
-        return no_receive(qp);
-    };
-    consume_recv(peer);
-    let imm = (wqe.opcode == op::SEND_IMM).then(|| qp.sq.imm(index));
-    let mtu = qp.path_mtu.load(Ordering::Relaxed);
-    if len > rqe.len {
-        // The receive is too small: the responder's receive fails and it goes to
-        // the error state; the requester learns of an invalid request (mlx5), or
-        // of a remote operation error after a malformed receive (rxe). The
-        // packets that fit were placed before the one that does not.
-        let (theirs, ours) = if rxe {
-            (WcStatus::LocQpOpErr, WcStatus::RemOpErr)
-        } else {
-            (WcStatus::LocLenErr, WcStatus::RemInvReqErr)
-        };
-        if !fail_receive(dev, peer, &rqe, &src, mrs, mtu, theirs) {
-            return no_answer(qp, rxe);
-        }
-        return fail(ours);
-    }
-    if len > 0 {
-        match local(mrs, peer.pd, rqe.lkey, rqe.addr, len, Access::LOCAL_WRITE) {
-            Some((mr, off)) => copy(&src, &mr.words, off, len),
-            None => {
-                // A receive the NIC cannot write into: a local protection error on
-                // mlx5; rxe finds the receive malformed, as one too short. The
-                // packets before the first it cannot place were placed.
-                let theirs = if rxe {
-                    WcStatus::LocQpOpErr
-                } else {
-                    WcStatus::LocProtErr
-                };
-                if !fail_receive(dev, peer, &rqe, &src, mrs, mtu, theirs) {
-                    return no_answer(qp, rxe);
-                }
-                return fail(WcStatus::RemOpErr);
-            }
-        }
-    }
-    if !push_recv(
-        dev,
-        peer,
-        &recv_cqe(peer, rqe.wr_id, WcStatus::Success, WcOpcode::Recv, len, imm),
-    ) {
-        return no_answer(qp, rxe);
-    }
-    Exec::Done {
-        opcode: WcOpcode::Send,
-        byte_len: len,
-    }
 }
 
 /// The responder's side of a SEND that its consumed receive `rqe` cannot take (too

@@ -5,12 +5,9 @@
 //! thread. (One test in this binary: the count is process-wide.)
 
 use selsig_testkit::alloc::{Counting, allocations};
-use std::sync::Arc;
+use selsig_testkit::write_pair::write_pair;
 
-use selsig::{
-    Access, Buffer, Completion, ConnectOptions, Device, MemoryRegion, Policy, QpCaps, QpInit,
-    SignaledQueue, Work, connect_pair,
-};
+use selsig::{Buffer, Completion, Policy, SignaledQueue, Work};
 use selsig_soft::{SoftConfig, SoftDevice, SoftMr};
 
 #[global_allocator]
@@ -52,30 +49,16 @@ fn stream(
 fn a_million_writes_through_the_queue_on_the_soft_nic_allocate_nothing() {
     let wrs = if cfg!(miri) { 1_000 } else { 1_000_000 };
     for every in [64, 1] {
-        let dev = SoftDevice::open(SoftConfig::default()).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = Arc::new(dev.create_cq(2 * DEPTH).unwrap());
-        let init = QpInit {
-            caps: QpCaps {
-                max_send_wr: DEPTH,
-                max_recv_wr: 1,
-                ..QpCaps::default()
-            },
-            sq_sig_all: false,
-        };
-        let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
-        let b = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
-        connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
-        let n = DEPTH as usize;
-        let local = dev.reg_mr(&pd, n * SIZE, Access::LOCAL_WRITE).unwrap();
-        let remote = dev
-            .reg_mr(&pd, n * SIZE, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-            .unwrap();
-        let (mut free, _) = Buffer::new(local).split_into(n, SIZE).ok().unwrap();
+        let pair = write_pair(
+            SoftDevice::open(SoftConfig::default()).unwrap(),
+            DEPTH,
+            SIZE,
+        );
+        let (mut free, target) = (pair.free, pair.target);
         let mut queue: SignaledQueue<SoftDevice, ()> =
-            SignaledQueue::new(a, cq, Policy::Every(every)).unwrap();
+            SignaledQueue::new(pair.a, pair.cq, Policy::Every(every)).unwrap();
+        let n = DEPTH as usize;
         let mut done = Vec::with_capacity(n);
-        let target = remote.remote(0);
         // Warm up: the histograms' buckets, every vector at its size.
         stream(&mut queue, &mut free, &mut done, target, wrs / 4);
         let before = allocations();
@@ -87,6 +70,6 @@ fn a_million_writes_through_the_queue_on_the_soft_nic_allocate_nothing() {
             "every {every}: {allocations} allocations for {wrs} WRITEs"
         );
         drop(queue);
-        drop(b);
+        drop(pair.b);
     }
 }

@@ -7,9 +7,11 @@
 //!   allocation per work request.
 //! - [`cpu`]: CPU time from `getrusage`, of the process or the calling thread.
 //! - [`null`]: a memory region that is no memory, for fake providers.
+//! - [`write_pair`]: two connected QPs and their buffers, for streams of RDMA WRITEs.
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod alloc;
 pub mod cpu;
 pub mod null;
 pub mod rxe_errors;
+pub mod write_pair;

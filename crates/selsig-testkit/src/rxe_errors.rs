@@ -607,6 +607,18 @@ pub fn overrun<D: Device>(
     (got, a.state(), events)
 }
 
+/// What rxe does in [`overrun`]: the first three WRITEs and the one after polling
+/// complete, the three between are dropped with an `IBV_EVENT_CQ_ERR` each, and a stays in
+/// RTS.
+pub fn overrun_on_rxe() -> (Vec<(u64, WcStatus)>, QpState, Vec<&'static str>) {
+    use WcStatus::Success;
+    (
+        vec![(1, Success), (2, Success), (3, Success), (100, Success)],
+        QpState::Rts,
+        vec!["cq_err"; 3],
+    )
+}
+
 /// What came of work requests to a responder that does not answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unanswered {
@@ -616,6 +628,30 @@ pub struct Unanswered {
     pub state: QpState,
     /// a's completions after the application moved it to the error state.
     pub flushed: Vec<(u64, WcStatus)>,
+}
+
+impl Unanswered {
+    /// What rxe does in [`unanswered`] with a `retry_cnt` of 7: it retries for ever, a stays
+    /// in RTS with nothing completed, and both WRITEs are flushed when a is moved to the
+    /// error state.
+    pub fn retrying_forever() -> Self {
+        Unanswered {
+            waiting: vec![],
+            state: QpState::Rts,
+            flushed: vec![(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)],
+        }
+    }
+
+    /// What comes when the retries run out (rxe below a `retry_cnt` of 7, mlx5 at any):
+    /// the first WRITE fails with `IBV_WC_RETRY_EXC_ERR`, the second is flushed, and a is in
+    /// the error state.
+    pub fn retries_run_out() -> Self {
+        Unanswered {
+            waiting: vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)],
+            state: QpState::Err,
+            flushed: vec![],
+        }
+    }
 }
 
 /// A responder in the error state does not answer: rxe drops the requests it gets
@@ -688,6 +724,25 @@ pub struct ReceiveOverrun {
     pub receives: Vec<(u64, WcStatus)>,
     /// The asynchronous events.
     pub events: Vec<&'static str>,
+}
+
+impl ReceiveOverrun {
+    /// What rxe does in [`receive_overrun`] below a `retry_cnt` of 7, its responder's CQ
+    /// holding `capacity` completions: the SENDs whose receive completions found room
+    /// succeed, the next one's retries run out (`IBV_WC_RETRY_EXC_ERR`) and the last is
+    /// flushed; the responder is in the error state, with one `IBV_EVENT_CQ_ERR`.
+    pub fn retries_run_out(capacity: u64) -> Self {
+        use WcStatus::{RetryExcErr, Success, WrFlushErr};
+        let mut sends: Vec<_> = (1..=capacity).map(|i| (i, Success)).collect();
+        sends.push((capacity + 1, RetryExcErr));
+        sends.push((capacity + 2, WrFlushErr));
+        ReceiveOverrun {
+            sends,
+            responder: QpState::Err,
+            receives: (1..=capacity).map(|i| (i, Success)).collect(),
+            events: vec!["cq_err"],
+        }
+    }
 }
 
 /// rxe's responder moves its QP to the error state when a receive completion finds its CQ

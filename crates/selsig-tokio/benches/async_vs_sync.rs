@@ -9,60 +9,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use selsig::{
-    Access, Buffer, Completion, ConnectOptions, Device, MemoryRegion, Policy, QpCaps, QpInit,
-    QueueConfig, RemoteAddr, SignaledQueue, Stats, Work, connect_pair,
-};
-use selsig_soft::{SoftConfig, SoftCq, SoftDevice, SoftMr, SoftQp};
+use selsig::{Buffer, Completion, Policy, QueueConfig, RemoteAddr, SignaledQueue, Stats, Work};
+use selsig_soft::{SoftConfig, SoftDevice, SoftMr};
+use selsig_testkit::write_pair::{WritePair, write_pair};
 use selsig_tokio::{AsyncCq, AsyncQueue};
 
 const DEPTH: u32 = 128;
 const SIZE: usize = 64;
 
-struct Setup {
-    _dev: SoftDevice,
-    cq: Arc<SoftCq>,
-    a: SoftQp,
-    _b: SoftQp,
-    _recv: SoftCq,
-    free: Vec<Buffer<SoftMr>>,
-    _remote: SoftMr,
-    target: RemoteAddr,
-}
-
-fn setup() -> Setup {
-    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
-    let pd = dev.alloc_pd().unwrap();
-    let cq = Arc::new(dev.create_cq(2 * DEPTH).unwrap());
-    let recv = dev.create_cq(4).unwrap();
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: DEPTH,
-            max_recv_wr: 1,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
-    let a = dev.create_qp(&pd, &cq, &recv, &init).unwrap();
-    let b = dev.create_qp(&pd, &recv, &recv, &init).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
-    let n = DEPTH as usize;
-    let local = dev.reg_mr(&pd, n * SIZE, Access::LOCAL_WRITE).unwrap();
-    let remote = dev
-        .reg_mr(&pd, n * SIZE, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
-    let (free, _) = Buffer::new(local).split_into(n, SIZE).ok().unwrap();
-    let target = remote.remote(0);
-    Setup {
-        _dev: dev,
-        cq,
-        a,
-        _b: b,
-        _recv: recv,
-        free,
-        _remote: remote,
-        target,
-    }
+/// A connected pair on a soft device, `DEPTH` buffers of `SIZE` bytes.
+fn setup() -> WritePair<SoftDevice> {
+    write_pair(
+        SoftDevice::open(SoftConfig::default()).unwrap(),
+        DEPTH,
+        SIZE,
+    )
 }
 
 /// What one point measured.
