@@ -25,6 +25,16 @@ fn soft(personality: Personality) -> (SoftDevice, RunOptions) {
     (device, options)
 }
 
+/// Asserts that `result` met its expectations, naming what failed if not.
+fn assert_passed(result: &selsig_scenario::RunResult) {
+    assert!(
+        result.passed(),
+        "failures {:?}, error {:?}",
+        result.failures,
+        result.error.as_ref().map(|e| format!("{e:#}"))
+    );
+}
+
 #[test]
 fn the_seed_meets_its_expectations_and_traces_as_selsig_run_does() {
     let scenario = load(&shipped("seed.toml")).expect("scenarios/seed.toml");
@@ -33,12 +43,7 @@ fn the_seed_meets_its_expectations_and_traces_as_selsig_run_does() {
     // The seed names no personality: the soft NIC's default, mlx5.
     let (device, options) = soft(scenario.personality().unwrap_or(Personality::Mlx5));
     let result = selsig_scenario::run(&scenario, &device, &options).expect("a run");
-    assert!(
-        result.passed(),
-        "failures {:?}, error {:?}",
-        result.failures,
-        result.error.as_ref().map(|e| format!("{e:#}"))
-    );
+    assert_passed(&result);
     assert_eq!(
         result.checked,
         ["2 completions", "8 outcomes of a", "digest of dst"]
@@ -210,12 +215,7 @@ fn a_lost_device_retires_the_outstanding_work_as_device_lost() {
     let scenario = load(&shipped("device-loss.toml")).expect("scenarios/device-loss.toml");
     let (device, options) = soft(Personality::Mlx5);
     let result = selsig_scenario::run(&scenario, &device, &options).expect("a run");
-    assert!(
-        result.passed(),
-        "failures {:?}, error {:?}",
-        result.failures,
-        result.error.as_ref().map(|e| format!("{e:#}"))
-    );
+    assert_passed(&result);
     let lost = result
         .trace_text()
         .matches("\"outcome\":\"device_lost\"")

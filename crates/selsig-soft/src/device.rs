@@ -67,13 +67,7 @@ impl SoftFaults {
             dev.events.lock().push_back(AsyncEvent::DeviceFatal);
         }
         loop {
-            let running = self
-                .engine
-                .thread
-                .lock()
-                .as_ref()
-                .is_some_and(|t| !t.is_finished());
-            if !running {
+            if !self.engine.running() {
                 return;
             }
             if let Some(t) = dev.engine_thread.get() {
@@ -392,13 +386,7 @@ impl SoftQp {
             if self.dev.served_version.load(Ordering::Acquire) >= version {
                 return true;
             }
-            let running = self
-                .engine
-                .thread
-                .lock()
-                .as_ref()
-                .is_some_and(|t| !t.is_finished());
-            if !running {
+            if !self.engine.running() {
                 // Nothing serves any QP any more.
                 return true;
             }

@@ -28,6 +28,16 @@ pub(crate) struct Engine {
     pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
 }
 
+impl Engine {
+    /// Whether the NIC thread still turns (it ends when the device is dropped or lost).
+    pub(crate) fn running(&self) -> bool {
+        self.thread
+            .lock()
+            .as_ref()
+            .is_some_and(|t| !t.is_finished())
+    }
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         self.dev.stop.store(true, Ordering::Release);

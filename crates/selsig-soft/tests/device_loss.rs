@@ -1,4 +1,4 @@
-//! A lost device (docs/semantics.md, "Device loss"): after a fatal error a ConnectX makes no
+//! A lost device (docs/semantics.md, fact 38): after a fatal error a ConnectX makes no
 //! completion for a user-space QP's outstanding work, not even a flush, and no completion
 //! event; only `IBV_EVENT_DEVICE_FATAL` says so. The queue must hand every outstanding work
 //! request back as `DeviceLost`, after what the CQ already held, and never hang.
@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use selsig::{
-    Access, AsyncEvent, Buffer, CompletionQueue, ConnectOptions, Device, MemoryRegion, Outcome,
-    Policy, PostError, QpCaps, QpInit, QueuePostError, QueueState, SignaledQueue, Work,
-    connect_pair,
+    AsyncEvent, Buffer, CompletionQueue, Device, Outcome, Policy, PostError, QueuePostError,
+    QueueState, SignaledQueue, Work,
 };
 use selsig_soft::{SoftConfig, SoftCq, SoftDevice, SoftMr};
+use selsig_testkit::write_pair::write_pair;
 
 struct Story {
     dev: SoftDevice,
@@ -24,45 +24,27 @@ struct Story {
 /// posted, answers RNR for ever (`rnr_retry` 7): 5-8 stay outstanding until something
 /// ends them. `armed`: the CQ is armed before the posts.
 fn story(armed: bool) -> Story {
-    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
-    let pd = dev.alloc_pd().unwrap();
-    let cq = Arc::new(dev.create_cq(64).unwrap());
-    let cq_b = dev.create_cq(64).unwrap();
-    let init = QpInit {
-        caps: QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 4,
-            ..QpCaps::default()
-        },
-        sq_sig_all: false,
-    };
-    let a = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
-    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
-    connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
-    std::mem::forget(b); // the peer lives as long as the test
-    let local = dev.reg_mr(&pd, 9 * 64, Access::LOCAL_WRITE).unwrap();
-    let remote = dev
-        .reg_mr(&pd, 512, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
-    let (bufs, _) = Buffer::new(local).split_into(9, 64).ok().unwrap();
-    let mut bufs = bufs.into_iter();
+    let p = write_pair(SoftDevice::open(SoftConfig::default()).unwrap(), 16, 64);
+    // The peer lives as long as the test.
+    std::mem::forget((p.b, p.recv));
+    let mut bufs = p.free.into_iter();
     if armed {
-        cq.req_notify().unwrap();
+        p.cq.req_notify().unwrap();
     }
-    let mut queue = SignaledQueue::new(a, Arc::clone(&cq), Policy::Every(4)).unwrap();
+    let mut queue = SignaledQueue::new(p.a, Arc::clone(&p.cq), Policy::Every(4)).unwrap();
     for i in 0..4 {
         let buf = bufs.next().unwrap();
         queue
-            .post(Work::write(buf, remote.remote(i * 64), i as u64 + 1))
+            .post(Work::write(buf, p.target.offset(i * 64), i + 1))
             .unwrap();
     }
     for i in 4..8 {
         queue.post(Work::send(bufs.next().unwrap(), i + 1)).unwrap();
     }
-    std::mem::forget(remote);
+    std::mem::forget(p.remote);
     Story {
-        dev,
-        cq,
+        dev: p.dev,
+        cq: p.cq,
         queue,
         spare: bufs.next().unwrap(),
     }

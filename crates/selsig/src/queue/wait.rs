@@ -1,6 +1,7 @@
 //! Waiting on a [`SignaledQueue`]: sleeping on the CQ's completion events while nothing
 //! retires (`wait_with`), a lost device (`check_device`, `device_lost`), and the drain.
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use super::SignaledQueue;
@@ -113,21 +114,19 @@ impl<D: Device, U> SignaledQueue<D, U> {
     {
         let start = Instant::now();
         let end = start.checked_add(timeout);
-        let mut handed = 0;
+        let handed = Cell::new(0);
+        let mut hand = |c| {
+            handed.set(handed.get() + 1);
+            f(c)
+        };
         loop {
-            self.poll_with(|c| {
-                handed += 1;
-                f(c)
-            })?;
-            if handed > 0 {
-                return Ok(handed);
+            self.poll_with(&mut hand)?;
+            if handed.get() > 0 {
+                return Ok(handed.get());
             }
             if self.check_device() {
-                self.collect_with(|c| {
-                    handed += 1;
-                    f(c)
-                });
-                return Ok(handed);
+                self.collect_with(&mut hand);
+                return Ok(handed.get());
             }
             let until = match (end, self.next_deadline()) {
                 (Some(end), Some(due)) => Some(end.min(due)),
@@ -138,12 +137,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 return Ok(0);
             }
             self.cq.req_notify()?;
-            self.poll_with(|c| {
-                handed += 1;
-                f(c)
-            })?;
-            if handed > 0 {
-                return Ok(handed);
+            self.poll_with(&mut hand)?;
+            if handed.get() > 0 {
+                return Ok(handed.get());
             }
             // At most DEVICE_CHECK at a time: a device lost while this sleeps may make no
             // event (it is asked again above).
