@@ -63,6 +63,15 @@ pub struct ProviderArgs {
     /// `show_gids` or `ibv_devinfo -v`.
     #[arg(allow_negative_numbers = true, long = "gid-index", short = 'x')]
     pub gid_index: Option<u8>,
+    /// The device's port (perftest's -i), 1 to 255; default 1, the soft NIC's only one.
+    #[arg(
+        allow_negative_numbers = true,
+        long = "ib-port",
+        short = 'i',
+        value_parser = clap::value_parser!(u8).range(1..),
+        value_name = "PORT"
+    )]
+    pub ib_port: Option<u8>,
 }
 
 /// What was opened, for reports.
@@ -76,6 +85,8 @@ pub struct DeviceInfo {
     /// The device behaves like the kernel's Soft-RoCE: verbs on an rxe device, or the soft
     /// NIC's rxe personality.
     pub rxe: bool,
+    /// The port queue pairs connect through.
+    pub port: u8,
     /// What makes the device fail on purpose: the soft provider's.
     pub faults: Option<selsig_soft::SoftFaults>,
 }
@@ -115,6 +126,11 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                     "--gid-index is for the verbs provider (the soft NIC has no GIDs)",
                 )));
             }
+            if args.ib_port.is_some_and(|p| p != 1) {
+                return Err(anyhow::Error::new(BadOption(
+                    "--ib-port: the soft NIC has port 1 only",
+                )));
+            }
             let dev = SoftDevice::open(config).context("cannot open the software device")?;
             let info = DeviceInfo {
                 provider: ProviderKind::Soft,
@@ -122,6 +138,7 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                 personality: Some(personality),
                 gid_index: None,
                 rxe: personality == Personality::Rxe,
+                port: 1,
                 faults: Some(dev.faults()),
             };
             task.run(&dev, &info)
@@ -134,7 +151,7 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
             }
             let options = selsig_verbs::VerbsOptions {
                 device: args.device.clone(),
-                port: None,
+                port: args.ib_port,
                 gid_index: args.gid_index,
             };
             let dev = selsig_verbs::VerbsDevice::open(&options).map_err(|e| {
@@ -153,6 +170,7 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                 personality: None,
                 gid_index: dev.gid_index(),
                 rxe: dev.is_rxe(),
+                port: dev.port(),
                 faults: None,
             };
             task.run(&dev, &info)

@@ -286,6 +286,7 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
     })?;
     let options = ConnectOptions {
         gid_index: info.gid_index,
+        port: info.port,
         ..ConnectOptions::default()
     };
     let slot = size.max(1);

@@ -626,7 +626,8 @@ impl common::OnDevice for RunOn<'_> {
     ) -> anyhow::Result<selsig_scenario::RunResult> {
         let mut options = selsig_scenario::RunOptions::new()
             .rxe(info.rxe)
-            .gid_index(info.gid_index);
+            .gid_index(info.gid_index)
+            .port(Some(info.port));
         if let Some(faults) = info.faults.clone() {
             options = options.inject_fatal(move || faults.inject_fatal());
         }

@@ -846,6 +846,7 @@ fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepa
         .context("cannot register the target region")?;
     let options = ConnectOptions {
         gid_index: info.gid_index,
+        port: info.port,
         ..ConnectOptions::default()
     };
     let mine = qp.endpoint(&options)?;
@@ -1123,6 +1124,7 @@ pub(crate) mod tests {
             personality: None,
             gid_index: None,
             rxe: false,
+            port: 1,
             faults: None,
         }
     }

@@ -375,6 +375,22 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             vec!["run", seed, "-q", "-x", "1"],
             "--gid-index is for the verbs provider",
         ),
+        (
+            vec!["demo", "-i", "2"],
+            "--ib-port: the soft NIC has port 1 only",
+        ),
+        (
+            vec!["bench", "--ib-port", "2", "-e", "4", "-n", "8"],
+            "--ib-port: the soft NIC has port 1 only",
+        ),
+        (
+            vec!["run", seed, "-q", "-i", "3"],
+            "--ib-port: the soft NIC has port 1 only",
+        ),
+        (
+            vec!["demo", "-i", "0"],
+            "invalid value '0' for '--ib-port <PORT>': 0 is not in 1..=255",
+        ),
         // Negative numbers are values, named with their option.
         (
             vec!["demo", "--wrs", "-1"],

@@ -36,6 +36,22 @@ fn verbs(args: &[&str]) -> Output {
     selsig(&refs)
 }
 
+/// `-i` (perftest's `--ib-port`) picks the device's port: 1 runs, a port the device does
+/// not have is bad input, named.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn the_ib_port_is_the_devices_port() {
+    let o = verbs(&["demo", "-i", "1", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = verbs(&["demo", "--ib-port", "2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("has no port 2"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn demo_on_the_device_shows_only_cqe4_and_cqe8() {

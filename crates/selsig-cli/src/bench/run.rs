@@ -244,6 +244,7 @@ fn run_point<D: Device>(
     };
     let options = ConnectOptions {
         gid_index: info.gid_index,
+        port: info.port,
         ..ConnectOptions::default()
     };
     // A sweep's target has a slot per buffer; otherwise one slot of all the bytes.

@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
-use selsig::{Device, MemoryRegion, QueuePair};
+use selsig::{ConnectOptions, Device, MemoryRegion, QueuePair};
 
 use crate::bytes::fnv1a64;
 use crate::error::RunError;
@@ -45,6 +45,8 @@ pub struct RunOptions {
     /// The GID index to connect the queue pairs with (RoCE; `None`: the provider's default,
     /// or none on InfiniBand and the software NIC).
     pub gid_index: Option<u8>,
+    /// The device's port to connect through (`None`: 1).
+    pub port: Option<u8>,
     /// What makes the device fail, for a `device_fatal` step (`None`: the step fails,
     /// naming the software NIC as the device that can).
     pub inject_fatal: Option<InjectFatal>,
@@ -55,6 +57,7 @@ impl fmt::Debug for RunOptions {
         f.debug_struct("RunOptions")
             .field("rxe", &self.rxe)
             .field("gid_index", &self.gid_index)
+            .field("port", &self.port)
             .field("inject_fatal", &self.inject_fatal.as_ref().map(|_| "..."))
             .finish()
     }
@@ -75,6 +78,12 @@ impl RunOptions {
     /// Sets [`gid_index`](Self::gid_index).
     pub fn gid_index(mut self, gid_index: Option<u8>) -> Self {
         self.gid_index = gid_index;
+        self
+    }
+
+    /// Sets [`port`](Self::port).
+    pub fn port(mut self, port: Option<u8>) -> Self {
+        self.port = port;
         self
     }
 
@@ -135,7 +144,12 @@ pub fn run<D: Device>(
         (Some(rxe), true) => (rxe, scenario.differs.get("rxe").cloned()),
         _ => (&scenario.expect, None),
     };
-    let mut result = Runner::new(scenario, device, options.gid_index)
+    let connect = ConnectOptions {
+        gid_index: options.gid_index,
+        port: options.port.unwrap_or(1),
+        ..ConnectOptions::default()
+    };
+    let mut result = Runner::new(scenario, device, &connect)
         .and_then(|mut runner| {
             runner.inject_fatal = options.inject_fatal.clone();
             runner.run(expect)

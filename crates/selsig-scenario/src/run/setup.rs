@@ -27,8 +27,9 @@ struct Pairs<D: Device> {
 }
 
 impl<'a, D: Device> Runner<'a, D> {
-    /// Makes what `sc` names on `dev`; `gid_index` is the one to connect with (RoCE).
-    pub fn new(sc: &'a Scenario, dev: &'a D, gid_index: Option<u8>) -> Result<Self> {
+    /// Makes what `sc` names on `dev`; `connect` says the port and GID index to connect
+    /// with.
+    pub fn new(sc: &'a Scenario, dev: &'a D, connect: &ConnectOptions) -> Result<Self> {
         let pd = dev
             .alloc_pd()
             .context("cannot allocate a protection domain")?;
@@ -51,7 +52,7 @@ impl<'a, D: Device> Runner<'a, D> {
             pairs,
             qpns,
             recv_slots,
-        } = connect_pairs(sc, dev, &pd, &cqs, gid_index)?;
+        } = connect_pairs(sc, dev, &pd, &cqs, connect)?;
         let room = send_room::<D>(sc, &cqs, &recv_slots)?;
         let sides = queues(sc, &cqs, pairs, &room)?;
         let regions = register(sc, dev, &pd, other.as_ref())?;
@@ -92,7 +93,7 @@ fn connect_pairs<D: Device>(
     dev: &D,
     pd: &D::Pd,
     cqs: &[Arc<D::Cq>],
-    gid_index: Option<u8>,
+    connect: &ConnectOptions,
 ) -> Result<Pairs<D>> {
     let mut pairs = Vec::new();
     let mut qpns = BTreeMap::new();
@@ -132,10 +133,9 @@ fn connect_pairs<D: Device>(
             .create_qp(pd, peer_cq, peer_cq, &peer_init)
             .with_context(|| format!("cannot create qp {:?}.peer", q.name))?;
         let options = ConnectOptions {
-            gid_index,
             rnr_retry: q.rnr_retry,
             retry_cnt: q.retry_cnt,
-            ..ConnectOptions::default()
+            ..*connect
         };
         let peer_options = ConnectOptions {
             access: q.peer_access | Access::LOCAL_WRITE,
