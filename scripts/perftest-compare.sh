@@ -70,7 +70,7 @@ selsig() {
   out=$("$BIN" bench --provider verbs -d rxe0 -x 1 --cq-mod "$CQ_MOD" -t "$DEPTH" -n "$ITERS" -s "$1" "${target[@]}" 2>/tmp/selsig.err) \
     || { cat /tmp/selsig.err /tmp/serve.log >&2 2>/dev/null; [ -n "$server" ] && kill $server 2>/dev/null; return 1; }
   [ -z "$server" ] || wait $server || true
-  echo "$out" | awk -v s="$1" -v n="$ITERS" '$1 == s && $2 == n {print $3}'
+  echo "$out" | awk -v s="$1" -v n="$ITERS" '$1 == s && $2 == n {print $4}'
 }
 printf '%-8s %-8s %-8s %-8s %18s %18s %8s\n' size cq-mod depth iters "perftest MB/s" "selsig MB/s" ratio
 for size in $SIZES; do

@@ -589,7 +589,8 @@ fn run_bench(args: &bench::BenchArgs) -> Result<ExitCode, Failure> {
         None => {
             print_out(&bench::render(&report))?;
             if report.settings.perftest_mode {
-                print_out(&format!("\n{}", bench::render_perftest(&report)))?;
+                let gbits = args.report_gbits;
+                print_out(&format!("\n{}", bench::render_perftest(&report, gbits)))?;
             }
         }
     }

@@ -36,6 +36,13 @@ pub struct BenchArgs {
         value_name = "N"
     )]
     pub cq_mod: Option<u32>,
+    /// Every size ib_write_bw's -a runs: 2, 4, ... 2^23 bytes (in perftest mode too).
+    #[arg(long, short = 'a', conflicts_with = "sizes")]
+    pub all: bool,
+    /// perftest mode's table in Gb/sec (10^9 bits per second) instead of MB/sec (2^20
+    /// bytes), as ib_write_bw --report_gbits prints it.
+    #[arg(long = "report_gbits", alias = "report-gbits")]
+    pub report_gbits: bool,
     /// Message sizes, comma-separated (default 64,4K,64K).
     #[arg(allow_hyphen_values = true, long = "size", short = 's', value_delimiter = ',', value_parser = parse_size, value_name = "LIST")]
     pub sizes: Vec<u64>,
@@ -109,7 +116,7 @@ pub struct BenchArgs {
         long,
         value_name = "FILE",
         conflicts_with_all = [
-            "every", "cq_mod", "sizes", "iters", "duration", "tx_depth", "post_list",
+            "every", "cq_mod", "sizes", "all", "iters", "duration", "tx_depth", "post_list",
             "inline", "adaptive", "region", "no_nic_times", "connect", "provider", "device",
             "personality", "gid_index",
         ]

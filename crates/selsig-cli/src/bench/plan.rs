@@ -68,6 +68,11 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
     if perftest {
         check_perftest(args)?;
     }
+    ensure!(
+        perftest || !args.report_gbits,
+        "--report_gbits changes perftest mode's table (--cq-mod); a sweep's table shows Gb/s \
+         already"
+    );
     if let Some(host) = &args.connect {
         ensure!(
             args.provider.provider == crate::common::ProviderKind::Verbs,
@@ -161,7 +166,10 @@ fn check_perftest(args: &BenchArgs) -> Result<()> {
 /// The sizes to measure (each once, in the order given), checked: one in perftest mode,
 /// none empty or larger than one WRITE carries.
 fn sizes(args: &BenchArgs, perftest: bool) -> Result<Vec<u64>> {
-    let sizes = if args.sizes.is_empty() {
+    let sizes = if args.all {
+        // ib_write_bw -a: 1 << i for i in 1..24 (write_bw.c).
+        (1..24).map(|i| 1u64 << i).collect()
+    } else if args.sizes.is_empty() {
         if perftest {
             vec![65536]
         } else {
@@ -177,10 +185,10 @@ fn sizes(args: &BenchArgs, perftest: bool) -> Result<Vec<u64>> {
         }
         v
     };
-    if perftest {
+    if perftest && !args.all {
         ensure!(
             sizes.len() == 1,
-            "--cq-mod measures one size as perftest does; -s names {}",
+            "--cq-mod measures one size as perftest does (or every size of -a); -s names {}",
             sizes.len()
         );
     }
@@ -212,7 +220,8 @@ fn region(args: &BenchArgs, perftest: bool, geometry: Geometry, sizes: &[u64]) -
             geometry.page
         ),
         (Some(region), false) => region,
-        (None, true) => sizes[0].max(geometry.page),
+        // ib_write_bw sizes its buffers for the largest message (-a: 2^23).
+        (None, true) => sizes.iter().copied().max().unwrap_or(0).max(geometry.page),
         (None, false) => DEFAULT_REGION,
     };
     ensure!(

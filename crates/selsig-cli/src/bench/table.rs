@@ -252,22 +252,40 @@ fn flagged(
     }
 }
 
-/// perftest's report lines, for comparing with `ib_write_bw`.
-pub fn render_perftest(report: &Report) -> String {
+/// perftest's report lines, for scripts written for `ib_write_bw` (perftest_parameters.h:
+/// `RESULT_LINE`, `RESULT_FMT` or `RESULT_FMT_G`, `REPORT_FMT`, and `REPORT_FMT_EXT` for
+/// an average below 0.1 Gb/sec): MB = 2^20 bytes, or with `gbits` Gb = 10^9 bits. The
+/// peak column is 0.00, as ib_write_bw prints it when it measures no peak (`-N`, or more
+/// than 20000 iterations): this mode reads no clock per WRITE.
+pub fn render_perftest(report: &Report, gbits: bool) -> String {
     use std::fmt::Write as _;
+    const LINE: &str =
+        "---------------------------------------------------------------------------------------";
+    let unit = if gbits { "Gb/sec" } else { "MB/sec" };
     let mut out = String::new();
+    let _ = writeln!(out, "{LINE}");
     let _ = writeln!(
         out,
-        " {:<10} {:<14} {:<20} {:<14}",
-        "#bytes", "#iterations", "BW average[MB/sec]", "MsgRate[Mpps]"
+        " #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]"
     );
     for p in &report.points {
-        let _ = writeln!(
-            out,
-            " {:<10} {:<14} {:<20.2} {:<14.6}",
-            p.size, p.wrs, p.mib_per_sec, p.mpps
-        );
+        let (size, wrs, peak) = (p.size, p.wrs, 0.0);
+        let average = if gbits { p.gbit_per_sec } else { p.mib_per_sec };
+        let _ = if gbits && average < 0.1 {
+            writeln!(
+                out,
+                " {size:<7}    {wrs}           {peak:<7.6}            {average:<7.6}            {:<7.6}",
+                p.mpps
+            )
+        } else {
+            writeln!(
+                out,
+                " {size:<7}    {wrs:<10}       {peak:<7.2}            {average:<7.2}\t\t     {:<7.6}",
+                p.mpps
+            )
+        };
     }
+    let _ = writeln!(out, "{LINE}");
     out
 }
 
