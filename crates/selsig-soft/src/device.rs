@@ -460,26 +460,8 @@ impl SoftQp {
         if wr.opcode == Opcode::RdmaRead && matches!(wr.local, Local::Inline(_)) {
             return Err(invalid(i, "an RDMA READ cannot be inline"));
         }
-        if wr.opcode.is_atomic() {
-            if matches!(wr.local, Local::Inline(_)) {
-                return Err(invalid(i, "an atomic operation cannot be inline"));
-            }
-            // The value before lands in the first 8 local bytes: rxe's provider refuses
-            // fewer, and a misaligned remote address (`validate_send_wr`, EINVAL); mlx5
-            // writes 8 bytes whatever the entry says (`set_data_ptr_seg_atomic`), which
-            // selsig refuses rather than let the NIC write past the entry (semantics 41).
-            if len < selsig::ATOMIC_LEN {
-                return Err(invalid(
-                    i,
-                    "an atomic operation needs 8 bytes of local memory",
-                ));
-            }
-            if !self.mlx5() && !wr.remote.addr.is_multiple_of(8) {
-                return Err(invalid(
-                    i,
-                    "an atomic operation's remote address must be 8-byte aligned (rxe)",
-                ));
-            }
+        if let Some(why) = wr.atomic_refusal(!self.mlx5()) {
+            return Err(invalid(i, why));
         }
         if u64::from(len) > selsig::MAX_MESSAGE_LEN {
             return Err(invalid(i, "longer than the largest message (2 GiB)"));

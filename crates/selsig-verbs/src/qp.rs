@@ -35,45 +35,29 @@ fn refused_up_front(
     max_sge: u32,
     rxe: bool,
 ) -> Option<(usize, PostFailure)> {
-    wrs.iter().enumerate().find_map(|(i, w)| match w.local {
-        Local::Sge(_) | Local::Inline(_) if max_sge == 0 => Some((
-            i,
-            PostFailure::Invalid("a scatter/gather entry on a queue pair of max_send_sge 0"),
-        )),
-        Local::Inline(_) if w.opcode == Opcode::RdmaRead => {
-            Some((i, PostFailure::Invalid("an RDMA READ cannot be inline")))
-        }
-        Local::Inline(_) if w.opcode.is_atomic() => Some((
-            i,
-            PostFailure::Invalid("an atomic operation cannot be inline"),
-        )),
-        // The value before lands in the first 8 local bytes: rxe's provider refuses fewer
-        // (`validate_send_wr`), mlx5 writes 8 whatever the entry says
-        // (`set_data_ptr_seg_atomic`): refused rather than written past (semantics 41).
-        local if w.opcode.is_atomic() && local.len() < selsig::ATOMIC_LEN as usize => Some((
-            i,
-            PostFailure::Invalid("an atomic operation needs 8 bytes of local memory"),
-        )),
-        // rxe's provider refuses it with EINVAL (`validate_send_wr`); mlx5 leaves it to
-        // the responder (an invalid request, IBTA 9.4.5).
-        _ if rxe && w.opcode.is_atomic() && !w.remote.addr.is_multiple_of(8) => Some((
-            i,
-            PostFailure::Invalid(
-                "an atomic operation's remote address must be 8-byte aligned (rxe)",
-            ),
-        )),
-        Local::Inline(d) if too_long_for_an_sge(d.len()) => {
-            Some((i, PostFailure::Invalid("inline data of 4 GiB or more")))
-        }
-        Local::Inline(d) if d.len() > max_inline as usize => Some((
-            i,
-            PostFailure::InlineTooLong {
-                len: d.len(),
-                max: max_inline,
-            },
-        )),
-        _ => None,
-    })
+    wrs.iter()
+        .enumerate()
+        .find_map(|(i, w)| match (w.local, w.atomic_refusal(rxe)) {
+            (Local::Sge(_) | Local::Inline(_), _) if max_sge == 0 => Some((
+                i,
+                PostFailure::Invalid("a scatter/gather entry on a queue pair of max_send_sge 0"),
+            )),
+            (Local::Inline(_), _) if w.opcode == Opcode::RdmaRead => {
+                Some((i, PostFailure::Invalid("an RDMA READ cannot be inline")))
+            }
+            (_, Some(why)) => Some((i, PostFailure::Invalid(why))),
+            (Local::Inline(d), _) if too_long_for_an_sge(d.len()) => {
+                Some((i, PostFailure::Invalid("inline data of 4 GiB or more")))
+            }
+            (Local::Inline(d), _) if d.len() > max_inline as usize => Some((
+                i,
+                PostFailure::InlineTooLong {
+                    len: d.len(),
+                    max: max_inline,
+                },
+            )),
+            _ => None,
+        })
 }
 
 /// Whether `len` bytes are more than an `ibv_sge` length (32 bits) can say.

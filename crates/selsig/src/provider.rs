@@ -403,6 +403,30 @@ pub struct SendWr<'a> {
     pub signaled: bool,
 }
 
+impl SendWr<'_> {
+    /// Why an atomic work request is refused before it is posted, by every provider alike
+    /// (semantics 41): inline, or with fewer than 8 local bytes (the value before lands in
+    /// the first 8: rxe's provider refuses fewer, libmlx5 writes 8 whatever the entry says,
+    /// `set_data_ptr_seg_atomic`, which selsig refuses rather than let the NIC write past
+    /// the entry); with `rxe`, also a remote address not 8-byte aligned (rxe's provider,
+    /// `validate_send_wr`, `EINVAL`; mlx5 leaves it to the responder). `None` for any
+    /// other work request.
+    pub fn atomic_refusal(&self, rxe: bool) -> Option<&'static str> {
+        if !self.opcode.is_atomic() {
+            return None;
+        }
+        if matches!(self.local, Local::Inline(_)) {
+            Some("an atomic operation cannot be inline")
+        } else if self.local.len() < ATOMIC_LEN as usize {
+            Some("an atomic operation needs 8 bytes of local memory")
+        } else if rxe && !self.remote.addr.is_multiple_of(8) {
+            Some("an atomic operation's remote address must be 8-byte aligned (rxe)")
+        } else {
+            None
+        }
+    }
+}
+
 /// A receive work request (`struct ibv_recv_wr`, one scatter/gather entry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvWr {
