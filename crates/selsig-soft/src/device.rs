@@ -442,6 +442,7 @@ impl SoftQp {
         let (inline, len, local_addr, lkey) = match wr.local {
             Local::Empty => (&[][..], 0, 0, 0),
             Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
+            Local::Sges(_) => return Err(invalid(i, "scatter/gather lists are not taken yet")),
             Local::Inline(data) => {
                 if data.len() > qp.caps.max_inline_data as usize {
                     // libmlx5's `set_data_inl_seg` answers ENOMEM, rxe EINVAL: semantics 33.

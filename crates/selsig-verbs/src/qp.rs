@@ -388,6 +388,13 @@ impl VerbsQp {
                     }),
                     false,
                 ),
+                Local::Sges(_) => {
+                    return Err(PostWrError {
+                        index: i,
+                        failure: PostFailure::Invalid("scatter/gather lists are not taken yet"),
+                        source: None,
+                    });
+                }
                 Local::Inline(data) => (
                     Some(sys::ibv_sge {
                         addr: data.as_ptr() as u64,

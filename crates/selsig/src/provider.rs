@@ -237,7 +237,7 @@ impl ConnectOptions {
 }
 
 /// A local scatter/gather entry: bytes of a registered memory region.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Sge {
     /// The address (in the region's address space, as `ibv_sge.addr`).
     pub addr: u64,
@@ -361,6 +361,10 @@ pub enum Local<'a> {
     Empty,
     /// One scatter/gather entry.
     Sge(Sge),
+    /// A scatter/gather list: its entries are gathered in order into the message (WRITE,
+    /// SEND) or the message is scattered over them in order (READ). At most the queue
+    /// pair's `max_send_sge` entries.
+    Sges(&'a [Sge]),
     /// Inline data (`IBV_SEND_INLINE`): copied into the work request when posted, so the
     /// caller may reuse it as soon as the post returns.
     Inline(&'a [u8]),
@@ -372,6 +376,7 @@ impl Local<'_> {
         match self {
             Local::Empty => 0,
             Local::Sge(sge) => sge.length as usize,
+            Local::Sges(list) => list.iter().map(|s| s.length as usize).sum(),
             Local::Inline(data) => data.len(),
         }
     }
@@ -386,7 +391,7 @@ impl Local<'_> {
 /// `ibv_port_attr.max_msg_sz`, may be lower).
 pub const MAX_MESSAGE_LEN: u64 = 1 << 31;
 
-/// A send work request (`struct ibv_send_wr`, one scatter/gather entry).
+/// A send work request (`struct ibv_send_wr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendWr<'a> {
     /// Returned in the completion.
@@ -417,6 +422,8 @@ impl SendWr<'_> {
         }
         if matches!(self.local, Local::Inline(_)) {
             Some("an atomic operation cannot be inline")
+        } else if matches!(self.local, Local::Sges(_)) {
+            Some("an atomic operation takes one scatter/gather entry, not a list")
         } else if self.local.len() < ATOMIC_LEN as usize {
             Some("an atomic operation needs 8 bytes of local memory")
         } else if rxe && !self.remote.addr.is_multiple_of(8) {
@@ -452,6 +459,14 @@ pub enum PostFailure {
         /// The bytes of inline data.
         len: usize,
         /// The QP's `max_inline_data`.
+        max: u32,
+    },
+    /// A scatter/gather list longer than the QP's `max_send_sge` (libmlx5 answers
+    /// `ENOMEM`, rxe's provider `EINVAL`).
+    TooManySges {
+        /// The entries of the list.
+        count: usize,
+        /// The QP's `max_send_sge`.
         max: u32,
     },
     /// Any other error of the provider.
@@ -502,6 +517,10 @@ fn describe_failure(f: &PostFailure) -> String {
         PostFailure::InlineTooLong { len, max } => format!(
             "invalid work request: {len} bytes of inline data, more than the queue pair's \
              max_inline_data of {max}"
+        ),
+        PostFailure::TooManySges { count, max } => format!(
+            "invalid work request: a scatter/gather list of {count} entries, more than the \
+             queue pair's max_send_sge of {max}"
         ),
         PostFailure::Other => "provider error".to_string(),
     }

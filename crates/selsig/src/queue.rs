@@ -9,7 +9,7 @@ use crate::claims::{CqClaim, Taken};
 use crate::credits::CqBudget;
 use crate::policy::Policy;
 use crate::provider::{
-    CompletionQueue, Device, Local, MemoryRegion, Opcode, QueuePair, RemoteAddr, SendWr,
+    CompletionQueue, Device, Local, MemoryRegion, Opcode, QueuePair, RemoteAddr, SendWr, Sge,
 };
 pub use crate::queue_errors::{
     CreateError, DrainError, DrainMarker, PollError, QueuePostError, TryPostError,
@@ -29,11 +29,13 @@ mod wait;
 /// [`SendTracker::reserved_room`] work requests): the work request to post, or `None`
 /// with why it is refused, and its payload, in `refused`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn register<'a, M: MemoryRegion, U>(
     tracker: &mut SendTracker<Payload<M, U>>,
     work: Work<'a, M, U>,
     reserved: bool,
     (now, now_ns): (Instant, u64),
+    (max_sge, arena): (u32, &mut &'a mut [Sge]),
     refused: &mut Option<QueuePostError<Payload<M, U>>>,
 ) -> Option<SendWr<'a>> {
     let Work {
@@ -44,20 +46,21 @@ fn register<'a, M: MemoryRegion, U>(
         remote,
         user,
     } = work;
-    let (local, buffer) = match local_of(data) {
+    let (local, (buffer, list)) = match local_of(data, max_sge, arena) {
         Ok(local) => local,
-        Err((buffer, source)) => {
+        Err(((buffer, list), source)) => {
             *refused = Some(QueuePostError::Invalid {
-                work: Payload { buffer, user },
+                work: Payload { buffer, list, user },
                 source,
             });
             return None;
         }
     };
+    let payload = Payload { buffer, list, user };
     let posted = if reserved {
-        tracker.push_reserved(Payload { buffer, user }, signal, now_ns)
+        tracker.push_reserved(payload, signal, now_ns)
     } else {
-        match tracker.post(Payload { buffer, user }, signal, now) {
+        match tracker.post(payload, signal, now) {
             Ok(posted) => posted,
             Err(e) => {
                 *refused = Some(QueuePostError::Refused(e));
@@ -83,6 +86,9 @@ pub struct Completion<M, U> {
     pub seq: Seq,
     /// The buffer, for work requests that had one: the NIC no longer uses it.
     pub buffer: Option<Buffer<M>>,
+    /// The buffers of a work request on a list of them ([`Work::list`]), in its order:
+    /// the NIC no longer uses them.
+    pub list: Vec<Buffer<M>>,
     /// The caller's context.
     pub user: U,
     /// What happened to it.
@@ -210,6 +216,11 @@ pub struct SignaledQueue<D: Device, U> {
     /// A short batch being posted; inline work requests are staged as `Local::Empty` and
     /// patched with their bytes for the post.
     staged: Vec<SendWr<'static>>,
+    /// Where the entries of lists of buffers are written for the post: a queue pair's
+    /// `max_send_sge` entries for each of its slots, so a batch never runs short.
+    sge_arena: Vec<Sge>,
+    /// The queue pair's `max_send_sge`.
+    max_sge: u32,
     wcs: Vec<WorkCompletion>,
     unclaimed: Vec<WorkCompletion>,
     /// The CQ shared with other queues that poll it, when created with
@@ -336,8 +347,11 @@ impl<D: Device, U> SignaledQueue<D, U> {
         match Self::prepare(&qp, &cq, &config, on_shared) {
             Ok((claim, tracker, epoch, stale_below)) => {
                 let poll_limit = (cq.capacity() as usize).max(1);
-                let slots = qp.caps().max_send_wr as usize;
+                let caps = qp.caps();
+                let slots = caps.max_send_wr as usize;
                 Ok(SignaledQueue {
+                    sge_arena: vec![Sge::default(); slots * caps.max_send_sge as usize],
+                    max_sge: caps.max_send_sge,
                     qp,
                     _claim: claim,
                     cq,
@@ -540,18 +554,19 @@ impl<D: Device, U> SignaledQueue<D, U> {
             remote,
             user,
         } = work;
-        let (local, buffer) = match local_of(data) {
+        let mut arena = &mut self.sge_arena[..];
+        let (local, (buffer, list)) = match local_of(data, self.max_sge, &mut arena) {
             Ok(local) => local,
-            Err((buffer, source)) => {
+            Err(((buffer, list), source)) => {
                 return Err(QueuePostError::Invalid {
-                    work: Payload { buffer, user },
+                    work: Payload { buffer, list, user },
                     source,
                 });
             }
         };
         let posted = self
             .tracker
-            .post(Payload { buffer, user }, signal, now)
+            .post(Payload { buffer, list, user }, signal, now)
             .map_err(QueuePostError::Refused)?;
         let wr = SendWr {
             wr_id: posted.wr_id,
@@ -658,6 +673,9 @@ impl<D: Device, U> SignaledQueue<D, U> {
             armed: true,
         };
         let mut taken = 0u32;
+        // Lists of buffers take their entries from here, `max_sge` at most each.
+        let max_sge = self.max_sge;
+        let mut arena = &mut self.sge_arena[..];
         let result = if max >= self.qp.post_send_iter_min() {
             let wrs = std::iter::from_fn(|| {
                 if taken == room || refused.is_some() {
@@ -668,6 +686,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     works.next()?,
                     taken < reserved,
                     (now, now_ns),
+                    (max_sge, &mut arena),
                     &mut refused,
                 );
                 taken += 1;
@@ -675,10 +694,10 @@ impl<D: Device, U> SignaledQueue<D, U> {
             });
             self.qp.post_send_iter(max, wrs)
         } else {
-            // Staged whole, then posted: inline bytes apart (`staged` outlives the
-            // caller's), put back for the post.
+            // Staged whole, then posted: inline bytes and lists apart (`staged` outlives
+            // the caller's bytes and the arena's borrow), put back for the post.
             self.staged.clear();
-            let mut inline: Vec<(usize, &'a [u8])> = Vec::new();
+            let mut apart: Vec<(usize, Local<'_>)> = Vec::new();
             while taken < room {
                 let Some(work) = works.next() else {
                     break;
@@ -689,6 +708,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     work,
                     unchecked,
                     (now, now_ns),
+                    (max_sge, &mut arena),
                     &mut refused,
                 ) else {
                     break;
@@ -697,8 +717,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 let local = match wr.local {
                     Local::Empty => Local::Empty,
                     Local::Sge(sge) => Local::Sge(sge),
-                    Local::Inline(bytes) => {
-                        inline.push((self.staged.len(), bytes));
+                    borrowed @ (Local::Inline(_) | Local::Sges(_)) => {
+                        apart.push((self.staged.len(), borrowed));
                         Local::Empty
                     }
                 };
@@ -713,12 +733,12 @@ impl<D: Device, U> SignaledQueue<D, U> {
             }
             match self.staged.len() {
                 0 => Ok(0),
-                n if inline.is_empty() => self.qp.post_send(&self.staged).map(|()| n),
+                n if apart.is_empty() => self.qp.post_send(&self.staged).map(|()| n),
                 n => {
-                    // A batch with inline data borrows the caller's bytes for the post.
+                    // A batch with inline data or lists borrows them for the post.
                     let mut wrs: Vec<SendWr<'_>> = self.staged.clone();
-                    for &(i, bytes) in &inline {
-                        wrs[i].local = Local::Inline(bytes);
+                    for &(i, local) in &apart {
+                        wrs[i].local = local;
                     }
                     self.qp.post_send(&wrs).map(|()| n)
                 }
@@ -892,6 +912,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
             f(Completion {
                 seq: r.seq,
                 buffer: r.payload.buffer,
+                list: r.payload.list,
                 user: r.payload.user,
                 outcome: r.outcome,
                 signaled: r.signaled,

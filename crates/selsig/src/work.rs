@@ -28,6 +28,11 @@ pub(crate) enum Data<'a, M> {
     Inline(&'a [u8]),
     /// Memory the queue does not hold ([`Work::raw`]).
     Raw(Sge),
+    /// A scatter/gather list of buffers, held by the queue until the work request is
+    /// retired ([`Work::list`]).
+    List(Vec<Buffer<M>>),
+    /// A scatter/gather list of memory the queue does not hold ([`Work::raw_list`]).
+    RawList(&'a [Sge]),
 }
 
 impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
@@ -136,6 +141,25 @@ impl<'a, M: crate::provider::MemoryRegion, U> Work<'a, M, U> {
         Self::new(opcode, data, remote, user)
     }
 
+    /// A work request on a scatter/gather list of buffers, in order: gathered into one
+    /// message for a WRITE or SEND, or a READ's data scattered over them (their regions
+    /// need `LOCAL_WRITE`). The queue holds every buffer until the work request is retired,
+    /// then hands them back in [`Completion::list`](crate::Completion::list), in this order.
+    ///
+    /// At most the queue pair's `max_send_sge` entries (its
+    /// [`caps`](crate::provider::QueuePair::caps), read back at creation): a longer list
+    /// is refused before it is posted, with the limit named. Not for atomics, which take
+    /// one entry. An empty list is a zero-length operation.
+    pub fn list(opcode: Opcode, buffers: Vec<Buffer<M>>, remote: RemoteAddr, user: U) -> Self {
+        Self::new(opcode, Data::List(buffers), remote, user)
+    }
+
+    /// A work request on a scatter/gather list of memory the queue does not hold: as
+    /// [`list`](Self::list) for the entries, as [`raw`](Self::raw) for who owns them.
+    pub fn raw_list(opcode: Opcode, local: &'a [Sge], remote: RemoteAddr, user: U) -> Self {
+        Self::new(opcode, Data::RawList(local), remote, user)
+    }
+
     /// Sets the immediate data (for the `*_WITH_IMM` operations).
     pub fn imm(mut self, imm: u32) -> Self {
         self.imm_data = imm;
@@ -162,18 +186,21 @@ pub(crate) struct Shape<'a> {
     signal: Signal,
     imm_data: u32,
     remote: RemoteAddr,
-    /// The data, unless it is a buffer (`None`).
+    /// The data, unless it is held by the queue (`None`: a buffer, or a list of them).
     data: Option<Local<'a>>,
+    /// Whether the data is a list of buffers.
+    list: bool,
 }
 
 impl<'a, M, U> Work<'a, M, U> {
     /// Its shape, to [`reassemble`](Self::reassemble) it from.
     pub(crate) fn shape(&self) -> Shape<'a> {
         let data = match &self.data {
-            Data::Buffer(_) => None,
+            Data::Buffer(_) | Data::List(_) => None,
             Data::Empty => Some(Local::Empty),
             Data::Inline(bytes) => Some(Local::Inline(bytes)),
             Data::Raw(sge) => Some(Local::Sge(*sge)),
+            Data::RawList(list) => Some(Local::Sges(list)),
         };
         Shape {
             opcode: self.opcode,
@@ -181,16 +208,20 @@ impl<'a, M, U> Work<'a, M, U> {
             imm_data: self.imm_data,
             remote: self.remote,
             data,
+            list: matches!(self.data, Data::List(_)),
         }
     }
 
     /// The work request of `shape` with its payload back (a buffer's shape takes the
-    /// payload's buffer; a payload without one, which a buffer's never is, gives `Empty`).
+    /// payload's buffer, a list's its list; a payload without one, which a buffer's never
+    /// is, gives `Empty`).
     pub(crate) fn reassemble(shape: Shape<'a>, payload: Payload<M, U>) -> Self {
         let data = match (shape.data, payload.buffer) {
+            (None, _) if shape.list => Data::List(payload.list),
             (None, Some(buffer)) => Data::Buffer(buffer),
             (Some(Local::Inline(bytes)), _) => Data::Inline(bytes),
             (Some(Local::Sge(sge)), _) => Data::Raw(sge),
+            (Some(Local::Sges(list)), _) => Data::RawList(list),
             _ => Data::Empty,
         };
         Work {
@@ -204,13 +235,16 @@ impl<'a, M, U> Work<'a, M, U> {
     }
 }
 
-/// The local data of a work request as a provider takes it, with the buffer the queue keeps;
-/// a buffer longer than one work request carries comes back with the error.
+/// The local data of a work request as a provider takes it, with the memory the queue
+/// keeps. A list's entries are written to the front of `arena`, which then holds the rest;
+/// a buffer longer than one work request carries, or a list longer than `max_sge` (or than
+/// `arena`), comes back with the error.
 #[inline(always)]
-#[allow(clippy::type_complexity)]
-pub(crate) fn local_of<M: MemoryRegion>(
-    data: Data<'_, M>,
-) -> Result<(Local<'_>, Option<Buffer<M>>), (Option<Buffer<M>>, ProviderError)> {
+pub(crate) fn local_of<'r, M: MemoryRegion>(
+    data: Data<'r, M>,
+    max_sge: u32,
+    arena: &mut &'r mut [Sge],
+) -> Result<(Local<'r>, Held<M>), (Held<M>, ProviderError)> {
     Ok(match data {
         // Built from scalars rather than through `Buffer::sge`'s `Result`: this is the hot
         // path of every post.
@@ -221,21 +255,61 @@ pub(crate) fn local_of<M: MemoryRegion>(
                     length,
                     lkey: b.lkey(),
                 }),
-                Some(b),
+                (Some(b), Vec::new()),
             ),
             Err(_) => {
-                let why = format!("{} bytes do not fit one work request", b.len());
-                let source = ProviderError::Invalid {
-                    what: "buffer length",
-                    why,
-                };
-                return Err((Some(b), source));
+                let e = too_long(b.len());
+                return Err(((Some(b), Vec::new()), e));
             }
         },
-        Data::Inline(bytes) => (Local::Inline(bytes), None),
-        Data::Raw(sge) => (Local::Sge(sge), None),
-        Data::Empty => (Local::Empty, None),
+        Data::Inline(bytes) => (Local::Inline(bytes), (None, Vec::new())),
+        Data::Raw(sge) => (Local::Sge(sge), (None, Vec::new())),
+        Data::Empty => (Local::Empty, (None, Vec::new())),
+        Data::RawList(list) => match check_list(list.len(), max_sge) {
+            Ok(()) => (Local::Sges(list), (None, Vec::new())),
+            Err(e) => return Err(((None, Vec::new()), e)),
+        },
+        Data::List(list) => {
+            if let Err(e) = check_list(list.len(), max_sge.min(arena.len() as u32)) {
+                return Err(((None, list), e));
+            }
+            if let Some(b) = list.iter().find(|b| u32::try_from(b.len()).is_err()) {
+                let e = too_long(b.len());
+                return Err(((None, list), e));
+            }
+            let (entries, rest) = std::mem::take(arena).split_at_mut(list.len());
+            *arena = rest;
+            for (entry, b) in entries.iter_mut().zip(&list) {
+                *entry = Sge {
+                    addr: b.addr(),
+                    length: b.len() as u32,
+                    lkey: b.lkey(),
+                };
+            }
+            (Local::Sges(entries), (None, list))
+        }
     })
+}
+
+/// The memory a queue keeps of a work request: its buffer, or its list of buffers.
+pub(crate) type Held<M> = (Option<Buffer<M>>, Vec<Buffer<M>>);
+
+fn too_long(len: usize) -> ProviderError {
+    ProviderError::Invalid {
+        what: "buffer length",
+        why: format!("{len} bytes do not fit one work request"),
+    }
+}
+
+/// A scatter/gather list of `len` entries on a queue pair that takes `max_sge`.
+fn check_list(len: usize, max_sge: u32) -> Result<(), ProviderError> {
+    if len > max_sge as usize {
+        return Err(ProviderError::Invalid {
+            what: "scatter/gather list",
+            why: format!("{len} entries, more than the queue pair's max_send_sge of {max_sge}"),
+        });
+    }
+    Ok(())
 }
 
 /// What a queue keeps of a work request until it is retired.
@@ -243,6 +317,9 @@ pub(crate) fn local_of<M: MemoryRegion>(
 pub struct Payload<M, U> {
     /// The buffer, for work requests that had one.
     pub buffer: Option<Buffer<M>>,
+    /// The buffers of a work request on a list of them ([`Work::list`]), in its order
+    /// (empty for any other).
+    pub list: Vec<Buffer<M>>,
     /// The caller's context.
     pub user: U,
 }

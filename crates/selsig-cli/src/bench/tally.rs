@@ -117,6 +117,7 @@ mod tests {
         let done = |seq, outcome| selsig::Completion {
             seq: selsig::Seq(seq),
             buffer: None,
+            list: Vec::new(),
             user: (),
             outcome,
             signaled: false,
@@ -152,6 +153,7 @@ mod tests {
         let done = |seq| selsig::Completion {
             seq: selsig::Seq(seq),
             buffer: None,
+            list: Vec::new(),
             user: (),
             outcome: Outcome::Completed,
             signaled: false,
