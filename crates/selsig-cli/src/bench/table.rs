@@ -23,17 +23,19 @@ pub fn render(report: &Report) -> String {
         None => report.device.clone(),
     };
     let run = match (s.iters, s.duration_s) {
+        (Some(n), _) if s.qps > 1 => format!("{n} WRITEs per QP per point"),
         (Some(n), _) => format!("{n} WRITEs per point"),
         (None, Some(d)) => format!("{d} s per point"),
         _ => String::new(),
     };
     let _ = writeln!(
         out,
-        "selsig bench: {} provider, {device}{}; RDMA WRITE, one RC QP, send queue depth {} (capacity {}), up to {} per post{}, {run}",
+        "selsig bench: {} provider, {device}{}; RDMA WRITE, {}, send queue depth {} (capacity {}), up to {} per post{}, {run}",
         report.provider,
         s.remote
             .as_ref()
             .map_or(String::new(), |r| format!(" -> selsig serve at {r}")),
+        s.queue_pairs(),
         s.tx_depth,
         s.sq_capacity,
         s.post_list,
