@@ -2,7 +2,7 @@
 # Compares `selsig bench` in its perftest-compatible mode with perftest's ib_write_bw on the
 # same device: the kernel's Soft-RoCE (rxe0) inside the project's VM (scripts/rxe-vm).
 #
-#   scripts/perftest-compare.sh [-c] [-o] [-q QPS] [-Q CQ_MOD] [-t TX_DEPTH] [-n ITERS] [-r REPEATS] [SIZE...]
+#   scripts/perftest-compare.sh [-c] [-o [-G]] [-q QPS] [-Q CQ_MOD] [-t TX_DEPTH] [-n ITERS] [-r REPEATS] [SIZE...]
 #
 # For each size both run the same WRITE stream (one WRITE per post, every CQ_MOD-th signaled
 # and the last, at most TX_DEPTH outstanding, ITERS WRITEs on each of QPS queue pairs) and
@@ -12,22 +12,24 @@
 # sizes 64 4096 65536, 3 repeats. With -c selsig runs as two processes, as ib_write_bw does:
 # `selsig serve` and `selsig bench --connect` (by default one process, a peer QP on the
 # device; -c takes one queue pair only). With -o each runs once per size and prints its
-# command line, the date and its whole output (ib_write_bw's client's), for docs/bench.md.
+# command line, the date and its whole output (ib_write_bw's client's), for docs/bench.md;
+# -G adds --report_gbits to both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
-cq_mod=100 depth=128 iters=5000 reps=3 connect=0 qps=1 show=0
-while getopts "coq:Q:t:n:r:h" opt; do
+cq_mod=100 depth=128 iters=5000 reps=3 connect=0 qps=1 show=0 gbits=
+while getopts "coGq:Q:t:n:r:h" opt; do
   case $opt in
     c) connect=1 ;;
     o) show=1 ;;
+    G) gbits=--report_gbits ;;
     q) qps=$OPTARG ;;
     Q) cq_mod=$OPTARG ;;
     t) depth=$OPTARG ;;
     n) iters=$OPTARG ;;
     r) reps=$OPTARG ;;
-    *) sed -n '2,15p' "$0"; exit 2 ;;
+    *) sed -n '2,16p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -35,6 +37,7 @@ sizes=${*:-64 4096 65536}
 for v in "$cq_mod" "$depth" "$iters" "$reps" "$qps" $sizes; do
   [[ $v =~ ^[1-9][0-9]*$ ]] || { echo "perftest-compare: not a positive number: $v" >&2; exit 2; }
 done
+[ -z "$gbits" ] || [ "$show" = 1 ] || { echo "perftest-compare: -G goes with -o (the medians are of MB/sec)" >&2; exit 2; }
 [ "$connect" = 0 ] || [ "$qps" = 1 ] || { echo "perftest-compare: -c takes one queue pair (selsig bench refuses --qp with --connect)" >&2; exit 2; }
 
 scripts/rxe-vm/build.sh >&2
@@ -51,7 +54,7 @@ read -r -d '' inside <<'EOF' || true
 set -u
 # (-F: perftest's leave to run when the CPU's frequency may vary, which its cycle counter
 # needs; selsig reads no cycle counter and has no such flag.)
-flags="-d rxe0 -x 1 --cq-mod $CQ_MOD -t $DEPTH -n $ITERS -q $QPS"
+flags="-d rxe0 -x 1 --cq-mod $CQ_MOD -t $DEPTH -n $ITERS -q $QPS${GBITS:+ $GBITS}"
 common="$flags -F"
 port=18600
 # The table's #iterations: ITERS on each queue pair.
@@ -115,5 +118,5 @@ for size in $SIZES; do
 done
 EOF
 
-CQ_MOD=$cq_mod DEPTH=$depth ITERS=$iters REPS=$reps SIZES=$sizes BIN=$bin CONNECT=$connect QPS=$qps SHOW=$show \
+CQ_MOD=$cq_mod DEPTH=$depth ITERS=$iters REPS=$reps SIZES=$sizes BIN=$bin CONNECT=$connect QPS=$qps SHOW=$show GBITS=$gbits \
   SELSIG_VM_TIMEOUT=${SELSIG_VM_TIMEOUT:-1800} scripts/rxe-vm/run.sh "$inside"
