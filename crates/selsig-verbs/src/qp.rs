@@ -21,6 +21,20 @@ use crate::sys;
 
 /// Work requests of one post kept on the stack (more spill to the heap).
 const POST_INLINE: usize = 16;
+/// Scatter/gather entries of one post kept on the stack: a batch of [`POST_INLINE`] work
+/// requests of one entry each, or fewer on lists, up to this many in all (more spill to the
+/// heap with the work requests).
+const POST_INLINE_SGES: usize = 64;
+
+/// The `ibv_sge` entries work request `wr` takes in the post list: its list's, one for
+/// data in a single entry or inline, none without data.
+fn sge_count(wr: &SendWr<'_>) -> usize {
+    match wr.local {
+        Local::Empty => 0,
+        Local::Sge(_) | Local::Inline(_) => 1,
+        Local::Sges(list) => list.len(),
+    }
+}
 
 /// The first work request that is refused before the provider sees it, and why: inline
 /// data longer than the QP's `max_inline_data` (mlx5 answers `ENOMEM`, `set_data_inl_seg`,
@@ -28,7 +42,11 @@ const POST_INLINE: usize = 16;
 /// by the 32-bit `ibv_sge` length), an inline RDMA READ (`IBV_SEND_INLINE` is for SEND and
 /// RDMA WRITE only, `ibv_post_send(3)`), or a scatter/gather entry (data, inline or not,
 /// is passed as one) on a QP of `max_send_sge` 0, a QP the program made (mlx5 answers
-/// `ENOMEM` for more entries than `max_send_sge`, `_mlx5_post_send`: semantics 33).
+/// `ENOMEM` for more entries than `max_send_sge`, `_mlx5_post_send`: semantics 33), and a
+/// scatter/gather list longer than the QP's `max_send_sge` as read back at its creation
+/// (libmlx5: `ENOMEM`, `wr->num_sge > qp->sq.qp_state_max_gs` in `_mlx5_post_send`, which
+/// reads as a full queue; rxe: `EINVAL`, `validate_send_wr`) or whose entries add up to
+/// 4 GiB or more (rxe sums them in 32 bits, `post_one_send`).
 fn refused_up_front(
     wrs: &[SendWr<'_>],
     max_inline: u32,
@@ -42,6 +60,21 @@ fn refused_up_front(
                 i,
                 PostFailure::Invalid("a scatter/gather entry on a queue pair of max_send_sge 0"),
             )),
+            (Local::Sges(list), _) if list.len() > max_sge as usize => Some((
+                i,
+                PostFailure::TooManySges {
+                    count: list.len(),
+                    max: max_sge,
+                },
+            )),
+            (Local::Sges(list), _)
+                if too_long_for_an_sge(list.iter().map(|s| s.length as usize).sum()) =>
+            {
+                Some((
+                    i,
+                    PostFailure::Invalid("a scatter/gather list of 4 GiB or more"),
+                ))
+            }
             (Local::Inline(_), _) if w.opcode == Opcode::RdmaRead => {
                 Some((i, PostFailure::Invalid("an RDMA READ cannot be inline")))
             }
@@ -367,8 +400,8 @@ impl VerbsQp {
         }
     }
 
-    /// Posts `wrs` as one `ibv_post_send` list built in `sges` and `raw` (at least
-    /// `wrs.len()` entries each).
+    /// Posts `wrs` as one `ibv_post_send` list built in `sges` (at least the entries of
+    /// every work request, [`sge_count`]) and `raw` (at least `wrs.len()`).
     fn post_send_in(
         &self,
         wrs: &[SendWr<'_>],
@@ -377,44 +410,71 @@ impl VerbsQp {
     ) -> Result<(), PostWrError> {
         let base = raw.as_mut_ptr().cast::<sys::ibv_send_wr>();
         let sge_base = sges.as_mut_ptr().cast::<sys::ibv_sge>();
+        let sge_room = sges.len();
+        // The next free entry of `sges`.
+        let mut next = 0usize;
         for (i, wr) in wrs.iter().enumerate() {
-            let (sge, inline) = match wr.local {
-                Local::Empty => (None, false),
-                Local::Sge(s) => (
-                    Some(sys::ibv_sge {
-                        addr: s.addr,
-                        length: s.length,
-                        lkey: s.lkey,
-                    }),
-                    false,
-                ),
-                Local::Sges(_) => {
-                    return Err(PostWrError {
-                        index: i,
-                        failure: PostFailure::Invalid("scatter/gather lists are not taken yet"),
-                        source: None,
-                    });
-                }
-                Local::Inline(data) => (
-                    Some(sys::ibv_sge {
-                        addr: data.as_ptr() as u64,
-                        length: data.len() as u32,
-                        lkey: 0,
-                    }),
-                    true,
-                ),
+            let count = sge_count(wr);
+            if next + count > sge_room {
+                // The caller sized `sges` from the same count: never taken.
+                return Err(PostWrError {
+                    index: i,
+                    failure: PostFailure::Other,
+                    source: Some(io::Error::other(
+                        "selsig-verbs: the post list's scatter/gather entries ran short",
+                    )),
+                });
+            }
+            let first = sge_base.wrapping_add(next);
+            let put = |k: usize, sge: sys::ibv_sge| {
+                // SAFETY: `next + k < next + count <= sges.len()` (checked above): the
+                // entry is in `sges`, written through the pointer the list keeps (not
+                // through the slice, which would retag the memory the list points at).
+                unsafe { first.wrapping_add(k).write(sge) };
             };
-            let sg_list = match sge {
-                Some(sge) => {
-                    let at = sge_base.wrapping_add(i);
-                    // SAFETY: `i < wrs.len() <= sges.len()`: `at` is in `sges`, written
-                    // through the pointer the list keeps (not through the slice, which
-                    // would retag the memory the list points at).
-                    unsafe { at.write(sge) };
-                    at
+            let inline = match wr.local {
+                Local::Empty | Local::Sges(_) => false,
+                Local::Sge(s) => {
+                    put(
+                        0,
+                        sys::ibv_sge {
+                            addr: s.addr,
+                            length: s.length,
+                            lkey: s.lkey,
+                        },
+                    );
+                    false
                 }
-                None => std::ptr::null_mut(),
+                Local::Inline(data) => {
+                    put(
+                        0,
+                        sys::ibv_sge {
+                            addr: data.as_ptr() as u64,
+                            length: data.len() as u32,
+                            lkey: 0,
+                        },
+                    );
+                    true
+                }
             };
+            if let Local::Sges(list) = wr.local {
+                for (k, s) in list.iter().enumerate() {
+                    put(
+                        k,
+                        sys::ibv_sge {
+                            addr: s.addr,
+                            length: s.length,
+                            lkey: s.lkey,
+                        },
+                    );
+                }
+            }
+            let sg_list = if count > 0 {
+                first
+            } else {
+                std::ptr::null_mut()
+            };
+            next += count;
             let rdma = sys::ibv_send_wr_wr {
                 rdma: sys::ibv_rdma_info {
                     remote_addr: wr.remote.addr,
@@ -461,7 +521,8 @@ impl VerbsQp {
                         std::ptr::null_mut()
                     },
                     sg_list,
-                    num_sge: i32::from(sge.is_some()),
+                    // At most `max_send_sge` (a `u32` the provider gave from an `int`).
+                    num_sge: i32::try_from(count).unwrap_or(i32::MAX),
                     opcode,
                     send_flags: flags,
                     imm_data: wr.imm_data.to_be(),
@@ -489,7 +550,26 @@ impl VerbsQp {
             post(qp, base, &mut bad)
         };
         post_result(rc, bad, base, wrs.len(), Queue::Send, || self.state())
+            .map_err(|e| provider_list_refusal(e, wrs))
     }
+}
+
+/// A provider's refusal of a scatter/gather list, named. The lists it would refuse for
+/// their length are refused before the post ([`refused_up_front`], against the
+/// `max_send_sge` read back at creation or, for a QP the program made, from
+/// `ibv_query_qp`), so this is the provider disagreeing with what it reported: rxe answers
+/// `EINVAL` for more entries than its `max_send_sge` (`validate_send_wr`), which is said;
+/// libmlx5's `ENOMEM` (`wr->num_sge > qp->sq.qp_state_max_gs`, semantics 33) cannot be told
+/// from a full queue and stays one.
+fn provider_list_refusal(mut e: PostWrError, wrs: &[SendWr<'_>]) -> PostWrError {
+    let list = wrs.get(e.index).is_some_and(|w| sge_count(w) > 1);
+    if list && matches!(e.failure, PostFailure::Invalid(_)) {
+        e.failure = PostFailure::Invalid(
+            "a scatter/gather list rejected by the provider (EINVAL; rxe answers so for more \
+             entries than its max_send_sge)",
+        );
+    }
+    e
 }
 
 fn random_psn() -> u32 {
@@ -683,14 +763,16 @@ impl QueuePair for VerbsQp {
                 source: None,
             });
         }
-        // Built in place, on the stack for the usual batch sizes: no allocation, no copies.
-        if wrs.len() <= POST_INLINE {
-            let mut sges = [const { MaybeUninit::uninit() }; POST_INLINE];
+        // Built in place, on the stack for the usual batch sizes (lists included, up to
+        // `POST_INLINE_SGES` entries in all): no allocation, no copies.
+        let entries: usize = wrs.iter().map(sge_count).sum();
+        if wrs.len() <= POST_INLINE && entries <= POST_INLINE_SGES {
+            let mut sges = [const { MaybeUninit::uninit() }; POST_INLINE_SGES];
             let mut raw = [const { MaybeUninit::uninit() }; POST_INLINE];
             self.post_send_in(wrs, &mut sges, &mut raw)
         } else {
-            let mut sges = Vec::with_capacity(wrs.len());
-            sges.resize_with(wrs.len(), MaybeUninit::uninit);
+            let mut sges = Vec::with_capacity(entries);
+            sges.resize_with(entries, MaybeUninit::uninit);
             let mut raw = Vec::with_capacity(wrs.len());
             raw.resize_with(wrs.len(), MaybeUninit::uninit);
             self.post_send_in(wrs, &mut sges, &mut raw)
@@ -961,6 +1043,78 @@ mod tests {
                 )
             ))
         );
+    }
+
+    /// A list longer than `max_send_sge` is refused at its position with the count and the
+    /// limit (libmlx5 would answer ENOMEM, a full queue, rxe EINVAL); one that fits, an
+    /// empty one included, is the provider's.
+    #[test]
+    fn lists_beyond_max_send_sge_are_refused_with_the_limit_named() {
+        let e = |length| selsig::Sge {
+            addr: 0x1000,
+            length,
+            lkey: 3,
+        };
+        let three = [e(64), e(128), e(32)];
+        let list = |l: &'static [selsig::Sge]| SendWr {
+            wr_id: 1,
+            opcode: selsig::Opcode::RdmaWrite,
+            local: Local::Sges(l),
+            remote: selsig::RemoteAddr { addr: 0, rkey: 0 },
+            imm_data: 0,
+            signaled: false,
+        };
+        let three: &'static [selsig::Sge] = Box::leak(Box::new(three));
+        assert_eq!(refused_up_front(&[list(three)], 0, 3, false), None);
+        assert_eq!(refused_up_front(&[list(&[])], 0, 0, false), None);
+        assert_eq!(
+            refused_up_front(&[list(&three[..1]), list(three)], 0, 2, true),
+            Some((1, PostFailure::TooManySges { count: 3, max: 2 }))
+        );
+        assert_eq!(
+            refused_up_front(&[list(three)], 0, 0, false),
+            Some((0, PostFailure::TooManySges { count: 3, max: 0 }))
+        );
+        let huge: &'static [selsig::Sge] = Box::leak(Box::new([e(u32::MAX), e(1)]));
+        assert_eq!(
+            refused_up_front(&[list(huge)], 0, 4, false),
+            Some((
+                0,
+                PostFailure::Invalid("a scatter/gather list of 4 GiB or more")
+            ))
+        );
+        // Entries in the post list: a list's, one for data, none without.
+        assert_eq!(sge_count(&list(three)), 3);
+        assert_eq!(sge_count(&list(&[])), 0);
+        let empty = SendWr {
+            local: Local::Empty,
+            ..list(three)
+        };
+        assert_eq!(sge_count(&empty), 0);
+        assert_eq!(
+            sge_count(&SendWr {
+                local: Local::Inline(b"x"),
+                ..empty
+            }),
+            1
+        );
+        // The provider's EINVAL at a list is said to be about the list; its ENOMEM stays a
+        // full queue, as libmlx5's cannot be told apart.
+        let refusal = |index, failure| PostWrError {
+            index,
+            failure,
+            source: None,
+        };
+        let wrs = [empty, list(three)];
+        let named = provider_list_refusal(refusal(1, PostFailure::Invalid("x")), &wrs);
+        assert!(
+            matches!(named.failure, PostFailure::Invalid(why) if why.contains("max_send_sge")),
+            "{named:?}"
+        );
+        let full = provider_list_refusal(refusal(1, PostFailure::Full), &wrs);
+        assert_eq!(full.failure, PostFailure::Full);
+        let other = provider_list_refusal(refusal(0, PostFailure::Invalid("x")), &wrs);
+        assert_eq!(other.failure, PostFailure::Invalid("x"));
     }
 
     #[test]
