@@ -27,7 +27,7 @@ mod provider;
 mod qp;
 
 pub use cq::VerbsCq;
-pub use device::{VerbsDevice, VerbsOptions, device_names};
+pub use device::{PostApi, VerbsDevice, VerbsOptions, device_names};
 pub use mr::VerbsMr;
 pub use pd::VerbsPd;
 pub use qp::VerbsQp;

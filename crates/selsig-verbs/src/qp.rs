@@ -14,8 +14,8 @@ use selsig::{
 };
 
 use crate::cq::{CqInner, NO_WR_ID, VerbsCq};
-use crate::device::{Limits, VerbsDevice, mtu_bytes, mtu_enum};
-use crate::error::{Queue, destroy_error, errno_of, post_result, report};
+use crate::device::{Limits, PostApi, VerbsDevice, mtu_bytes, mtu_enum};
+use crate::error::{Queue, batch_error, destroy_error, errno_of, post_result, report};
 use crate::pd::PdInner;
 use crate::sys;
 
@@ -93,6 +93,18 @@ fn refused_up_front(
         })
 }
 
+/// Whether `wr` has a scatter/gather list whose entries are not all of one length.
+fn uneven_list(wr: &SendWr<'_>) -> bool {
+    match wr.local {
+        Local::Sges([first, rest @ ..]) => rest.iter().any(|s| s.length != first.length),
+        _ => false,
+    }
+}
+
+/// Entries of a list converted for `ibv_wr_set_sge_list` on the stack (longer lists take
+/// a vector, once per post).
+const EX_SGES: usize = 32;
+
 /// Whether `len` bytes are more than an `ibv_sge` length (32 bits) can say.
 fn too_long_for_an_sge(len: usize) -> bool {
     u32::try_from(len).is_err()
@@ -133,6 +145,9 @@ pub struct VerbsQp {
     pub(crate) attr_calls: Mutex<()>,
     /// Created here, and destroyed on `Drop`; else the program's ([`VerbsQp::from_raw`]).
     pub(crate) owned: bool,
+    /// Its `ibv_qp_ex`, through which it posts sends ([`PostApi::Extended`]); `None`: with
+    /// `ibv_post_send`.
+    pub(crate) qp_ex: Option<NonNull<sys::ibv_qp_ex>>,
 }
 
 // SAFETY: `ibv_post_send` and `ibv_post_recv` are thread-safe (libmlx5 unless
@@ -188,7 +203,10 @@ impl VerbsQp {
     /// [`VerbsCq::from_raw`](crate::VerbsCq::from_raw)), so that a
     /// [`SignaledQueue`](selsig::SignaledQueue) drives it. Its capacities, state and
     /// `sq_sig_all` are read with `ibv_query_qp`; it may be connected already (in RTS), or
-    /// be connected through [`QueuePair::connect`]. It is never destroyed here.
+    /// be connected through [`QueuePair::connect`]. It is never destroyed here. On a device
+    /// handle that posts through the extended API ([`VerbsDevice::with_post_api`]), the QP
+    /// must have been made with `ibv_create_qp_ex` and `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`
+    /// (for the operations posted to it).
     ///
     /// # Safety
     ///
@@ -249,9 +267,27 @@ impl VerbsQp {
                 source: io::Error::from_raw_os_error(rc.abs()),
             });
         }
+        // The extended API (`dev`'s choice) needs the QP's `ibv_qp_ex`: a QP made with
+        // `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` has one.
+        let qp_ex = match (dev.post_api, dev.v().fns.qp_to_qp_ex) {
+            (PostApi::Legacy, _) => None,
+            (PostApi::Extended, to_ex) => {
+                // SAFETY: a live QP of this libibverbs (the caller's contract).
+                let ex = to_ex.and_then(|f| NonNull::new(unsafe { f(qp.as_ptr()) }));
+                if ex.is_none() {
+                    return Err(invalid(
+                        "the device posts through the extended API, and it was not made with \
+                         IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (ibv_qp_to_qp_ex gives NULL)"
+                            .to_string(),
+                    ));
+                }
+                ex
+            }
+        };
         let c = attr.cap;
         let state = attr.qp_state;
         Ok(VerbsQp {
+            qp_ex,
             qp,
             _pd: Arc::new(PdInner {
                 pd,
@@ -312,6 +348,16 @@ impl VerbsQp {
     pub fn rd_atomic(&self) -> Option<(u8, u8)> {
         self.query(sys::IBV_QP_MAX_QP_RD_ATOMIC | sys::IBV_QP_MAX_DEST_RD_ATOMIC)
             .map(|attr| (attr.max_rd_atomic, attr.max_dest_rd_atomic))
+    }
+
+    /// How this QP posts sends: [`PostApi::Extended`] when it was made (or wrapped) by a
+    /// device handle that posts through the extended API.
+    pub fn post_api(&self) -> PostApi {
+        if self.qp_ex.is_some() {
+            PostApi::Extended
+        } else {
+            PostApi::Legacy
+        }
     }
 
     fn modify(
@@ -398,6 +444,200 @@ impl VerbsQp {
             }),
             _ => Ok(()),
         }
+    }
+
+    /// Posts `wrs` through the extended API of the QP's `ibv_qp_ex` (`qpx`): between
+    /// `ibv_wr_start` and `ibv_wr_complete`, each work request's builder (`ibv_wr_rdma_write`,
+    /// ...) after its `wr_id` and `wr_flags`, then its setter (`ibv_wr_set_sge`,
+    /// `ibv_wr_set_sge_list`, `ibv_wr_set_inline_data`). `ibv_wr_complete` posts them all
+    /// or none (`ibv_wr_post(3)`: "the entire posting will be aborted"), so a failure is
+    /// reported at index 0 and the caller takes every work request back. What makes it
+    /// fail, in rdma-core 44's providers:
+    ///
+    /// - rxe (`providers/rxe/rxe.c`): the batch error `qp->err`, cleared by `wr_start`, is
+    ///   only ever `ENOSPC`: a full send queue (`check_qp_queue_full`, in every builder),
+    ///   inline data beyond `max_inline` (`wr_set_inline_data`, `wr_set_inline_data_list`)
+    ///   and more entries than `max_sge` (`wr_set_sge_list`); `wr_complete` then returns it
+    ///   and leaves the producer index where it was. Otherwise it stores the producer index
+    ///   and rings the doorbell (`post_send_db`, a `write()` of `IB_USER_VERBS_CMD_POST_SEND`
+    ///   to the command fd), whose errno it returns (the kernel's `EINVAL` for a QP below
+    ///   RTS): the batch is then posted, as `ibv_post_send`'s failed doorbell leaves it,
+    ///   and is reported taken whole (`PostFailure::AfterPosting`).
+    /// - mlx5 (`providers/mlx5/qp.c`): `mlx5_send_wr_complete` returns `mqp->err` (cleared
+    ///   by `mlx5_send_wr_start`) after rolling `sq.cur_post` back: `ENOMEM` for a full queue
+    ///   (`mlx5_wq_overflow` in `_common_wqe_init_op`), more entries than `sq.max_gs`
+    ///   (`_mlx5_send_wr_set_sge_list`) and inline data beyond `max_inline_data`
+    ///   (`_mlx5_send_wr_set_inline_data`, `_mlx5_send_wr_set_inline_data_list`); `EINVAL`,
+    ///   `EOPNOTSUPP` and others from builders selsig does not call (raw Ethernet checksums,
+    ///   TSO, memory windows, mlx5dv's MR and MMO operations). Before the QP first reaches
+    ///   RTS (and after a move to RESET) `wr_complete` is `mlx5_send_wr_complete_error`,
+    ///   which rolls back and answers `EINVAL` (`set_qp_operational_state` in `verbs.c`).
+    ///   The doorbell itself cannot fail.
+    ///
+    /// The refusals selsig can see coming (the state, inline data, lists) are made before
+    /// `ibv_wr_start` by the caller.
+    fn post_send_ex(
+        &self,
+        qpx: NonNull<sys::ibv_qp_ex>,
+        wrs: &[SendWr<'_>],
+    ) -> Result<(), PostWrError> {
+        let q = qpx.as_ptr();
+        let refused = |why: &'static str| PostWrError {
+            index: 0,
+            failure: PostFailure::Invalid(why),
+            source: None,
+        };
+        // SAFETY: the QP's `ibv_qp_ex`, alive as long as the QP; the provider set its
+        // function pointers when it made the QP (libmlx5 swaps `wr_complete` on a move to
+        // RESET or RTS, inside `ibv_modify_qp`: a post racing a modify is the program's
+        // race, see `VerbsQp`'s `Sync`). They are read once here.
+        let x = unsafe { &*q };
+        let (Some(start), Some(complete), Some(set_sge), Some(set_list), Some(set_inline)) = (
+            x.wr_start,
+            x.wr_complete,
+            x.wr_set_sge,
+            x.wr_set_sge_list,
+            x.wr_set_inline_data,
+        ) else {
+            return Err(refused(
+                "the provider's ibv_qp_ex lacks wr_start, wr_complete or a setter",
+            ));
+        };
+        // Every builder the batch needs, before the batch is started: nothing between
+        // `ibv_wr_start` and `ibv_wr_complete` may fail or return early (the provider holds
+        // the send queue's lock in between).
+        let has_builder = |wr: &SendWr<'_>| match wr.opcode {
+            Opcode::RdmaWrite => x.wr_rdma_write.is_some(),
+            Opcode::RdmaWriteWithImm => x.wr_rdma_write_imm.is_some(),
+            Opcode::RdmaRead => x.wr_rdma_read.is_some(),
+            Opcode::Send => x.wr_send.is_some(),
+            Opcode::SendWithImm => x.wr_send_imm.is_some(),
+            Opcode::AtomicCmpSwp { .. } => x.wr_atomic_cmp_swp.is_some(),
+            Opcode::AtomicFetchAdd { .. } => x.wr_atomic_fetch_add.is_some(),
+        };
+        if !wrs.iter().all(has_builder) {
+            return Err(refused(
+                "the queue pair's ibv_qp_ex has no builder for an operation of the batch \
+                 (made without it in its send_ops_flags)",
+            ));
+        }
+        // Lists are handed over as `ibv_sge`s: converted into `scratch`, which the setter
+        // copies from before it returns.
+        let longest = wrs
+            .iter()
+            .map(|w| match w.local {
+                Local::Sges(list) => list.len(),
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        let mut stack = [sys::ibv_sge::default(); EX_SGES];
+        let mut heap = Vec::new();
+        let scratch: &mut [sys::ibv_sge] = if longest <= EX_SGES {
+            &mut stack
+        } else {
+            heap.resize(longest, sys::ibv_sge::default());
+            &mut heap
+        };
+        // SAFETY: from `ibv_wr_start` to `ibv_wr_complete` the calls are the provider's
+        // builders and setters of this QP's `ibv_qp_ex` (checked present above), in the
+        // order `ibv_wr_post(3)` asks: `wr_id` and `wr_flags` set, then one builder, then
+        // one setter per work request; nothing in between can panic or return, so the
+        // provider's send-queue lock taken by `wr_start` is always released by
+        // `wr_complete`. The data the setters read (inline bytes, `scratch`) lives
+        // through each call, and the providers copy it before returning (rxe's `memcpy`
+        // into the WQE, libmlx5's data segments or inline copy).
+        let rc = unsafe {
+            start(q);
+            for wr in wrs {
+                let mut flags = 0;
+                if wr.signaled {
+                    flags |= sys::IBV_SEND_SIGNALED;
+                }
+                // rxe's kernel reads inline data from its WQE only with IBV_SEND_INLINE in
+                // the flags, which its `wr_set_inline_data` does not set; libmlx5 ignores
+                // it there (`_common_wqe_init_op` reads FENCE, SIGNALED, SOLICITED).
+                if matches!(wr.local, Local::Inline(_)) {
+                    flags |= sys::IBV_SEND_INLINE;
+                }
+                (*q).wr_id = wr.wr_id;
+                (*q).wr_flags = flags;
+                let (rkey, addr) = (wr.remote.rkey, wr.remote.addr);
+                let imm = wr.imm_data.to_be();
+                match wr.opcode {
+                    Opcode::RdmaWrite => {
+                        if let Some(f) = x.wr_rdma_write {
+                            f(q, rkey, addr)
+                        }
+                    }
+                    Opcode::RdmaWriteWithImm => {
+                        if let Some(f) = x.wr_rdma_write_imm {
+                            f(q, rkey, addr, imm)
+                        }
+                    }
+                    Opcode::RdmaRead => {
+                        if let Some(f) = x.wr_rdma_read {
+                            f(q, rkey, addr)
+                        }
+                    }
+                    Opcode::Send => {
+                        if let Some(f) = x.wr_send {
+                            f(q)
+                        }
+                    }
+                    Opcode::SendWithImm => {
+                        if let Some(f) = x.wr_send_imm {
+                            f(q, imm)
+                        }
+                    }
+                    Opcode::AtomicCmpSwp { compare, swap } => {
+                        if let Some(f) = x.wr_atomic_cmp_swp {
+                            f(q, rkey, addr, compare, swap)
+                        }
+                    }
+                    Opcode::AtomicFetchAdd { add } => {
+                        if let Some(f) = x.wr_atomic_fetch_add {
+                            f(q, rkey, addr, add)
+                        }
+                    }
+                }
+                // Every work request gets a setter: libmlx5 finishes the WQE in it
+                // (`_common_wqe_finalize`); one of no bytes adds no data segment (libmlx5)
+                // and leaves the WQE's length 0 (rxe).
+                match wr.local {
+                    Local::Empty | Local::Sges([]) => set_sge(q, 0, 0, 0),
+                    Local::Sge(s) => set_sge(q, s.lkey, s.addr, s.length),
+                    Local::Sges(list) => {
+                        let mut n = 0;
+                        for (slot, s) in scratch.iter_mut().zip(list) {
+                            *slot = sys::ibv_sge {
+                                addr: s.addr,
+                                length: s.length,
+                                lkey: s.lkey,
+                            };
+                            n += 1;
+                        }
+                        set_list(q, n, scratch.as_ptr());
+                    }
+                    Local::Inline(data) => {
+                        set_inline(q, data.as_ptr().cast_mut().cast(), data.len())
+                    }
+                }
+            }
+            complete(q)
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        if self.dev.is_rxe() && rc != libc::ENOSPC {
+            // rxe's doorbell failed after the producer index was stored: posted.
+            return Err(PostWrError {
+                index: wrs.len(),
+                failure: PostFailure::AfterPosting,
+                source: Some(io::Error::from_raw_os_error(errno_of(rc, None))),
+            });
+        }
+        Err(batch_error(rc, wrs.len(), || self.state()))
     }
 
     /// Posts `wrs` as one `ibv_post_send` list built in `sges` (at least the entries of
@@ -749,6 +989,20 @@ impl QueuePair for VerbsQp {
             self.caps.max_send_sge,
             self.dev.is_rxe(),
         ) {
+            if self.qp_ex.is_some() {
+                // The extended API posts a batch whole or not at all, as `ibv_wr_complete`
+                // would have refused it for this work request (libmlx5 and rxe set their
+                // batch error for an inline or a list too long).
+                return Err(PostWrError {
+                    index: 0,
+                    failure,
+                    source: Some(io::Error::other(format!(
+                        "work request {bad} of a batch of {} (the extended post API posts a \
+                         batch whole or not at all)",
+                        wrs.len()
+                    ))),
+                });
+            }
             // What comes before it is posted, as a provider's `bad_wr` would leave it. If
             // that post took them all and failed after (rxe's doorbell), they are posted
             // all the same: the refusal at `bad` is the error to report.
@@ -762,6 +1016,19 @@ impl QueuePair for VerbsQp {
                 failure,
                 source: None,
             });
+        }
+        if let Some(qpx) = self.qp_ex {
+            // rxe's `wr_set_sge_list` before rdma-core 64 (fixed by 406cd2ad0, "rxe: Fix
+            // dma.length computation in wr_set_sge_list") writes the first entry's length
+            // times the entries as the message's length: a READ over entries of 40 and 60
+            // bytes reads 80 (seen on rxe0, rdma-core 44), and the kernel's `copy_data`
+            // fails a WRITE that runs past its entries. A batch holding a list of unequal
+            // entries goes through `ibv_post_send`, which sums them. (Not all-or-nothing
+            // then, but nothing in it is refused after the checks above but a full queue,
+            // which a tracker's accounting keeps from happening.)
+            if !(self.dev.is_rxe() && wrs.iter().any(uneven_list)) {
+                return self.post_send_ex(qpx, wrs);
+            }
         }
         // Built in place, on the stack for the usual batch sizes (lists included, up to
         // `POST_INLINE_SGES` entries in all): no allocation, no copies.
@@ -1083,6 +1350,12 @@ mod tests {
                 PostFailure::Invalid("a scatter/gather list of 4 GiB or more")
             ))
         );
+        // rxe's `wr_set_sge_list` before rdma-core 64 is right for lists of one length.
+        assert!(uneven_list(&list(three)));
+        assert!(!uneven_list(&list(&three[..1])));
+        assert!(!uneven_list(&list(&[])));
+        let even: &'static [selsig::Sge] = Box::leak(Box::new([e(8), e(8)]));
+        assert!(!uneven_list(&list(even)));
         // Entries in the post list: a list's, one for data, none without.
         assert_eq!(sge_count(&list(three)), 3);
         assert_eq!(sge_count(&list(&[])), 0);

@@ -13,7 +13,7 @@ use selsig::{
     Outcome, Policy, PostFailure, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr,
     RemoteAddr, SendWr, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion, connect_pair,
 };
-use selsig_verbs::{VerbsCq, VerbsDevice, VerbsOptions, VerbsPd, VerbsQp};
+use selsig_verbs::{PostApi, VerbsCq, VerbsDevice, VerbsOptions, VerbsPd, VerbsQp};
 
 const NEEDS_DEVICE: &str = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)";
 
@@ -1794,7 +1794,12 @@ struct ListPair {
 }
 
 fn list_pair(max_send_sge: u32) -> ListPair {
-    let dev = device();
+    list_pair_on(device(), max_send_sge)
+}
+
+/// [`list_pair`] on `dev` (whose post API the QPs take), the remote region and the QPs
+/// open to atomics too.
+fn list_pair_on(dev: VerbsDevice, max_send_sge: u32) -> ListPair {
     let pd = dev.alloc_pd().unwrap();
     let cq_a = Arc::new(dev.create_cq(64).unwrap());
     let cq_b = Arc::new(dev.create_cq(64).unwrap());
@@ -1817,11 +1822,14 @@ fn list_pair(max_send_sge: u32) -> ListPair {
     );
     let options = ConnectOptions {
         gid_index: dev.gid_index(),
+        access: RW.union(Access::REMOTE_ATOMIC),
         ..ConnectOptions::default()
     };
     connect_pair(&a, &b, &options).unwrap();
     let local = dev.reg_mr(&pd, 4096, Access::LOCAL_WRITE).unwrap();
-    let remote = dev.reg_mr(&pd, 4096, RW).unwrap();
+    let remote = dev
+        .reg_mr(&pd, 4096, RW.union(Access::REMOTE_ATOMIC))
+        .unwrap();
     ListPair {
         p: Pair {
             dev,
@@ -2067,4 +2075,333 @@ fn rxe_fails_a_list_whose_third_entry_is_bad_and_places_nothing() {
             ("address", WcStatus::LocProtErr, QpState::Err),
         ]
     );
+}
+
+// The extended posting API (`PostApi::Extended`: `ibv_wr_start` ... `ibv_wr_complete`).
+
+/// A receive completion's `wr_id`, status, opcode, `byte_len` and immediate data.
+type Received = (u64, WcStatus, Option<WcOpcode>, u32, Option<u32>);
+
+fn extended() -> VerbsDevice {
+    device()
+        .with_post_api(PostApi::Extended)
+        .unwrap_or_else(|e| panic!("the device takes no extended posts: {e}"))
+}
+
+/// What a batch of every operation and kind of data did: the sender's completions, the
+/// receiver's, and the bytes of the local region, the remote one and the receives'.
+#[derive(Debug, PartialEq)]
+struct BatchOutcome {
+    sent: Vec<(u64, WcStatus, Option<WcOpcode>, u32)>,
+    received: Vec<Received>,
+    local: Vec<u8>,
+    remote: Vec<u8>,
+    inbox: Vec<u8>,
+}
+
+/// `uneven`: the lists of the third and eighth work requests have entries of different
+/// lengths (on rxe such a batch goes through `ibv_post_send`: rxe's `wr_set_sge_list`
+/// before rdma-core 64 writes the message length wrong); else their entries are of one
+/// length, and the batch goes through the extended API on any device.
+fn batch_of_everything(dev: VerbsDevice, uneven: bool) -> BatchOutcome {
+    let api = dev.post_api();
+    let l = list_pair_on(dev, 3);
+    assert_eq!(l.p.a.post_api(), api);
+    let inbox = l.p.dev.reg_mr(&l.p.pd, 256, Access::LOCAL_WRITE).unwrap();
+    l.p.b
+        .post_recv(&[
+            RecvWr {
+                wr_id: 100,
+                sge: Some(inbox.sge(0, 64)),
+            },
+            RecvWr {
+                wr_id: 101,
+                sge: Some(inbox.sge(64, 64)),
+            },
+            RecvWr {
+                wr_id: 102,
+                sge: Some(inbox.sge(128, 64)),
+            },
+        ])
+        .unwrap();
+    let (local, remote) = (&l.local, &l.remote);
+    local.write(0, &[0x11; 64]).unwrap();
+    local.write(64, &[0x22; 96]).unwrap();
+    local.write(200, &[0x33; 37]).unwrap();
+    local.write(300, &[0x44; 100]).unwrap();
+    let pattern: Vec<u8> = (0..100u8).collect();
+    remote.write(1024, &pattern).unwrap();
+    remote.write(2048, &5u64.to_ne_bytes()).unwrap();
+    let even: Vec<_> = (0..3).map(|i| local.sge(64 + i * 32, 32)).collect();
+    let third = if uneven {
+        [local.sge(200, 37), local.sge(300, 100)]
+    } else {
+        [local.sge(200, 32), local.sge(300, 32)]
+    };
+    let scatter = if uneven {
+        [local.sge(1024, 40), local.sge(1100, 60)]
+    } else {
+        [local.sge(1024, 50), local.sge(1100, 50)]
+    };
+    let inline: &[u8] = b"inline, 16 bytes";
+    let wr = |wr_id, opcode, local, remote| SendWr {
+        wr_id,
+        opcode,
+        local,
+        remote,
+        imm_data: 0,
+        signaled: true,
+    };
+    let batch = [
+        wr(
+            1,
+            Opcode::RdmaWrite,
+            Local::Sge(local.sge(0, 64)),
+            remote.remote(0),
+        ),
+        wr(2, Opcode::RdmaWrite, Local::Sges(&even), remote.remote(100)),
+        wr(
+            3,
+            Opcode::RdmaWrite,
+            Local::Sges(&third),
+            remote.remote(300),
+        ),
+        wr(
+            4,
+            Opcode::RdmaWrite,
+            Local::Inline(inline),
+            remote.remote(500),
+        ),
+        SendWr {
+            imm_data: 0xdead_beef,
+            ..wr(
+                5,
+                Opcode::RdmaWriteWithImm,
+                Local::Sge(local.sge(0, 8)),
+                remote.remote(600),
+            )
+        },
+        wr(
+            6,
+            Opcode::Send,
+            Local::Sge(local.sge(64, 16)),
+            RemoteAddr::default(),
+        ),
+        SendWr {
+            imm_data: 7,
+            ..wr(
+                7,
+                Opcode::SendWithImm,
+                Local::Inline(inline),
+                RemoteAddr::default(),
+            )
+        },
+        wr(
+            8,
+            Opcode::RdmaRead,
+            Local::Sges(&scatter),
+            remote.remote(1024),
+        ),
+        wr(
+            9,
+            Opcode::AtomicFetchAdd { add: 3 },
+            Local::Sge(local.sge(512, 8)),
+            remote.remote(2048),
+        ),
+        wr(
+            10,
+            Opcode::AtomicCmpSwp {
+                compare: 8,
+                swap: 9,
+            },
+            Local::Sge(local.sge(520, 8)),
+            remote.remote(2048),
+        ),
+        wr(11, Opcode::RdmaWrite, Local::Empty, RemoteAddr::default()),
+        wr(
+            12,
+            Opcode::RdmaWrite,
+            Local::Sges(&[]),
+            RemoteAddr::default(),
+        ),
+    ];
+    l.p.a.post_send(&batch).unwrap();
+    let sent = poll_n(&l.p.cq_a, batch.len())
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+        .collect();
+    let received = poll_n(&l.p.cq_b, 3)
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data))
+        .collect();
+    quiet(&l.p.cq_a);
+    quiet(&l.p.cq_b);
+    BatchOutcome {
+        sent,
+        received,
+        local: read_back(local, 0, 4096),
+        remote: read_back(remote, 0, 4096),
+        inbox: read_back(&inbox, 0, 256),
+    }
+}
+
+/// One batch of every operation selsig posts, with every kind of data (an entry, lists
+/// even and uneven, inline bytes, none, an empty list), posted through the extended API,
+/// completes and places exactly as through `ibv_post_send`.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn the_extended_api_posts_what_the_legacy_one_does() {
+    for uneven in [false, true] {
+        let legacy = batch_of_everything(device(), uneven);
+        assert!(
+            legacy.sent.iter().all(|s| s.1 == WcStatus::Success),
+            "{:?}",
+            legacy.sent
+        );
+        assert_eq!(legacy.sent.len(), 12);
+        let ext = batch_of_everything(extended(), uneven);
+        assert_eq!(ext.sent, legacy.sent, "uneven: {uneven}");
+        assert_eq!(ext.received, legacy.received, "uneven: {uneven}");
+        assert_eq!(ext.inbox, legacy.inbox, "uneven: {uneven}");
+        assert_eq!(ext.remote, legacy.remote, "uneven: {uneven}");
+        assert_eq!(ext.local, legacy.local, "uneven: {uneven}");
+        let (a, b) = if uneven { (37, 100) } else { (32, 32) };
+        assert_eq!(ext.remote[300..300 + a], vec![0x33; a]);
+        assert_eq!(ext.remote[300 + a..300 + a + b], vec![0x44; b]);
+        assert_eq!(ext.remote[300 + a + b], 0);
+        let pattern: Vec<u8> = (0..100u8).collect();
+        let (c, d) = if uneven { (40, 60) } else { (50, 50) };
+        assert_eq!(ext.local[1024..1024 + c], pattern[..c]);
+        assert_eq!(ext.local[1100..1100 + d], pattern[c..]);
+    }
+    let ext = batch_of_everything(extended(), false);
+    // And the bytes are the ones meant.
+    assert_eq!(ext.remote[..64], [0x11; 64]);
+    assert_eq!(ext.remote[100..196], [0x22; 96]);
+    assert_eq!(&ext.remote[500..516], b"inline, 16 bytes");
+    // The WRITE with immediate took the first receive, the SEND the second, the inline
+    // SEND with immediate the third.
+    assert_eq!(ext.inbox[64..80], [0x22; 16]);
+    assert_eq!(&ext.inbox[128..144], b"inline, 16 bytes");
+    assert_eq!(
+        ext.remote[2048..2056],
+        9u64.to_ne_bytes(),
+        "5, plus 3, swapped for 9"
+    );
+}
+
+/// A batch that `ibv_wr_complete` refuses is posted not at all: a send queue overfilled in
+/// one batch (rxe's `check_qp_queue_full`: ENOSPC) is refused at index 0, a full queue, and
+/// nothing of it runs; a list too long for the QP, third in a batch, refuses the whole
+/// batch with the count and the limit.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_batch_the_extended_api_refuses_posts_nothing() {
+    let l = list_pair_on(extended(), 2);
+    l.local.write(0, &[0x66; 64]).unwrap();
+    let wrs: Vec<_> = (0..300)
+        .map(|i| write(i, &l.local, 0, 8, l.remote.remote(8), true))
+        .collect();
+    let e = l.p.a.post_send(&wrs).unwrap_err();
+    assert_eq!((e.index, e.failure), (0, PostFailure::Full), "{e}");
+    quiet(&l.p.cq_a);
+    assert_eq!(read_back(&l.remote, 0, 64), [0u8; 64], "nothing was posted");
+    assert_eq!(l.p.a.state(), QpState::Rts);
+
+    let max = l.p.a.caps().max_send_sge;
+    let count = max as usize + 1;
+    let sges: Vec<_> = (0..count).map(|i| l.local.sge(i * 8, 8)).collect();
+    let batch = [
+        write(1, &l.local, 0, 8, l.remote.remote(0), true),
+        write(2, &l.local, 0, 8, l.remote.remote(16), true),
+        SendWr {
+            local: Local::Sges(&sges),
+            ..write(3, &l.local, 0, 8, l.remote.remote(32), true)
+        },
+    ];
+    let e = l.p.a.post_send(&batch).unwrap_err();
+    assert_eq!(
+        (e.index, e.failure),
+        (0, PostFailure::TooManySges { count, max })
+    );
+    quiet(&l.p.cq_a);
+    assert_eq!(read_back(&l.remote, 0, 64), [0u8; 64], "nothing was posted");
+    // The QP is as it was: the next batch runs.
+    l.p.a.post_send(&batch[..2]).unwrap();
+    let wcs = poll_n(&l.p.cq_a, 2);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+}
+
+/// Through a queue: a batch whose third work request is inline data beyond the QP's
+/// `max_inline_data` is refused whole, and every work request comes back from
+/// `post_batch` with its buffer, in order; the queue is as before and posts the next batch.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_refused_extended_batch_hands_every_buffer_back() {
+    let l = list_pair_on(extended(), 1);
+    let ListPair { p, remote, .. } = l;
+    let max_inline = p.a.caps().max_inline_data as usize;
+    let (bufs, _) = Buffer::new(p.dev.reg_mr(&p.pd, 4 * 64, Access::LOCAL_WRITE).unwrap())
+        .split_into(4, 64)
+        .unwrap();
+    let mut q: SignaledQueue<VerbsDevice, u32> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
+    let big = vec![0x77u8; max_inline + 1];
+    let mut bufs = bufs.into_iter();
+    let mut works = Vec::new();
+    for i in 0..4u32 {
+        let target = remote.remote(i as usize * 64);
+        works.push(if i == 2 {
+            Work::write_inline(&big, target, i)
+        } else {
+            let mut b = bufs.next().unwrap();
+            b.fill(0x40 + i as u8).unwrap();
+            Work::write(b, target, i)
+        });
+    }
+    let e = q.post_batch(&mut works.into_iter()).unwrap_err();
+    match e {
+        selsig::QueuePostError::Provider { returned, source } => {
+            assert_eq!(source.index, 0, "{source}");
+            assert_eq!(
+                source.failure,
+                PostFailure::InlineTooLong {
+                    len: max_inline + 1,
+                    max: max_inline as u32
+                }
+            );
+            assert_eq!(
+                returned.iter().map(|p| p.user).collect::<Vec<_>>(),
+                [0, 1, 2, 3]
+            );
+            assert_eq!(
+                returned
+                    .iter()
+                    .map(|p| p.buffer.is_some())
+                    .collect::<Vec<_>>(),
+                [true, true, false, true]
+            );
+            // The next batch, the same buffers, posts and completes.
+            let again: Vec<_> = returned
+                .into_iter()
+                .filter_map(|p| p.buffer.map(|b| (b, p.user)))
+                .map(|(b, u)| Work::write(b, remote.remote(u as usize * 64), u))
+                .collect();
+            assert_eq!(q.post_batch(&mut again.into_iter()).unwrap(), 3);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(q.stats().posted, 3);
+    let mut done = Vec::new();
+    q.drain(Duration::from_secs(20), &mut done).unwrap();
+    assert_eq!(
+        done.iter().map(|c| (c.user, c.outcome)).collect::<Vec<_>>(),
+        [0, 1, 3].map(|u| (u, Outcome::Completed))
+    );
+    assert_eq!(read_back(&remote, 0, 64), [0x40; 64]);
+    assert_eq!(read_back(&remote, 128, 64), [0u8; 64]);
+    assert_eq!(read_back(&remote, 192, 64), [0x43; 64]);
 }
