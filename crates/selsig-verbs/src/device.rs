@@ -627,31 +627,10 @@ impl VerbsDevice {
         self.post_api
     }
 
-    /// The provider's `create_qp_ex`, found as the static inline `ibv_create_qp_ex` finds
-    /// it (`verbs_get_ctx_op`): in the `struct verbs_context` around an extended context,
-    /// when the provider filled it (`sz` reaches back to it) and set it.
+    /// The provider's `create_qp_ex` ([`sys::create_qp_ex_op`]).
     pub(crate) fn create_qp_ex(&self) -> Option<sys::CreateQpEx> {
-        let ctx = self.ctx.ctx.as_ptr();
-        // SAFETY: the context is open; `abi_compat` is set when it is made.
-        if unsafe { (*ctx).abi_compat } != sys::VERBS_ABI_IS_EXTENDED {
-            return None;
-        }
-        let from_end = |offset: usize| size_of::<sys::verbs_context_end>() - offset;
-        // SAFETY: an extended context lies at the end of a `struct verbs_context`
-        // (libibverbs' `verbs_init_and_alloc_context`), whose last members
-        // `verbs_context_end` mirrors (checked against the header): stepping back from the
-        // context by its offset there stays in that allocation. `sz` says how much of the
-        // struct the provider's libibverbs has; members beyond it are not read.
-        unsafe {
-            let end = ctx
-                .byte_sub(std::mem::offset_of!(sys::verbs_context_end, context))
-                .cast::<sys::verbs_context_end>();
-            let sz = (*end).sz;
-            if sz < from_end(std::mem::offset_of!(sys::verbs_context_end, create_qp_ex)) {
-                return None;
-            }
-            (*end).create_qp_ex
-        }
+        // SAFETY: the context is open while this handle lives.
+        unsafe { sys::create_qp_ex_op(self.ctx.ctx.as_ptr()) }
     }
 
     /// The port in use.

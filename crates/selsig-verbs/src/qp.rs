@@ -101,6 +101,23 @@ fn uneven_list(wr: &SendWr<'_>) -> bool {
     }
 }
 
+/// The functions of an `ibv_qp_ex` selsig calls, copied out of it.
+#[derive(Clone, Copy)]
+struct ExFns {
+    wr_start: Option<sys::WrStart>,
+    wr_complete: Option<sys::WrComplete>,
+    wr_set_sge: Option<sys::WrSetSge>,
+    wr_set_sge_list: Option<sys::WrSetSgeList>,
+    wr_set_inline_data: Option<sys::WrSetInlineData>,
+    wr_rdma_write: Option<sys::WrRdma>,
+    wr_rdma_write_imm: Option<sys::WrRdmaImm>,
+    wr_rdma_read: Option<sys::WrRdma>,
+    wr_send: Option<sys::WrSend>,
+    wr_send_imm: Option<sys::WrSendImm>,
+    wr_atomic_cmp_swp: Option<sys::WrCmpSwp>,
+    wr_atomic_fetch_add: Option<sys::WrFetchAdd>,
+}
+
 /// Entries of a list converted for `ibv_wr_set_sge_list` on the stack (longer lists take
 /// a vector, once per post).
 const EX_SGES: usize = 32;
@@ -490,8 +507,25 @@ impl VerbsQp {
         // SAFETY: the QP's `ibv_qp_ex`, alive as long as the QP; the provider set its
         // function pointers when it made the QP (libmlx5 swaps `wr_complete` on a move to
         // RESET or RTS, inside `ibv_modify_qp`: a post racing a modify is the program's
-        // race, see `VerbsQp`'s `Sync`). They are read once here.
-        let x = unsafe { &*q };
+        // race, see `VerbsQp`'s `Sync`). They are read once here, each by value through
+        // the raw pointer: no reference to the struct, whose `wr_id` and `wr_flags` posts
+        // on other threads write (under the provider's lock, as below).
+        let x = unsafe {
+            ExFns {
+                wr_start: (*q).wr_start,
+                wr_complete: (*q).wr_complete,
+                wr_set_sge: (*q).wr_set_sge,
+                wr_set_sge_list: (*q).wr_set_sge_list,
+                wr_set_inline_data: (*q).wr_set_inline_data,
+                wr_rdma_write: (*q).wr_rdma_write,
+                wr_rdma_write_imm: (*q).wr_rdma_write_imm,
+                wr_rdma_read: (*q).wr_rdma_read,
+                wr_send: (*q).wr_send,
+                wr_send_imm: (*q).wr_send_imm,
+                wr_atomic_cmp_swp: (*q).wr_atomic_cmp_swp,
+                wr_atomic_fetch_add: (*q).wr_atomic_fetch_add,
+            }
+        };
         let (Some(start), Some(complete), Some(set_sge), Some(set_list), Some(set_inline)) = (
             x.wr_start,
             x.wr_complete,

@@ -206,6 +206,35 @@ pub struct verbs_context_end {
 /// `__VERBS_ABI_IS_EXTENDED`, in `ibv_context.abi_compat`: a `verbs_context` surrounds it.
 pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 
+/// The provider's `create_qp_ex` of context `ctx`, found as the static inline
+/// `ibv_create_qp_ex` finds it (`verbs_get_ctx_op`): in the `struct verbs_context` around an
+/// extended context (`abi_compat`), when the provider's libibverbs filled that far (`sz`
+/// reaches back to it) and set it.
+///
+/// # Safety
+///
+/// `ctx` is an open device context of the libibverbs this process loaded.
+pub unsafe fn create_qp_ex_op(ctx: *mut ibv_context) -> Option<CreateQpEx> {
+    // SAFETY: an open context (the caller's contract); `abi_compat` is set when it is made.
+    if unsafe { (*ctx).abi_compat } != VERBS_ABI_IS_EXTENDED {
+        return None;
+    }
+    let end_offset = std::mem::offset_of!(verbs_context_end, context);
+    let from_end = |offset: usize| size_of::<verbs_context_end>() - offset;
+    // SAFETY: an extended context lies at the end of a `struct verbs_context` (libibverbs'
+    // `verbs_init_and_alloc_context`), whose last members `verbs_context_end` mirrors
+    // (checked against the header): stepping back from the context by its offset there
+    // stays in that allocation. `sz` says how much of the struct the provider's libibverbs
+    // has; a member beyond it is not read. Members are read by value, through the pointer.
+    unsafe {
+        let end = ctx.byte_sub(end_offset).cast::<verbs_context_end>();
+        if (*end).sz < from_end(std::mem::offset_of!(verbs_context_end, create_qp_ex)) {
+            return None;
+        }
+        (*end).create_qp_ex
+    }
+}
+
 /// The extended posting API's functions in `struct ibv_qp_ex`, called by the static inline
 /// `ibv_wr_*` of `verbs.h`.
 pub type WrStart = unsafe extern "C" fn(qp: *mut ibv_qp_ex);

@@ -2405,3 +2405,97 @@ fn a_refused_extended_batch_hands_every_buffer_back() {
     assert_eq!(read_back(&remote, 128, 64), [0u8; 64]);
     assert_eq!(read_back(&remote, 192, 64), [0x43; 64]);
 }
+
+/// A program's QP is posted to through the extended API only if it was made for it: one
+/// made with `ibv_create_qp` is refused by a device handle that posts through it, with the
+/// reason; one made with `ibv_create_qp_ex` and `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` is taken
+/// and posts.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_program_s_qp_posts_through_the_extended_api_if_made_for_it() {
+    use selsig_verbs::sys;
+    let f = foreign(16);
+    let options = VerbsOptions {
+        gid_index: std::env::var("SELSIG_GID_INDEX")
+            .ok()
+            .and_then(|g| g.parse().ok()),
+        ..VerbsOptions::default()
+    };
+    // SAFETY: libibverbs' documented calls on the program's open context, each result
+    // checked (`ibv_create_qp_ex` as the static inline does it).
+    let ex_qps = unsafe {
+        let create = sys::create_qp_ex_op(f.ctx).expect("the provider has create_qp_ex");
+        [f.cqs[0], f.cqs[1]].map(|cq| {
+            let mut attr: sys::ibv_qp_init_attr_ex = std::mem::zeroed();
+            attr.send_cq = cq;
+            attr.recv_cq = cq;
+            attr.cap = sys::ibv_qp_cap {
+                max_send_wr: 8,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            };
+            attr.qp_type = sys::IBV_QPT_RC;
+            attr.comp_mask = sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+            attr.pd = f.pd;
+            attr.send_ops_flags = sys::IBV_QP_EX_WITH_RDMA_WRITE;
+            let qp = create(f.ctx, &mut attr);
+            assert!(!qp.is_null(), "ibv_create_qp_ex");
+            qp
+        })
+    };
+    {
+        // SAFETY: the program's objects stay alive until the wrappers are dropped at the end
+        // of this block; nothing else posts to the QPs meanwhile.
+        unsafe {
+            let dev = VerbsDevice::from_raw(f.ctx, &options)
+                .unwrap()
+                .with_post_api(PostApi::Extended)
+                .unwrap();
+            let cq_a = Arc::new(VerbsCq::from_raw(&dev, f.cqs[0]).unwrap());
+            let cq_b = Arc::new(VerbsCq::from_raw(&dev, f.cqs[1]).unwrap());
+            let e = VerbsQp::from_raw(&dev, f.qps[0], &cq_a, &cq_a)
+                .err()
+                .expect("refused");
+            assert!(
+                e.to_string().contains("IBV_QP_INIT_ATTR_SEND_OPS_FLAGS"),
+                "{e}"
+            );
+            let a = VerbsQp::from_raw(&dev, ex_qps[0], &cq_a, &cq_a).unwrap();
+            let b = VerbsQp::from_raw(&dev, ex_qps[1], &cq_b, &cq_b).unwrap();
+            assert_eq!(a.post_api(), PostApi::Extended);
+            let connect = ConnectOptions {
+                gid_index: dev.gid_index(),
+                ..ConnectOptions::default()
+            };
+            connect_pair(&a, &b, &connect).unwrap();
+            a.post_send(&[SendWr {
+                wr_id: 5,
+                opcode: Opcode::RdmaWrite,
+                local: Local::Empty,
+                remote: RemoteAddr::default(),
+                imm_data: 0,
+                signaled: true,
+            }])
+            .unwrap();
+            let wcs = poll_n(&cq_a, 1);
+            assert_eq!((wcs[0].wr_id, wcs[0].status), (5, WcStatus::Success));
+            // The same legacy device handle wraps the program's legacy QP.
+            let legacy = dev.clone().with_post_api(PostApi::Legacy).unwrap();
+            let c = VerbsQp::from_raw(&legacy, f.qps[0], &cq_a, &cq_a).unwrap();
+            assert_eq!(c.post_api(), PostApi::Legacy);
+        }
+    }
+    // SAFETY: the program's objects, destroyed once, children first.
+    unsafe {
+        for qp in f.qps.into_iter().chain(ex_qps) {
+            assert_eq!((f.v.fns.destroy_qp)(qp), 0);
+        }
+        for cq in f.cqs {
+            assert_eq!((f.v.fns.destroy_cq)(cq), 0);
+        }
+        assert_eq!((f.v.fns.dealloc_pd)(f.pd), 0);
+        assert_eq!((f.v.fns.close_device)(f.ctx), 0);
+    }
+}
