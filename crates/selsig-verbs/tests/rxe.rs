@@ -2092,6 +2092,8 @@ fn extended() -> VerbsDevice {
 /// receiver's, and the bytes of the local region, the remote one and the receives'.
 #[derive(Debug, PartialEq)]
 struct BatchOutcome {
+    /// The capacities the QP was given.
+    caps: QpCaps,
     sent: Vec<(u64, WcStatus, Option<WcOpcode>, u32)>,
     received: Vec<Received>,
     local: Vec<u8>,
@@ -2237,6 +2239,7 @@ fn batch_of_everything(dev: VerbsDevice, uneven: bool) -> BatchOutcome {
     quiet(&l.p.cq_a);
     quiet(&l.p.cq_b);
     BatchOutcome {
+        caps: l.p.a.caps(),
         sent,
         received,
         local: read_back(local, 0, 4096),
@@ -2260,6 +2263,10 @@ fn the_extended_api_posts_what_the_legacy_one_does() {
         );
         assert_eq!(legacy.sent.len(), 12);
         let ext = batch_of_everything(extended(), uneven);
+        assert_eq!(
+            ext.caps, legacy.caps,
+            "ibv_create_qp_ex gives what ibv_create_qp does"
+        );
         assert_eq!(ext.sent, legacy.sent, "uneven: {uneven}");
         assert_eq!(ext.received, legacy.received, "uneven: {uneven}");
         assert_eq!(ext.inbox, legacy.inbox, "uneven: {uneven}");
