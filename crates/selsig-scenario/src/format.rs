@@ -76,6 +76,8 @@ pub(crate) struct QpDecl {
     /// Receive queue depth of the peer.
     #[serde(default = "default_recv_depth")]
     pub peer_depth: u32,
+    /// `max_send_sge` asked for (default: the longest `list` of its posts, at least 1).
+    pub max_send_sge: Option<u32>,
 }
 
 fn default_depth() -> u32 {
@@ -166,6 +168,21 @@ pub(crate) struct PostStep {
     pub compare: Option<u64>,
     /// What cmp_swap writes when they are equal.
     pub swap: Option<u64>,
+    /// A scatter/gather list instead of `local`: each work request gathers these pieces in
+    /// order (a READ scatters over them). Its size is theirs together.
+    pub list: Option<Vec<EntryDecl>>,
+    /// Which entry of the list a bad_lkey breaks (1-based, default 1).
+    pub fault_entry: Option<u64>,
+}
+
+/// An entry of a post's `list`: `size` bytes of region `local` from `offset`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EntryDecl {
+    pub local: String,
+    #[serde(default)]
+    pub offset: u64,
+    pub size: u64,
 }
 
 fn one() -> u64 {

@@ -102,6 +102,8 @@ pub(crate) struct Qp {
     pub rnr_retry: u8,
     pub retry_cnt: u8,
     pub peer_depth: u32,
+    /// `max_send_sge` as declared, if it was.
+    pub max_send_sge: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -176,6 +178,19 @@ pub(crate) struct Post {
     pub inline: bool,
     pub imm: u32,
     pub fault: Option<(Fault, u64)>,
+    /// A scatter/gather list (then `local` is `None` and `size` is the list's), each
+    /// entry's offset moving by `stride` with each work request as the remote one does.
+    pub list: Vec<Entry>,
+    /// The entry of the list a bad_lkey breaks (0-based).
+    pub fault_entry: usize,
+}
+
+/// An entry of a post's scatter/gather list.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Entry {
+    pub region: usize,
+    pub offset: u64,
+    pub size: u64,
 }
 
 #[derive(Debug)]

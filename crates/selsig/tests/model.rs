@@ -139,11 +139,14 @@ struct Model {
 #[derive(Clone, Debug)]
 enum Transition {
     /// Post `n` work requests in one batch; bit i of `force` forces a signal on the i-th;
-    /// the provider refuses the batch from index `refuse_from` on.
+    /// the provider refuses the batch from index `refuse_from` on. A `whole` provider posts
+    /// all or nothing (`ibv_wr_complete`): its refusal at any index hands back the whole
+    /// batch; another (`ibv_post_send`) posted those before the index.
     Post {
         n: u8,
         force: u8,
         refuse_from: Option<u8>,
+        whole: bool,
     },
     Tick(u32),
     Execute(u8),
@@ -581,8 +584,8 @@ impl ReferenceStateMachine for Reference {
     fn transitions(state: &Model) -> BoxedStrategy<Transition> {
         let bogus = state.bogus_candidates();
         let base = prop_oneof![
-            6 => (1u8..=6, any::<u8>(), prop::option::weighted(0.15, 0u8..6)).prop_map(
-                |(n, force, refuse_from)| Transition::Post { n, force: force & force.rotate_left(3), refuse_from }
+            6 => (1u8..=6, any::<u8>(), prop::option::weighted(0.15, 0u8..6), any::<bool>()).prop_map(
+                |(n, force, refuse_from, whole)| Transition::Post { n, force: force & force.rotate_left(3), refuse_from, whole }
             ),
             2 => (0u32..3_000).prop_map(Transition::Tick),
             5 => (1u8..=8).prop_map(Transition::Execute),
@@ -622,6 +625,7 @@ impl ReferenceStateMachine for Reference {
                 n,
                 force,
                 refuse_from,
+                whole,
             } => {
                 let start = s.wrs.len();
                 let mut results = Vec::new();
@@ -635,6 +639,7 @@ impl ReferenceStateMachine for Reference {
                 }
                 let posted = s.wrs.len() - start;
                 let handed_back = match refuse_from {
+                    Some(_) if whole && posted > 0 => s.rollback(start),
                     Some(k) if (k as usize) < posted => s.rollback(start + k as usize),
                     _ => Vec::new(),
                 };
@@ -731,6 +736,7 @@ impl StateMachineTest for Sut {
                 n,
                 force,
                 refuse_from,
+                whole,
             } => {
                 let start = sut.tracker.next_seq();
                 let mut results = Vec::new();
@@ -754,11 +760,17 @@ impl StateMachineTest for Sut {
                     }
                 }
                 let posted = sut.tracker.next_seq().0 - start.0;
-                let handed_back = match refuse_from {
-                    Some(k) if u64::from(k) < posted => {
+                // An all-or-nothing provider's refusal takes the whole batch back, whichever
+                // work request it names.
+                let from = match refuse_from {
+                    Some(_) if whole => Some(0),
+                    k => k.map(u64::from),
+                };
+                let handed_back = match from {
+                    Some(k) if k < posted => {
                         let back: Vec<u64> = sut
                             .tracker
-                            .rollback(Seq(start.0 + u64::from(k)))
+                            .rollback(Seq(start.0 + k))
                             .expect("rollback of a fresh batch")
                             .collect();
                         sut.next_id -= back.len() as u64;

@@ -10,6 +10,9 @@ use crate::format::File;
 
 /// Largest region a scenario may register.
 pub(crate) const MAX_REGION: u64 = 64 << 20;
+/// The most entries of a post's `list`, and the most `max_send_sge` a QP may ask for:
+/// rxe's (`RXE_MAX_SGE`).
+pub(crate) const MAX_SGE: u32 = 32;
 /// Most work requests one post step may post (or receives one recv step).
 pub(crate) const MAX_COUNT: u64 = 1 << 20;
 /// Most work requests and receives a scenario may post in all (the trace keeps an event

@@ -4,14 +4,14 @@
 use selsig::Access;
 
 use crate::error::ScenarioError;
-use crate::format::PostStep;
-use crate::model::{Action, Fault, Op, Post, SignalChoice};
+use crate::format::{EntryDecl, PostStep};
+use crate::model::{Action, Entry, Fault, Op, Post, SignalChoice};
 
 /// The bytes an atomic operates on.
 const ATOMIC_LEN: u64 = selsig::ATOMIC_LEN as u64;
 
 use super::bounds::unusable;
-use super::checker::MAX_REGION;
+use super::checker::{MAX_REGION, MAX_SGE};
 use super::steps::{Here, Steps};
 
 impl Steps<'_> {
@@ -33,6 +33,19 @@ impl Steps<'_> {
         if op.is_atomic() {
             self.atomic_fields(at, p)?;
         }
+        // A list's size is its entries' together.
+        let listed;
+        let (p, list) = match &p.list {
+            Some(entries) => {
+                let list = self.post_list(at, p, entries)?;
+                listed = PostStep {
+                    size: list.iter().map(|e| e.size).sum(),
+                    ..p.clone()
+                };
+                (&listed, list)
+            }
+            None => (p, Vec::new()),
+        };
         let (local_offset, remote_offset, stride) = self.post_sizes(at, p)?;
         let (local, remote) = self.post_regions(at, p, op)?;
         let signal = match p.signal.as_str() {
@@ -49,7 +62,9 @@ impl Steps<'_> {
                 "inline data is for WRITEs and SENDs of at most 64 bytes".into(),
             ));
         }
-        let fault = self.post_fault(at, p, local.is_some(), remote.is_some())?;
+        let has_local = local.is_some() || !list.is_empty();
+        let fault = self.post_fault(at, p, has_local, remote.is_some())?;
+        let fault_entry = self.fault_entry(at, p, list.len())?;
         let post = Post {
             qp,
             op,
@@ -64,6 +79,8 @@ impl Steps<'_> {
             inline: p.inline,
             imm: p.imm.unwrap_or(0),
             fault,
+            list,
+            fault_entry,
         };
         self.post_extent(at, p, &post)?;
         self.post_receives(&post);
@@ -182,7 +199,7 @@ impl Steps<'_> {
     ) -> Result<(Option<usize>, Option<usize>), ScenarioError> {
         let local = match &p.local {
             Some(l) => Some(self.find_region(l, at)?),
-            None if p.size > 0 => {
+            None if p.size > 0 && p.list.is_none() => {
                 return Err(self.here(
                     at,
                     format!("a {} of {} bytes needs a local region", p.op, p.size),
@@ -307,6 +324,85 @@ impl Steps<'_> {
         Ok(Some((kind, fault_at)))
     }
 
+    /// A post's scatter/gather list: its regions, each entry's bytes, and the fields it
+    /// replaces (`local`, `local_offset`, `size`) or cannot take (inline data, atomics).
+    fn post_list(
+        &self,
+        at: &Here,
+        p: &PostStep,
+        entries: &[EntryDecl],
+    ) -> Result<Vec<Entry>, ScenarioError> {
+        for (field, given) in [
+            ("local", p.local.is_some()),
+            ("local_offset", p.local_offset.is_some()),
+            ("size", p.size > 0 && !matches!(p.op.as_str(), "fetch_add" | "cmp_swap")),
+            ("inline", p.inline),
+        ] {
+            if given {
+                return Err(self.here(
+                    at,
+                    format!("{field} with a list: the list's entries say where the local bytes are and how many"),
+                ));
+            }
+        }
+        if matches!(p.op.as_str(), "fetch_add" | "cmp_swap") {
+            return Err(self.here(
+                at,
+                format!("a {} takes one local entry (local), not a list", p.op),
+            ));
+        }
+        if entries.is_empty() || entries.len() > MAX_SGE as usize {
+            return Err(self.here(
+                at,
+                format!(
+                    "a list of {} entries: a list has 1 to {MAX_SGE}",
+                    entries.len()
+                ),
+            ));
+        }
+        entries
+            .iter()
+            .map(|e| {
+                let region = self.find_region(&e.local, at)?;
+                if e.size == 0 || e.size > MAX_REGION || e.offset > MAX_REGION {
+                    return Err(self.here(
+                        at,
+                        format!(
+                            "an entry of {} bytes at offset {}: an entry has 1 to {MAX_REGION} \
+                             bytes at an offset up to {MAX_REGION}",
+                            e.size, e.offset
+                        ),
+                    ));
+                }
+                Ok(Entry {
+                    region,
+                    offset: e.offset,
+                    size: e.size,
+                })
+            })
+            .collect()
+    }
+
+    /// The entry of its list a post's bad_lkey breaks (0-based).
+    fn fault_entry(&self, at: &Here, p: &PostStep, entries: usize) -> Result<usize, ScenarioError> {
+        let Some(n) = p.fault_entry else {
+            return Ok(0);
+        };
+        if p.fault.as_deref() != Some("bad_lkey") || entries == 0 {
+            return Err(self.here(
+                at,
+                "fault_entry is for a bad_lkey on a post with a list".into(),
+            ));
+        }
+        if n == 0 || n > entries as u64 {
+            return Err(self.here(
+                at,
+                format!("fault_entry {n} names no entry of the list of {entries}"),
+            ));
+        }
+        Ok(n as usize - 1)
+    }
+
     /// Whether every work request's bytes lie in its regions (faults aside), and the fields
     /// that would change nothing for this count and size.
     fn post_extent(&self, at: &Here, p: &PostStep, post: &Post) -> Result<(), ScenarioError> {
@@ -333,6 +429,18 @@ impl Steps<'_> {
                     format!(
                         "the local bytes end at {end}, beyond region {:?} ({} bytes)",
                         regions[l].name, regions[l].size
+                    ),
+                ));
+            }
+        }
+        for e in &post.list {
+            let end = e.offset + last * post.stride + e.size;
+            if end > regions[e.region].size as u64 {
+                return Err(self.here(
+                    at,
+                    format!(
+                        "an entry of the list ends at {end}, beyond region {:?} ({} bytes)",
+                        regions[e.region].name, regions[e.region].size
                     ),
                 ));
             }
@@ -381,8 +489,10 @@ impl Steps<'_> {
         };
         // A local region the NIC cannot use fails the first work request on this
         // side (every one uses the region): none reaches the peer.
-        let fails_here =
-            p.size > 0 && !p.inline && p.local.is_some_and(|l| cannot_use(l, local_need));
+        let fails_here = p.size > 0
+            && !p.inline
+            && (p.local.is_some_and(|l| cannot_use(l, local_need))
+                || p.list.iter().any(|e| cannot_use(e.region, local_need)));
         // SENDs and WRITEs with immediate use the peer's receives, in order, unless
         // the QP is in the error state (they are flushed) or drained (they are
         // refused): up to a bad local key or a local region it cannot use, which

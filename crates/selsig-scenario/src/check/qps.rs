@@ -7,7 +7,7 @@ use crate::error::ScenarioError;
 use crate::format::QpDecl;
 use crate::model::{Cq, Qp};
 
-use super::checker::{Checker, MAX_QPS, Span};
+use super::checker::{Checker, MAX_QPS, MAX_SGE, Span};
 
 impl Checker<'_> {
     /// The QPs, in the file's order; `cqs` (the declared ones) gains the QPs' own CQs.
@@ -65,6 +65,15 @@ impl Checker<'_> {
                 ),
             ));
         }
+        if let Some(n) = q.max_send_sge.filter(|n| !(1..=MAX_SGE).contains(n)) {
+            return Err(self.err(
+                span,
+                format!(
+                    "qp {:?}: max_send_sge {n} is out of range 1..={MAX_SGE}",
+                    q.name
+                ),
+            ));
+        }
         for (field, value) in [("rnr_retry", q.rnr_retry), ("retry_cnt", q.retry_cnt)] {
             if value > 7 {
                 return Err(self.err(
@@ -118,6 +127,7 @@ impl Checker<'_> {
             rnr_retry: q.rnr_retry,
             retry_cnt: q.retry_cnt,
             peer_depth: q.peer_depth,
+            max_send_sge: q.max_send_sge,
         })
     }
 

@@ -4,7 +4,7 @@ use selsig::{Access, Policy};
 
 use super::checker::{MAX_COUNT, MAX_REGION, MAX_TOTAL};
 use super::*;
-use crate::model::{Fill, Op, QpRef, parse_outcome_range};
+use crate::model::{Fault, Fill, Op, QpRef, parse_outcome_range};
 
 const OK: &str = r#"
 description = "two WRITEs"
@@ -744,4 +744,105 @@ fn a_misaligned_fault_is_for_atomics() {
         ),
         "fault \"misaligned\" is for the atomics, not write",
     );
+}
+
+#[test]
+fn a_list_replaces_local_and_size_and_is_bounded() {
+    let listed = |fields: &str| {
+        OK.replace(
+            "local = \"src\", remote = \"dst\", size = 64, count = 2",
+            fields,
+        )
+    };
+    let three = "list = [{ local = \"src\", size = 16 }, { local = \"src\", offset = 80, size = 8 }, { local = \"dst\", offset = 64, size = 8 }]";
+    let s = parses(
+        "a 3-entry list, twice",
+        &listed(&format!("{three}, remote = \"dst\", count = 2")),
+    );
+    let Action::Post(p) = &s.steps[0] else {
+        panic!("a post")
+    };
+    assert_eq!((p.size, p.stride, p.local), (32, 32, None));
+    let entries: Vec<_> = p.list.iter().map(|e| (e.region, e.offset, e.size)).collect();
+    assert_eq!(entries, [(0, 0, 16), (0, 80, 8), (1, 64, 8)]);
+    let s = parses(
+        "a bad lkey in entry 3",
+        &listed(&format!("{three}, remote = \"dst\", fault = \"bad_lkey\", fault_entry = 3")),
+    );
+    let Action::Post(p) = &s.steps[0] else {
+        panic!("a post")
+    };
+    assert_eq!((p.fault, p.fault_entry), (Some((Fault::BadLkey, 1)), 2));
+    let max = parses("max_send_sge", &qp_with("max_send_sge = 32"));
+    assert_eq!(max.qps[0].max_send_sge, Some(32));
+    for (what, text, problem) in [
+        (
+            "local and a list",
+            listed(&format!("{three}, local = \"src\", remote = \"dst\"")),
+            "local with a list",
+        ),
+        (
+            "size and a list",
+            listed(&format!("{three}, remote = \"dst\", size = 32")),
+            "size with a list",
+        ),
+        (
+            "an empty list",
+            listed("list = [], remote = \"dst\""),
+            "a list of 0 entries: a list has 1 to 32",
+        ),
+        (
+            "33 entries",
+            listed(&format!(
+                "list = [{}], remote = \"dst\"",
+                vec!["{ local = \"src\", size = 1 }"; 33].join(", ")
+            )),
+            "a list of 33 entries",
+        ),
+        (
+            "a 0-byte entry",
+            listed("list = [{ local = \"src\", size = 0 }], remote = \"dst\""),
+            "an entry of 0 bytes",
+        ),
+        (
+            "an entry beyond its region",
+            listed("list = [{ local = \"src\", offset = 120, size = 16 }], remote = \"dst\""),
+            "an entry of the list ends at 136, beyond region \"src\"",
+        ),
+        (
+            "an entry of no region",
+            listed("list = [{ local = \"nowhere\", size = 16 }], remote = \"dst\""),
+            "nowhere",
+        ),
+        (
+            "a list on an atomic",
+            OK.replace(
+                "op = \"write\", local = \"src\", remote = \"dst\", size = 64, count = 2",
+                "op = \"fetch_add\", list = [{ local = \"src\", size = 8 }], remote = \"dst\"",
+            ),
+            "a fetch_add takes one local entry (local), not a list",
+        ),
+        (
+            "fault_entry without a list",
+            post_with("size = 64, fault = \"bad_lkey\", fault_entry = 1"),
+            "fault_entry is for a bad_lkey on a post with a list",
+        ),
+        (
+            "fault_entry beyond the list",
+            listed(&format!("{three}, remote = \"dst\", fault = \"bad_lkey\", fault_entry = 4")),
+            "fault_entry 4 names no entry of the list of 3",
+        ),
+        (
+            "max_send_sge 0",
+            qp_with("max_send_sge = 0"),
+            "max_send_sge 0 is out of range 1..=32",
+        ),
+        (
+            "max_send_sge 33",
+            qp_with("max_send_sge = 33"),
+            "max_send_sge 33 is out of range 1..=32",
+        ),
+    ] {
+        refused(what, &text, problem);
+    }
 }

@@ -87,6 +87,19 @@ fn inline_of(sc: &Scenario, index: usize) -> u32 {
         .unwrap_or(0)
 }
 
+/// The entries of the longest list a queue pair's posts carry, at least 1.
+fn sges_of(sc: &Scenario, index: usize) -> u32 {
+    sc.steps
+        .iter()
+        .filter_map(|step| match step {
+            Action::Post(p) if p.qp == index => u32::try_from(p.list.len()).ok(),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+        .max(1)
+}
+
 /// Every queue pair and its peer, connected.
 fn connect_pairs<D: Device>(
     sc: &Scenario,
@@ -110,6 +123,7 @@ fn connect_pairs<D: Device>(
                 max_send_wr: q.depth,
                 max_recv_wr: 1,
                 max_inline_data: inline_of(sc, index),
+                max_send_sge: q.max_send_sge.unwrap_or_else(|| sges_of(sc, index)),
                 ..QpCaps::default()
             },
             sq_sig_all: q.sq_sig_all,

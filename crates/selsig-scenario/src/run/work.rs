@@ -33,6 +33,24 @@ impl<D: Device> Runner<'_, D> {
             let loff = p.local_offset + k * p.stride;
             let roff = p.remote_offset + k * p.stride;
             let local = p.local.map(|l| &self.regions[l]);
+            let list: Vec<Sge> = p
+                .list
+                .iter()
+                .enumerate()
+                .map(|(j, e)| {
+                    let region = &self.regions[e.region];
+                    let bad = fault == Some(Fault::BadLkey) && j == p.fault_entry;
+                    Sge {
+                        addr: region.addr + e.offset + k * p.stride,
+                        length: e.size as u32,
+                        lkey: if bad {
+                            region.key_l ^ 0x0005_a5a5
+                        } else {
+                            region.key_l
+                        },
+                    }
+                })
+                .collect();
             let mut inline = Vec::new();
             let sge = match local {
                 Some(l) if p.size > 0 && !p.inline => Some(Sge {
@@ -80,6 +98,8 @@ impl<D: Device> Runner<'_, D> {
             };
             let work = if p.inline {
                 Work::inline(opcode, &inline, remote, k + 1)
+            } else if !p.list.is_empty() {
+                Work::raw_list(opcode, &list, remote, k + 1)
             } else {
                 Work::raw(opcode, sge, remote, k + 1)
             }
@@ -120,6 +140,16 @@ impl<D: Device> Runner<'_, D> {
                         qp: name.clone(),
                         count: p.count - k,
                         why: e.to_string(),
+                    });
+                    return Ok(());
+                }
+                // selsig refused it before posting (a list longer than the QP's
+                // max_send_sge): it and the rest of the step are not posted.
+                Err(QueuePostError::Invalid { source, .. }) => {
+                    self.trace.push(Event::Refused {
+                        qp: name.clone(),
+                        count: p.count - k,
+                        why: source.to_string(),
                     });
                     return Ok(());
                 }
