@@ -1055,8 +1055,10 @@ impl QueuePair for VerbsQp {
             // rxe's `wr_set_sge_list` before rdma-core 64 (fixed by 406cd2ad0, "rxe: Fix
             // dma.length computation in wr_set_sge_list") writes the first entry's length
             // times the entries as the message's length: a READ over entries of 40 and 60
-            // bytes reads 80 (seen on rxe0, rdma-core 44), and the kernel's `copy_data`
-            // fails a WRITE that runs past its entries. A batch holding a list of unequal
+            // bytes reads 80 and completes with byte_len 80 (seen on rxe0, rdma-core 44); a
+            // message cut short so goes unnoticed, and one longer than its entries fails
+            // in the kernel's `copy_data` (`IBV_WC_LOC_PROT_ERR`, as the fix's message
+            // says; not seen here). A batch holding a list of unequal
             // entries goes through `ibv_post_send`, which sums them. (Not all-or-nothing
             // then, but nothing in it is refused after the checks above but a full queue,
             // which a tracker's accounting keeps from happening.)
