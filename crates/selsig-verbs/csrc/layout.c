@@ -11,6 +11,8 @@ struct selsig_layout_entry {
 #define SIZE(t) { "size " #t, sizeof(struct t) }
 #define ALIGN(t) { "align " #t, _Alignof(struct t) }
 #define OFF(t, f) { "offset " #t "." #f, offsetof(struct t, f) }
+/* The distance from a member of struct verbs_context to the struct's end. */
+#define END(f) { "end verbs_context." #f, sizeof(struct verbs_context) - offsetof(struct verbs_context, f) }
 
 const struct selsig_layout_entry selsig_verbs_layout[] = {
 	SIZE(ibv_context_ops), OFF(ibv_context_ops, poll_cq), OFF(ibv_context_ops, req_notify_cq),
@@ -67,5 +69,30 @@ const struct selsig_layout_entry selsig_verbs_layout[] = {
 	{ "value IBV_EVENT_QP_ACCESS_ERR", IBV_EVENT_QP_ACCESS_ERR },
 	{ "value IBV_EVENT_PORT_ERR", IBV_EVENT_PORT_ERR },
 	{ "value IBV_EVENT_DEVICE_FATAL", IBV_EVENT_DEVICE_FATAL },
+	SIZE(ibv_rx_hash_conf), OFF(ibv_rx_hash_conf, rx_hash_key),
+	OFF(ibv_rx_hash_conf, rx_hash_fields_mask),
+	SIZE(ibv_qp_init_attr_ex), OFF(ibv_qp_init_attr_ex, cap), OFF(ibv_qp_init_attr_ex, qp_type),
+	OFF(ibv_qp_init_attr_ex, sq_sig_all), OFF(ibv_qp_init_attr_ex, comp_mask),
+	OFF(ibv_qp_init_attr_ex, pd), OFF(ibv_qp_init_attr_ex, xrcd),
+	OFF(ibv_qp_init_attr_ex, create_flags), OFF(ibv_qp_init_attr_ex, max_tso_header),
+	OFF(ibv_qp_init_attr_ex, rwq_ind_tbl), OFF(ibv_qp_init_attr_ex, rx_hash_conf),
+	OFF(ibv_qp_init_attr_ex, source_qpn), OFF(ibv_qp_init_attr_ex, send_ops_flags),
+	END(create_qp_ex), END(sz), END(context),
+	SIZE(ibv_qp_ex), OFF(ibv_qp_ex, qp_base), OFF(ibv_qp_ex, comp_mask), OFF(ibv_qp_ex, wr_id),
+	OFF(ibv_qp_ex, wr_flags), OFF(ibv_qp_ex, wr_atomic_cmp_swp), OFF(ibv_qp_ex, wr_atomic_fetch_add),
+	OFF(ibv_qp_ex, wr_rdma_read), OFF(ibv_qp_ex, wr_rdma_write), OFF(ibv_qp_ex, wr_rdma_write_imm),
+	OFF(ibv_qp_ex, wr_send), OFF(ibv_qp_ex, wr_send_imm), OFF(ibv_qp_ex, wr_set_inline_data),
+	OFF(ibv_qp_ex, wr_set_sge), OFF(ibv_qp_ex, wr_set_sge_list), OFF(ibv_qp_ex, wr_start),
+	OFF(ibv_qp_ex, wr_complete), OFF(ibv_qp_ex, wr_abort), OFF(ibv_qp_ex, wr_atomic_write),
+	{ "value IBV_QP_INIT_ATTR_PD", IBV_QP_INIT_ATTR_PD },
+	{ "value IBV_QP_INIT_ATTR_SEND_OPS_FLAGS", IBV_QP_INIT_ATTR_SEND_OPS_FLAGS },
+	{ "value IBV_QP_EX_WITH_RDMA_WRITE", IBV_QP_EX_WITH_RDMA_WRITE },
+	{ "value IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM", IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM },
+	{ "value IBV_QP_EX_WITH_SEND", IBV_QP_EX_WITH_SEND },
+	{ "value IBV_QP_EX_WITH_SEND_WITH_IMM", IBV_QP_EX_WITH_SEND_WITH_IMM },
+	{ "value IBV_QP_EX_WITH_RDMA_READ", IBV_QP_EX_WITH_RDMA_READ },
+	{ "value IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP", IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP },
+	{ "value IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD", IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD },
+	{ "value __VERBS_ABI_IS_EXTENDED", (size_t)__VERBS_ABI_IS_EXTENDED },
 	{ 0, 0 },
 };

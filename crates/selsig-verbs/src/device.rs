@@ -153,6 +153,50 @@ pub struct VerbsOptions {
     pub gid_index: Option<u8>,
 }
 
+/// How a device's queue pairs post send work requests. Chosen per device handle with
+/// [`VerbsDevice::with_post_api`] (the QPs it creates afterwards, and the QPs the program
+/// made that it wraps, take it); [`Legacy`](PostApi::Legacy) by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PostApi {
+    /// `ibv_create_qp` and `ibv_post_send`: a list of `ibv_send_wr`. A provider that refuses
+    /// a work request has posted those before it (`PostWrError::index`).
+    #[default]
+    Legacy,
+    /// `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` (the operations selsig
+    /// posts: RDMA WRITE with and without immediate, RDMA READ, SEND with and without
+    /// immediate, the two atomics), posted with `ibv_wr_start`, a builder and a setter per
+    /// work request, and `ibv_wr_complete`, which posts the whole batch or none of it: a
+    /// refused batch is refused at index 0, and a `SignaledQueue` hands every buffer of it
+    /// back. Work requests refused before the post (inline data beyond `max_inline_data`,
+    /// a list beyond `max_send_sge`, ...) refuse the whole batch too.
+    Extended,
+}
+
+impl std::str::FromStr for PostApi {
+    type Err = String;
+
+    /// `legacy` or `extended` (what a `--post-api` option would take).
+    fn from_str(s: &str) -> Result<PostApi, String> {
+        match s {
+            "legacy" => Ok(PostApi::Legacy),
+            "extended" => Ok(PostApi::Extended),
+            other => Err(format!(
+                "unknown post API {other:?}: legacy (ibv_post_send) or extended \
+                 (ibv_wr_start ... ibv_wr_complete)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for PostApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PostApi::Legacy => "legacy",
+            PostApi::Extended => "extended",
+        })
+    }
+}
+
 /// An RDMA device opened through libibverbs.
 #[derive(Clone)]
 pub struct VerbsDevice {
@@ -175,6 +219,8 @@ pub struct VerbsDevice {
     /// to the error state or a packet comes: a receive posted once the QP is in the error
     /// state would never complete.
     pub(crate) software: bool,
+    /// How its queue pairs post sends.
+    pub(crate) post_api: PostApi,
 }
 
 /// The GID index to use on an Ethernet (RoCE) port when none is given, from the port's
@@ -543,7 +589,48 @@ impl VerbsDevice {
             mlx5,
             rxe,
             software,
+            post_api: PostApi::Legacy,
         })
+    }
+
+    /// This device handle with its queue pairs posting through `api`: the QPs it creates
+    /// from now on, and those of the program it wraps ([`VerbsQp::from_raw`], which must
+    /// then have been made with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`). Other clones of the
+    /// handle keep theirs. [`PostApi::Extended`] is refused, with the reason, where the
+    /// device's provider has no `ibv_create_qp_ex` or libibverbs no `ibv_qp_to_qp_ex`
+    /// (before rdma-core 24).
+    ///
+    /// [`VerbsQp::from_raw`]: crate::VerbsQp::from_raw
+    pub fn with_post_api(mut self, api: PostApi) -> Result<VerbsDevice, ProviderError> {
+        if api == PostApi::Extended {
+            if self.v().fns.qp_to_qp_ex.is_none() {
+                return Err(ProviderError::Unavailable(format!(
+                    "the extended post API needs ibv_qp_to_qp_ex, which {} lacks \
+                     (rdma-core 24 or later has it)",
+                    sys::LIBRARY
+                )));
+            }
+            if self.create_qp_ex().is_none() {
+                return Err(ProviderError::Unavailable(format!(
+                    "{}'s provider has no ibv_create_qp_ex: the extended post API is not \
+                     available on it (use the legacy one)",
+                    self.ctx.name
+                )));
+            }
+        }
+        self.post_api = api;
+        Ok(self)
+    }
+
+    /// How this handle's queue pairs post sends.
+    pub fn post_api(&self) -> PostApi {
+        self.post_api
+    }
+
+    /// The provider's `create_qp_ex` ([`sys::create_qp_ex_op`]).
+    pub(crate) fn create_qp_ex(&self) -> Option<sys::CreateQpEx> {
+        // SAFETY: the context is open while this handle lives.
+        unsafe { sys::create_qp_ex_op(self.ctx.ctx.as_ptr()) }
     }
 
     /// The port in use.
@@ -839,6 +926,18 @@ mod tests {
         assert_eq!(mtu_enum(1500), 3);
         assert_eq!(mtu_enum(4095), 4);
         assert_eq!(mtu_enum(100), 1);
+    }
+
+    /// The post API reads and prints as a `--post-api` option would take it; legacy by
+    /// default.
+    #[test]
+    fn the_post_api_is_named_legacy_or_extended() {
+        assert_eq!(PostApi::default(), PostApi::Legacy);
+        for api in [PostApi::Legacy, PostApi::Extended] {
+            assert_eq!(api.to_string().parse::<PostApi>(), Ok(api));
+        }
+        let e = "ex".parse::<PostApi>().unwrap_err();
+        assert!(e.contains("legacy") && e.contains("extended"), "{e}");
     }
 
     #[test]

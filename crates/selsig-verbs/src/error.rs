@@ -76,6 +76,16 @@ pub(crate) fn post_result<T>(
     Err(post_error(rc, errno, offset, len, queue, state))
 }
 
+/// The error of a failed `ibv_wr_complete` (`rc`, the errno it returned) on a batch of `len`
+/// work requests, none of them posted: the first is named, as a provider's `bad_wr` at the
+/// start of a list would be, and the errno read as `ibv_post_send`'s (`ENOMEM` / `ENOSPC`:
+/// a full queue, or a state error below RTS; `EINVAL`: a state error, or an invalid work
+/// request).
+pub(crate) fn batch_error(rc: i32, len: usize, state: impl FnOnce() -> QpState) -> PostWrError {
+    let errno = io::Error::last_os_error().raw_os_error();
+    post_error(rc, errno, Some(0), len, Queue::Send, state)
+}
+
 /// The errno of a verb that failed with `rc`: the errno itself (rxe, mlx5), its negation
 /// (siw, erdma, bnxt_re), or -1 with the errno in `errno` (read right after the call);
 /// EINVAL where none is given.
@@ -267,6 +277,23 @@ mod tests {
             (e.index, e.failure, errno_of(&e)),
             (4, PostFailure::AfterPosting, Some(libc::EINVAL))
         );
+    }
+
+    /// A batch `ibv_wr_complete` refused is refused from its first work request: a full
+    /// queue (rxe's ENOSPC, libmlx5's ENOMEM), or below RTS a state error (libmlx5's
+    /// EINVAL from `mlx5_send_wr_complete_error`).
+    #[test]
+    fn a_refused_batch_is_refused_from_its_first_work_request() {
+        for rc in [libc::ENOSPC, libc::ENOMEM] {
+            let e = batch_error(rc, 5, || QpState::Rts);
+            assert_eq!((e.index, e.failure), (0, PostFailure::Full));
+            assert_eq!(errno_of(&e), Some(rc));
+        }
+        let e = batch_error(libc::EINVAL, 5, || QpState::Init);
+        assert_eq!((e.index, e.failure), (0, PostFailure::State(QpState::Init)));
+        let e = batch_error(libc::EINVAL, 5, || QpState::Rts);
+        assert_eq!(e.index, 0);
+        assert!(matches!(e.failure, PostFailure::Invalid(_)), "{e:?}");
     }
 
     #[test]

@@ -7,6 +7,12 @@
 //! holds the device context), so they are destroyed in the right order whatever order the
 //! program drops them in. A failed destroy is reported on stderr; `Drop` never panics.
 //!
+//! Send work requests are posted with `ibv_post_send` by default; a device handle made with
+//! [`VerbsDevice::with_post_api`]`(`[`PostApi::Extended`]`)` creates its queue pairs with
+//! `ibv_create_qp_ex` and posts through `ibv_wr_start` ... `ibv_wr_complete`, which posts a
+//! batch whole or not at all (a refused batch is refused at index 0, and a
+//! [`SignaledQueue`](selsig::SignaledQueue) hands every buffer of it back).
+//!
 //! Registered memory is allocated by the provider (whole pages, zeroed) and accessed only
 //! through [`MemoryRegion::read`] and [`MemoryRegion::write`], which copy through raw
 //! pointers: the NIC may write it at any time.
@@ -27,7 +33,7 @@ mod provider;
 mod qp;
 
 pub use cq::VerbsCq;
-pub use device::{VerbsDevice, VerbsOptions, device_names};
+pub use device::{PostApi, VerbsDevice, VerbsOptions, device_names};
 pub use mr::VerbsMr;
 pub use pd::VerbsPd;
 pub use qp::VerbsQp;

@@ -11,7 +11,7 @@ use selsig::mlx5_sizing::{self, Mlx5Limits, Mlx5Request, SendOps};
 use selsig::{Access, AsyncEvent, Device, ProviderError, QpCaps, QpInit};
 
 use crate::cq::{Channel, CqInner, VerbsCq};
-use crate::device::{VerbsDevice, set_nonblocking};
+use crate::device::{PostApi, VerbsDevice, set_nonblocking};
 use crate::error::{destroy_error, os, report};
 use crate::mr::{VerbsMr, region_layout};
 use crate::pd::{PdInner, VerbsPd};
@@ -24,7 +24,12 @@ use crate::sys;
 /// checks before `ibv_create_qp` name theirs; `failed` itself otherwise. The rule only
 /// explains a refusal, it never refuses: a kernel may report a `max_qp_wr` smaller than its
 /// send rings' blocks (see [`Mlx5Limits::connectx`]).
-fn mlx5_refusal(caps: &QpCaps, max_qp_wr: u32, failed: ProviderError) -> ProviderError {
+fn mlx5_refusal(
+    caps: &QpCaps,
+    send_ops: SendOps,
+    max_qp_wr: u32,
+    failed: ProviderError,
+) -> ProviderError {
     let ProviderError::Os { source, .. } = &failed else {
         return failed;
     };
@@ -38,7 +43,7 @@ fn mlx5_refusal(caps: &QpCaps, max_qp_wr: u32, failed: ProviderError) -> Provide
         max_send_sge: caps.max_send_sge.max(1),
         max_recv_sge: caps.max_recv_sge.max(1),
         max_inline_data: caps.max_inline_data,
-        send_ops: SendOps::Default,
+        send_ops,
     };
     match mlx5_sizing::size_rc_qp(&Mlx5Limits::connectx(max_qp_wr), &request) {
         Err(e) => ProviderError::Invalid {
@@ -46,6 +51,118 @@ fn mlx5_refusal(caps: &QpCaps, max_qp_wr: u32, failed: ProviderError) -> Provide
             why: format!("{e} (ibv_create_qp: {source})"),
         },
         Ok(_) => failed,
+    }
+}
+
+/// The send operations an extended QP is made for: those selsig posts.
+const SEND_OPS: u64 = sys::IBV_QP_EX_WITH_RDMA_WRITE
+    | sys::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | sys::IBV_QP_EX_WITH_RDMA_READ
+    | sys::IBV_QP_EX_WITH_SEND
+    | sys::IBV_QP_EX_WITH_SEND_WITH_IMM
+    | sys::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | sys::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+
+/// [`SEND_OPS`] as libmlx5's sizing counts them: RDMA and atomics, no memory windows.
+const MLX5_SEND_OPS: SendOps = SendOps::Named {
+    rdma: true,
+    atomics: true,
+    memory_windows: false,
+};
+
+impl VerbsDevice {
+    /// A QP refused by the provider (`failed`, of `verb`), with libmlx5's reason where it
+    /// has one.
+    fn refused_qp(&self, init: &QpInit, ops: SendOps, verb: &'static str) -> ProviderError {
+        let failed = os(verb);
+        match self.limits.filter(|_| self.mlx5) {
+            Some(l) => mlx5_refusal(&init.caps, ops, l.max_qp_wr, failed),
+            None => failed,
+        }
+    }
+
+    /// An RC QP made with `ibv_create_qp`, and the capacities it was given.
+    fn create_rc_qp(
+        &self,
+        pd: &VerbsPd,
+        send_cq: &VerbsCq,
+        recv_cq: &VerbsCq,
+        init: &QpInit,
+        cap: sys::ibv_qp_cap,
+    ) -> Result<(NonNull<sys::ibv_qp>, sys::ibv_qp_cap), ProviderError> {
+        let mut attr = sys::ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: send_cq.inner.cq.as_ptr(),
+            recv_cq: recv_cq.inner.cq.as_ptr(),
+            srq: std::ptr::null_mut(),
+            cap,
+            qp_type: sys::IBV_QPT_RC,
+            sq_sig_all: c_int::from(init.sq_sig_all),
+        };
+        // SAFETY: `attr` is valid; the CQs and the PD belong to this context and the QP
+        // keeps them alive. On success the real capacities are written back into `attr.cap`.
+        let qp = unsafe { (self.v().fns.create_qp)(pd.inner.pd.as_ptr(), &mut attr) };
+        let qp = NonNull::new(qp)
+            .ok_or_else(|| self.refused_qp(init, SendOps::Default, "ibv_create_qp"))?;
+        Ok((qp, attr.cap))
+    }
+
+    /// An RC QP made with `ibv_create_qp_ex` for the extended posting API (`SEND_OPS`), the
+    /// capacities it was given, and its `ibv_qp_ex`.
+    #[allow(clippy::type_complexity)]
+    fn create_rc_qp_ex(
+        &self,
+        pd: &VerbsPd,
+        send_cq: &VerbsCq,
+        recv_cq: &VerbsCq,
+        init: &QpInit,
+        cap: sys::ibv_qp_cap,
+    ) -> Result<
+        (
+            NonNull<sys::ibv_qp>,
+            sys::ibv_qp_cap,
+            Option<NonNull<sys::ibv_qp_ex>>,
+        ),
+        ProviderError,
+    > {
+        let unavailable = |why: &str| {
+            ProviderError::Unavailable(format!("the extended post API on {}: {why}", self.ctx.name))
+        };
+        let (Some(create), Some(to_ex)) = (self.create_qp_ex(), self.v().fns.qp_to_qp_ex) else {
+            // `with_post_api` found them; a handle cannot lose them.
+            return Err(unavailable("no ibv_create_qp_ex or ibv_qp_to_qp_ex"));
+        };
+        // SAFETY: all-zero bytes are a valid `ibv_qp_init_attr_ex` (pointers NULL, no
+        // flags); the members `comp_mask` names are set below.
+        let mut attr: sys::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        attr.send_cq = send_cq.inner.cq.as_ptr();
+        attr.recv_cq = recv_cq.inner.cq.as_ptr();
+        attr.cap = cap;
+        attr.qp_type = sys::IBV_QPT_RC;
+        attr.sq_sig_all = c_int::from(init.sq_sig_all);
+        attr.comp_mask = sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        attr.pd = pd.inner.pd.as_ptr();
+        attr.send_ops_flags = SEND_OPS;
+        // SAFETY: the provider's `create_qp_ex` of this open context (what the static inline
+        // `ibv_create_qp_ex` calls for a `comp_mask` beyond the PD); `attr` is valid, the
+        // CQs and the PD belong to this context and the QP keeps them alive. On success the
+        // capacities given are written back into `attr.cap`.
+        let qp = unsafe { create(self.ctx.ctx.as_ptr(), &mut attr) };
+        let qp = NonNull::new(qp)
+            .ok_or_else(|| self.refused_qp(init, MLX5_SEND_OPS, "ibv_create_qp_ex"))?;
+        // SAFETY: a QP made just now by this libibverbs.
+        let qp_ex = NonNull::new(unsafe { to_ex(qp.as_ptr()) });
+        if qp_ex.is_none() {
+            // SAFETY: the QP made above, which nothing else holds.
+            let rc = unsafe { (self.v().fns.destroy_qp)(qp.as_ptr()) };
+            if rc != 0 {
+                report(format_args!("ibv_destroy_qp failed: {}", destroy_error(rc)));
+            }
+            return Err(unavailable(
+                "ibv_create_qp_ex made a QP that has no ibv_qp_ex (ibv_qp_to_qp_ex: NULL)",
+            ));
+        }
+        Ok((qp, attr.cap, qp_ex))
     }
 }
 
@@ -217,32 +334,21 @@ impl Device for VerbsDevice {
                 }
             }
         }
-        let mut attr = sys::ibv_qp_init_attr {
-            qp_context: std::ptr::null_mut(),
-            send_cq: send_cq.inner.cq.as_ptr(),
-            recv_cq: recv_cq.inner.cq.as_ptr(),
-            srq: std::ptr::null_mut(),
-            cap: sys::ibv_qp_cap {
-                max_send_wr: init.caps.max_send_wr,
-                max_recv_wr: init.caps.max_recv_wr,
-                max_send_sge: init.caps.max_send_sge.max(1),
-                max_recv_sge: init.caps.max_recv_sge.max(1),
-                max_inline_data: init.caps.max_inline_data,
-            },
-            qp_type: sys::IBV_QPT_RC,
-            sq_sig_all: c_int::from(init.sq_sig_all),
+        let cap = sys::ibv_qp_cap {
+            max_send_wr: init.caps.max_send_wr,
+            max_recv_wr: init.caps.max_recv_wr,
+            // The entries asked for (`QpInit::caps`), at least one of each kind.
+            max_send_sge: init.caps.max_send_sge.max(1),
+            max_recv_sge: init.caps.max_recv_sge.max(1),
+            max_inline_data: init.caps.max_inline_data,
         };
-        // SAFETY: `attr` is valid; the CQs and the PD belong to this context and the QP
-        // keeps them alive. On success the real capacities are written back into `attr.cap`.
-        let qp = unsafe { (self.v().fns.create_qp)(pd.inner.pd.as_ptr(), &mut attr) };
-        let qp = NonNull::new(qp).ok_or_else(|| {
-            let failed = os("ibv_create_qp");
-            match self.limits.filter(|_| self.mlx5) {
-                Some(l) => mlx5_refusal(&init.caps, l.max_qp_wr, failed),
-                None => failed,
+        let (qp, c, qp_ex) = match self.post_api {
+            PostApi::Legacy => {
+                let (qp, c) = self.create_rc_qp(pd, send_cq, recv_cq, init, cap)?;
+                (qp, c, None)
             }
-        })?;
-        let c = attr.cap;
+            PostApi::Extended => self.create_rc_qp_ex(pd, send_cq, recv_cq, init, cap)?,
+        };
         Ok(VerbsQp {
             qp,
             _pd: Arc::clone(&pd.inner),
@@ -262,6 +368,7 @@ impl Device for VerbsDevice {
             reached_rts: AtomicBool::new(false),
             attr_calls: Mutex::new(()),
             owned: true,
+            qp_ex,
         })
     }
 
@@ -288,6 +395,10 @@ mod tests {
         }
     }
 
+    fn mlx5_refusal_default(caps: &QpCaps, max_qp_wr: u32, failed: ProviderError) -> ProviderError {
+        mlx5_refusal(caps, SendOps::Default, max_qp_wr, failed)
+    }
+
     fn caps(max_send_wr: u32, max_inline_data: u32) -> QpCaps {
         QpCaps {
             max_send_wr,
@@ -301,7 +412,7 @@ mod tests {
     #[test]
     fn an_mlx5_einval_is_named_by_libmlx5s_sizing() {
         // 8193 WQEs of 256 bytes need 65536 blocks of a ConnectX's 32768.
-        let e = mlx5_refusal(&caps(8193, 0), 32768, refused(libc::EINVAL));
+        let e = mlx5_refusal_default(&caps(8193, 0), 32768, refused(libc::EINVAL));
         match &e {
             ProviderError::Invalid { what, why } => {
                 assert_eq!(*what, "max_send_wr");
@@ -311,7 +422,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // 64 bytes inline: 320-byte WQEs, 6554 of them are too many.
-        let e = mlx5_refusal(&caps(6554, 64), 32768, refused(libc::EINVAL));
+        let e = mlx5_refusal_default(&caps(6554, 64), 32768, refused(libc::EINVAL));
         assert!(
             matches!(
                 e,
@@ -322,7 +433,7 @@ mod tests {
             ),
             "{e:?}"
         );
-        let e = mlx5_refusal(&caps(1, 317), 32768, refused(libc::EINVAL));
+        let e = mlx5_refusal_default(&caps(1, 317), 32768, refused(libc::EINVAL));
         assert!(
             matches!(
                 e,
@@ -338,9 +449,9 @@ mod tests {
     /// What the sizing accepts, and other errors, stay libmlx5's own.
     #[test]
     fn other_refusals_are_left_as_they_are() {
-        let e = mlx5_refusal(&caps(8192, 0), 32768, refused(libc::EINVAL));
+        let e = mlx5_refusal_default(&caps(8192, 0), 32768, refused(libc::EINVAL));
         assert!(matches!(e, ProviderError::Os { .. }), "{e:?}");
-        let e = mlx5_refusal(&caps(8193, 0), 32768, refused(libc::ENOMEM));
+        let e = mlx5_refusal_default(&caps(8193, 0), 32768, refused(libc::ENOMEM));
         match e {
             ProviderError::Os { source, .. } => {
                 assert_eq!(source.raw_os_error(), Some(libc::ENOMEM))

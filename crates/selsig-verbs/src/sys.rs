@@ -150,6 +150,145 @@ pub struct ibv_qp_init_attr {
     pub sq_sig_all: c_int,
 }
 
+/// `struct ibv_rx_hash_conf` (a member of `ibv_qp_init_attr_ex`, unused: zeroed).
+#[repr(C)]
+pub struct ibv_rx_hash_conf {
+    pub rx_hash_function: u8,
+    pub rx_hash_key_len: u8,
+    pub rx_hash_key: *mut u8,
+    pub rx_hash_fields_mask: u64,
+}
+
+/// `struct ibv_qp_init_attr_ex`: `ibv_qp_init_attr`'s fields, then what `comp_mask` names.
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_opaque,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_uint,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut ibv_opaque,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut ibv_opaque,
+    pub rx_hash_conf: ibv_rx_hash_conf,
+    pub source_qpn: u32,
+    /// `enum ibv_qp_create_send_ops_flags`.
+    pub send_ops_flags: u64,
+}
+
+pub type CreateQpEx =
+    unsafe extern "C" fn(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+
+/// The end of `struct verbs_context`, which libibverbs allocates just before every
+/// `struct ibv_context` whose `abi_compat` is `__VERBS_ABI_IS_EXTENDED` (the struct "grows
+/// up": new members are added at its start, so its end never moves). The static inline
+/// `ibv_create_qp_ex` reaches `create_qp_ex` through it (`verbs_get_ctx_op`): present when
+/// `sz`, the size the provider's libibverbs filled, reaches back to it and it is not NULL.
+#[repr(C)]
+pub struct verbs_context_end {
+    pub create_qp_ex: Option<CreateQpEx>,
+    pub get_srq_num: *mut c_void,
+    pub create_srq_ex: *mut c_void,
+    pub open_xrcd: *mut c_void,
+    pub close_xrcd: *mut c_void,
+    pub _abi_placeholder3: u64,
+    /// The size of the provider's `struct verbs_context`, counted from its start up to
+    /// the end of `context`.
+    pub sz: usize,
+    pub context: ibv_context,
+}
+
+/// `__VERBS_ABI_IS_EXTENDED`, in `ibv_context.abi_compat`: a `verbs_context` surrounds it.
+pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
+
+/// The provider's `create_qp_ex` of context `ctx`, found as the static inline
+/// `ibv_create_qp_ex` finds it (`verbs_get_ctx_op`): in the `struct verbs_context` around an
+/// extended context (`abi_compat`), when the provider's libibverbs filled that far (`sz`
+/// reaches back to it) and set it.
+///
+/// # Safety
+///
+/// `ctx` is an open device context of the libibverbs this process loaded.
+pub unsafe fn create_qp_ex_op(ctx: *mut ibv_context) -> Option<CreateQpEx> {
+    // SAFETY: an open context (the caller's contract); `abi_compat` is set when it is made.
+    if unsafe { (*ctx).abi_compat } != VERBS_ABI_IS_EXTENDED {
+        return None;
+    }
+    let end_offset = std::mem::offset_of!(verbs_context_end, context);
+    let from_end = |offset: usize| size_of::<verbs_context_end>() - offset;
+    // SAFETY: an extended context lies at the end of a `struct verbs_context` (libibverbs'
+    // `verbs_init_and_alloc_context`), whose last members `verbs_context_end` mirrors
+    // (checked against the header): stepping back from the context by its offset there
+    // stays in that allocation. `sz` says how much of the struct the provider's libibverbs
+    // has; a member beyond it is not read. Members are read by value, through the pointer.
+    unsafe {
+        let end = ctx.byte_sub(end_offset).cast::<verbs_context_end>();
+        if (*end).sz < from_end(std::mem::offset_of!(verbs_context_end, create_qp_ex)) {
+            return None;
+        }
+        (*end).create_qp_ex
+    }
+}
+
+/// The extended posting API's functions in `struct ibv_qp_ex`, called by the static inline
+/// `ibv_wr_*` of `verbs.h`.
+pub type WrStart = unsafe extern "C" fn(qp: *mut ibv_qp_ex);
+pub type WrComplete = unsafe extern "C" fn(qp: *mut ibv_qp_ex) -> c_int;
+pub type WrRdma = unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64);
+pub type WrRdmaImm =
+    unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm_data: u32);
+pub type WrSend = unsafe extern "C" fn(qp: *mut ibv_qp_ex);
+pub type WrSendImm = unsafe extern "C" fn(qp: *mut ibv_qp_ex, imm_data: u32);
+pub type WrCmpSwp =
+    unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64);
+pub type WrFetchAdd =
+    unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64);
+pub type WrSetSge = unsafe extern "C" fn(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32);
+pub type WrSetSgeList =
+    unsafe extern "C" fn(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge);
+pub type WrSetInlineData =
+    unsafe extern "C" fn(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize);
+
+/// `struct ibv_qp_ex`: the QP (first, so the pointers convert), the fields the next work
+/// request is built with (`wr_id`, `wr_flags`), and the provider's builders and setters.
+/// Those selsig does not call are opaque pointers.
+#[repr(C)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    /// `enum ibv_send_flags`.
+    pub wr_flags: c_uint,
+    pub wr_atomic_cmp_swp: Option<WrCmpSwp>,
+    pub wr_atomic_fetch_add: Option<WrFetchAdd>,
+    pub wr_bind_mw: *mut c_void,
+    pub wr_local_inv: *mut c_void,
+    pub wr_rdma_read: Option<WrRdma>,
+    pub wr_rdma_write: Option<WrRdma>,
+    /// Its immediate data in network byte order (`__be32`).
+    pub wr_rdma_write_imm: Option<WrRdmaImm>,
+    pub wr_send: Option<WrSend>,
+    /// Its immediate data in network byte order (`__be32`).
+    pub wr_send_imm: Option<WrSendImm>,
+    pub wr_send_inv: *mut c_void,
+    pub wr_send_tso: *mut c_void,
+    pub wr_set_ud_addr: *mut c_void,
+    pub wr_set_xrc_srqn: *mut c_void,
+    pub wr_set_inline_data: Option<WrSetInlineData>,
+    pub wr_set_inline_data_list: *mut c_void,
+    pub wr_set_sge: Option<WrSetSge>,
+    pub wr_set_sge_list: Option<WrSetSgeList>,
+    pub wr_start: Option<WrStart>,
+    pub wr_complete: Option<WrComplete>,
+    pub wr_abort: Option<WrStart>,
+    pub wr_atomic_write: *mut c_void,
+}
+
 /// `union ibv_gid` (16 bytes, 8-byte aligned by its `__be64` view).
 #[repr(C, align(8))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -468,6 +607,15 @@ pub const IBV_EVENT_QP_ACCESS_ERR: c_uint = 3;
 pub const IBV_EVENT_DEVICE_FATAL: c_uint = 8;
 pub const IBV_EVENT_PORT_ACTIVE: c_uint = 9;
 pub const IBV_EVENT_PORT_ERR: c_uint = 10;
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
+pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+pub const IBV_QP_EX_WITH_RDMA_WRITE: u64 = 1 << 0;
+pub const IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM: u64 = 1 << 1;
+pub const IBV_QP_EX_WITH_SEND: u64 = 1 << 2;
+pub const IBV_QP_EX_WITH_SEND_WITH_IMM: u64 = 1 << 3;
+pub const IBV_QP_EX_WITH_RDMA_READ: u64 = 1 << 4;
+pub const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
+pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
 
 /// The exported functions selsig calls, resolved from `libibverbs.so.1`.
 pub struct Fns {
@@ -528,6 +676,9 @@ pub struct Fns {
     pub get_async_event:
         unsafe extern "C" fn(ctx: *mut ibv_context, event: *mut ibv_async_event) -> c_int,
     pub ack_async_event: unsafe extern "C" fn(event: *mut ibv_async_event),
+    /// `ibv_qp_to_qp_ex` (`IBVERBS_1.6`, rdma-core 24): the QP's `ibv_qp_ex`, NULL for a QP
+    /// made without `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`. `None` in an older libibverbs.
+    pub qp_to_qp_ex: Option<unsafe extern "C" fn(qp: *mut ibv_qp) -> *mut ibv_qp_ex>,
 }
 
 /// The library and its functions; the functions are valid while the library is loaded.
@@ -581,6 +732,8 @@ impl Verbs {
             query_qp: sym!("ibv_query_qp"),
             get_async_event: sym!("ibv_get_async_event"),
             ack_async_event: sym!("ibv_ack_async_event"),
+            // SAFETY: as in `sym!`; a library without it leaves the extended API out.
+            qp_to_qp_ex: unsafe { lib.get(b"ibv_qp_to_qp_ex\0").ok().map(|f| *f) },
         };
         Ok(Verbs { fns, _lib: lib })
     }
@@ -629,6 +782,16 @@ mod layout {
         macro_rules! off {
             ($t:ident, $($f:tt)+) => {
                 (concat!("offset ", stringify!($t), ".", stringify!($($f)+)).replace(' ', "").replacen("offset", "offset ", 1), offset_of!($t, $($f)+))
+            };
+        }
+        // The distance from a member of `verbs_context_end` to its end, as from the same
+        // member of `struct verbs_context` to its end.
+        macro_rules! end_of {
+            ($f:ident) => {
+                (
+                    concat!("end verbs_context.", stringify!($f)).to_string(),
+                    size_of::<verbs_context_end>() - offset_of!(verbs_context_end, $f),
+                )
             };
         }
         vec![
@@ -750,6 +913,86 @@ mod layout {
             off!(ibv_wc, dlid_path_bits),
             size!(ibv_async_event),
             off!(ibv_async_event, event_type),
+            size!(ibv_rx_hash_conf),
+            off!(ibv_rx_hash_conf, rx_hash_key),
+            off!(ibv_rx_hash_conf, rx_hash_fields_mask),
+            size!(ibv_qp_init_attr_ex),
+            off!(ibv_qp_init_attr_ex, cap),
+            off!(ibv_qp_init_attr_ex, qp_type),
+            off!(ibv_qp_init_attr_ex, sq_sig_all),
+            off!(ibv_qp_init_attr_ex, comp_mask),
+            off!(ibv_qp_init_attr_ex, pd),
+            off!(ibv_qp_init_attr_ex, xrcd),
+            off!(ibv_qp_init_attr_ex, create_flags),
+            off!(ibv_qp_init_attr_ex, max_tso_header),
+            off!(ibv_qp_init_attr_ex, rwq_ind_tbl),
+            off!(ibv_qp_init_attr_ex, rx_hash_conf),
+            off!(ibv_qp_init_attr_ex, source_qpn),
+            off!(ibv_qp_init_attr_ex, send_ops_flags),
+            // Counted back from the end of `struct verbs_context`, which is all selsig
+            // mirrors of it (`verbs_context_end`).
+            end_of!(create_qp_ex),
+            end_of!(sz),
+            end_of!(context),
+            size!(ibv_qp_ex),
+            off!(ibv_qp_ex, qp_base),
+            off!(ibv_qp_ex, comp_mask),
+            off!(ibv_qp_ex, wr_id),
+            off!(ibv_qp_ex, wr_flags),
+            off!(ibv_qp_ex, wr_atomic_cmp_swp),
+            off!(ibv_qp_ex, wr_atomic_fetch_add),
+            off!(ibv_qp_ex, wr_rdma_read),
+            off!(ibv_qp_ex, wr_rdma_write),
+            off!(ibv_qp_ex, wr_rdma_write_imm),
+            off!(ibv_qp_ex, wr_send),
+            off!(ibv_qp_ex, wr_send_imm),
+            off!(ibv_qp_ex, wr_set_inline_data),
+            off!(ibv_qp_ex, wr_set_sge),
+            off!(ibv_qp_ex, wr_set_sge_list),
+            off!(ibv_qp_ex, wr_start),
+            off!(ibv_qp_ex, wr_complete),
+            off!(ibv_qp_ex, wr_abort),
+            off!(ibv_qp_ex, wr_atomic_write),
+            (
+                "value IBV_QP_INIT_ATTR_PD".into(),
+                IBV_QP_INIT_ATTR_PD as usize,
+            ),
+            (
+                "value IBV_QP_INIT_ATTR_SEND_OPS_FLAGS".into(),
+                IBV_QP_INIT_ATTR_SEND_OPS_FLAGS as usize,
+            ),
+            (
+                "value IBV_QP_EX_WITH_RDMA_WRITE".into(),
+                IBV_QP_EX_WITH_RDMA_WRITE as usize,
+            ),
+            (
+                "value IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM".into(),
+                IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM as usize,
+            ),
+            (
+                "value IBV_QP_EX_WITH_SEND".into(),
+                IBV_QP_EX_WITH_SEND as usize,
+            ),
+            (
+                "value IBV_QP_EX_WITH_SEND_WITH_IMM".into(),
+                IBV_QP_EX_WITH_SEND_WITH_IMM as usize,
+            ),
+            (
+                "value IBV_QP_EX_WITH_RDMA_READ".into(),
+                IBV_QP_EX_WITH_RDMA_READ as usize,
+            ),
+            (
+                "value IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP".into(),
+                IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP as usize,
+            ),
+            (
+                "value IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD".into(),
+                IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD as usize,
+            ),
+            (
+                "value __VERBS_ABI_IS_EXTENDED".into(),
+                VERBS_ABI_IS_EXTENDED as usize,
+            ),
             ("value IBV_QPT_RC".into(), IBV_QPT_RC as usize),
             ("value IBV_QPS_RTS".into(), IBV_QPS_RTS as usize),
             ("value IBV_QPS_ERR".into(), IBV_QPS_ERR as usize),

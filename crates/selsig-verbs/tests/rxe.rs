@@ -13,7 +13,7 @@ use selsig::{
     Outcome, Policy, PostFailure, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr,
     RemoteAddr, SendWr, SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion, connect_pair,
 };
-use selsig_verbs::{VerbsCq, VerbsDevice, VerbsOptions, VerbsPd, VerbsQp};
+use selsig_verbs::{PostApi, VerbsCq, VerbsDevice, VerbsOptions, VerbsPd, VerbsQp};
 
 const NEEDS_DEVICE: &str = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)";
 
@@ -1780,4 +1780,729 @@ fn looking_for_a_lost_device_keeps_the_other_events() {
     );
     assert!(!cq_a.device_lost());
     drop((a, b));
+}
+
+// Scatter/gather lists (`Local::Sges`, `Work::list`) on `ibv_post_send`.
+
+/// Two connected QPs of `max_send_sge` entries per send (the device may grant more: rxe
+/// rounds the send WQE up to `max_inline_data`), with a local and a remote region of
+/// 4096 bytes each.
+struct ListPair {
+    p: Pair,
+    local: selsig_verbs::VerbsMr,
+    remote: selsig_verbs::VerbsMr,
+}
+
+fn list_pair(max_send_sge: u32) -> ListPair {
+    list_pair_on(device(), max_send_sge)
+}
+
+/// [`list_pair`] on `dev` (whose post API the QPs take), the remote region and the QPs
+/// open to atomics too.
+fn list_pair_on(dev: VerbsDevice, max_send_sge: u32) -> ListPair {
+    let pd = dev.alloc_pd().unwrap();
+    let cq_a = Arc::new(dev.create_cq(64).unwrap());
+    let cq_b = Arc::new(dev.create_cq(64).unwrap());
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge,
+            max_inline_data: 64,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let a = dev.create_qp(&pd, &cq_a, &cq_a, &init).unwrap();
+    let b = dev.create_qp(&pd, &cq_b, &cq_b, &init).unwrap();
+    assert!(
+        a.caps().max_send_sge >= max_send_sge,
+        "asked {max_send_sge}, granted {:?}",
+        a.caps()
+    );
+    let options = ConnectOptions {
+        gid_index: dev.gid_index(),
+        access: RW.union(Access::REMOTE_ATOMIC),
+        ..ConnectOptions::default()
+    };
+    connect_pair(&a, &b, &options).unwrap();
+    let local = dev.reg_mr(&pd, 4096, Access::LOCAL_WRITE).unwrap();
+    let remote = dev
+        .reg_mr(&pd, 4096, RW.union(Access::REMOTE_ATOMIC))
+        .unwrap();
+    ListPair {
+        p: Pair {
+            dev,
+            pd,
+            a,
+            b,
+            cq_a,
+            cq_b,
+        },
+        local,
+        remote,
+    }
+}
+
+/// Three pieces of unequal lengths at scattered offsets, each filled with its own byte:
+/// `(offset, length, byte)`.
+const PIECES: [(usize, u32, u8); 3] = [(0, 100, 0xa1), (1000, 37, 0xb2), (2000, 300, 0xc3)];
+
+fn concatenation() -> Vec<u8> {
+    PIECES
+        .iter()
+        .flat_map(|&(_, len, byte)| std::iter::repeat_n(byte, len as usize))
+        .collect()
+}
+
+fn read_back(mr: &impl MemoryRegion, off: usize, len: usize) -> Vec<u8> {
+    let mut got = vec![0u8; len];
+    mr.read(off, &mut got).unwrap();
+    got
+}
+
+/// A WRITE of three entries places their bytes one after the other, and nothing around
+/// them: on `ibv_post_send`, and through a `SignaledQueue` from a list of buffers, which
+/// come back in their order.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_gather_write_places_the_concatenation() {
+    let l = list_pair(3);
+    let sges: Vec<_> = PIECES
+        .iter()
+        .map(|&(off, len, byte)| {
+            l.local.write(off, &vec![byte; len as usize]).unwrap();
+            l.local.sge(off, len)
+        })
+        .collect();
+    let total = concatenation().len();
+    l.p.a
+        .post_send(&[SendWr {
+            wr_id: 1,
+            opcode: Opcode::RdmaWrite,
+            local: Local::Sges(&sges),
+            remote: l.remote.remote(8),
+            imm_data: 0,
+            signaled: true,
+        }])
+        .unwrap();
+    let wcs = poll_n(&l.p.cq_a, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+    quiet(&l.p.cq_a);
+    let mut expected = vec![0u8; 8];
+    expected.extend(concatenation());
+    expected.extend([0u8; 8]);
+    assert_eq!(read_back(&l.remote, 0, total + 16), expected);
+
+    // The same through a queue: three buffers of one region, gathered at offset 2048.
+    let ListPair { p, remote, .. } = l;
+    let region = p.dev.reg_mr(&p.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    let rest = Buffer::new(region);
+    let mut list = Vec::new();
+    let mut rest = Some(rest);
+    for &(_, len, byte) in &PIECES {
+        let (mut b, r) = rest.take().unwrap().split_at(len as usize).unwrap();
+        b.fill(byte).unwrap();
+        list.push(b);
+        rest = Some(r);
+    }
+    let mut q: SignaledQueue<VerbsDevice, u32> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
+    q.post(Work::list(Opcode::RdmaWrite, list, remote.remote(2048), 7))
+        .unwrap();
+    let mut done = Vec::new();
+    q.drain(Duration::from_secs(20), &mut done).unwrap();
+    assert_eq!(done.len(), 1);
+    assert_eq!((done[0].user, done[0].outcome), (7, Outcome::Completed));
+    assert_eq!(
+        done[0].list.iter().map(|b| b.len()).collect::<Vec<_>>(),
+        PIECES.iter().map(|p| p.1 as usize).collect::<Vec<_>>(),
+        "the buffers come back in their order"
+    );
+    assert_eq!(read_back(&remote, 2048, total), concatenation());
+}
+
+/// A READ of three entries scatters the remote bytes over them in order.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_scatter_read_fills_three_buffers_in_order() {
+    let l = list_pair(3);
+    let source = concatenation();
+    l.remote.write(64, &source).unwrap();
+    let sges: Vec<_> = PIECES
+        .iter()
+        .map(|&(off, len, _)| l.local.sge(off, len))
+        .collect();
+    l.p.a
+        .post_send(&[SendWr {
+            wr_id: 2,
+            opcode: Opcode::RdmaRead,
+            local: Local::Sges(&sges),
+            remote: l.remote.remote(64),
+            imm_data: 0,
+            signaled: true,
+        }])
+        .unwrap();
+    let wcs = poll_n(&l.p.cq_a, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (2, WcStatus::Success));
+    for &(off, len, byte) in &PIECES {
+        assert_eq!(
+            read_back(&l.local, off, len as usize),
+            vec![byte; len as usize]
+        );
+        // Nothing past each piece.
+        assert_eq!(read_back(&l.local, off + len as usize, 1), [0]);
+    }
+}
+
+/// A list longer than the QP's `max_send_sge` (as granted) is refused before the post,
+/// with the count and the limit; what comes before it in the batch is posted, it and
+/// nothing after it. Through a queue it is refused before the tracker takes it.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_list_longer_than_max_send_sge_is_refused_with_the_limit_named() {
+    let l = list_pair(2);
+    let max = l.p.a.caps().max_send_sge;
+    let count = max as usize + 1;
+    l.local.write(0, &[0x5a; 64]).unwrap();
+    let sges: Vec<_> = (0..count).map(|i| l.local.sge(i * 8, 8)).collect();
+    let list = |wr_id| SendWr {
+        wr_id,
+        opcode: Opcode::RdmaWrite,
+        local: Local::Sges(&sges),
+        remote: l.remote.remote(0),
+        imm_data: 0,
+        signaled: true,
+    };
+    let e = l.p.a.post_send(&[list(1)]).unwrap_err();
+    assert_eq!(
+        (e.index, e.failure),
+        (0, PostFailure::TooManySges { count, max })
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("{count} entries")) && text.contains(&format!("{max}")),
+        "{text}"
+    );
+    quiet(&l.p.cq_a);
+    assert_eq!(read_back(&l.remote, 0, 64), [0u8; 64], "nothing was posted");
+    // At its position: the one before is posted.
+    let short = SendWr {
+        local: Local::Sges(&sges[..max as usize]),
+        remote: l.remote.remote(512),
+        ..list(2)
+    };
+    let e = l.p.a.post_send(&[short, list(3), short]).unwrap_err();
+    assert_eq!(
+        (e.index, e.failure),
+        (1, PostFailure::TooManySges { count, max })
+    );
+    let wcs = poll_n(&l.p.cq_a, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (2, WcStatus::Success));
+    quiet(&l.p.cq_a);
+    assert_eq!(read_back(&l.remote, 0, 64), [0u8; 64]);
+    assert_eq!(read_back(&l.remote, 512, 8), [0x5a; 8]);
+    assert_eq!(l.p.a.state(), QpState::Rts);
+
+    // A queue refuses it before posting: it comes back with the reason.
+    let ListPair { p, remote, local } = l;
+    let mut q: SignaledQueue<VerbsDevice, u32> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
+    let refused = q
+        .post(Work::raw_list(
+            Opcode::RdmaWrite,
+            &sges,
+            remote.remote(0),
+            9,
+        ))
+        .unwrap_err();
+    match &refused {
+        selsig::QueuePostError::Invalid { source, .. } => {
+            let why = source.to_string();
+            assert!(why.contains(&format!("{count} entries")), "{why}");
+            assert!(why.contains(&format!("max_send_sge of {max}")), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(q.stats().posted, 0);
+    drop(local);
+}
+
+/// What rxe makes of a bad third entry, all three inside the first packet (3 x 64 bytes):
+/// the requester fails the WRITE locally and places nothing at the responder. Kernel
+/// rxe's `copy_data` (`rxe_mr.c`) cannot resolve an lkey that names no region (the
+/// expectation from the source: `IBV_WC_LOC_QP_OP_ERR`), and checks an address outside
+/// the region's range (`IBV_WC_LOC_PROT_ERR`).
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn rxe_fails_a_list_whose_third_entry_is_bad_and_places_nothing() {
+    let mut seen = Vec::new();
+    for bad in ["lkey", "address"] {
+        let l = list_pair(3);
+        l.local.write(0, &[0x77; 192]).unwrap();
+        let mut sges: Vec<_> = (0..3).map(|i| l.local.sge(i * 64, 64)).collect();
+        match bad {
+            "lkey" => sges[2].lkey ^= 0x5a5a00,
+            _ => sges[2].addr = l.local.addr() + 8192,
+        }
+        l.p.a
+            .post_send(&[SendWr {
+                wr_id: 3,
+                opcode: Opcode::RdmaWrite,
+                local: Local::Sges(&sges),
+                remote: l.remote.remote(0),
+                imm_data: 0,
+                signaled: true,
+            }])
+            .unwrap();
+        let wcs = poll_n(&l.p.cq_a, 1);
+        assert_eq!(wcs[0].wr_id, 3);
+        // The responder saw no packet of it: nothing placed.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(read_back(&l.remote, 0, 192), [0u8; 192], "{bad}");
+        quiet(&l.p.cq_b);
+        seen.push((bad, wcs[0].status, l.p.a.state()));
+    }
+    println!("a bad third entry on {}: {seen:?}", device().name());
+    let dev = device();
+    if !dev.is_rxe() {
+        not_rxe(&dev, &format!("{seen:?}"));
+    }
+    assert_eq!(
+        seen,
+        [
+            ("lkey", WcStatus::LocQpOpErr, QpState::Err),
+            ("address", WcStatus::LocProtErr, QpState::Err),
+        ]
+    );
+}
+
+// The extended posting API (`PostApi::Extended`: `ibv_wr_start` ... `ibv_wr_complete`).
+
+/// A receive completion's `wr_id`, status, opcode, `byte_len` and immediate data.
+type Received = (u64, WcStatus, Option<WcOpcode>, u32, Option<u32>);
+
+fn extended() -> VerbsDevice {
+    device()
+        .with_post_api(PostApi::Extended)
+        .unwrap_or_else(|e| panic!("the device takes no extended posts: {e}"))
+}
+
+/// What a batch of every operation and kind of data did: the sender's completions, the
+/// receiver's, and the bytes of the local region, the remote one and the receives'.
+#[derive(Debug, PartialEq)]
+struct BatchOutcome {
+    /// The capacities the QP was given.
+    caps: QpCaps,
+    sent: Vec<(u64, WcStatus, Option<WcOpcode>, u32)>,
+    received: Vec<Received>,
+    local: Vec<u8>,
+    remote: Vec<u8>,
+    inbox: Vec<u8>,
+}
+
+/// `uneven`: the lists of the third and eighth work requests have entries of different
+/// lengths (on rxe such a batch goes through `ibv_post_send`: rxe's `wr_set_sge_list`
+/// before rdma-core 64 writes the message length wrong); else their entries are of one
+/// length, and the batch goes through the extended API on any device.
+fn batch_of_everything(dev: VerbsDevice, uneven: bool) -> BatchOutcome {
+    let api = dev.post_api();
+    let l = list_pair_on(dev, 3);
+    assert_eq!(l.p.a.post_api(), api);
+    let inbox = l.p.dev.reg_mr(&l.p.pd, 256, Access::LOCAL_WRITE).unwrap();
+    l.p.b
+        .post_recv(&[
+            RecvWr {
+                wr_id: 100,
+                sge: Some(inbox.sge(0, 64)),
+            },
+            RecvWr {
+                wr_id: 101,
+                sge: Some(inbox.sge(64, 64)),
+            },
+            RecvWr {
+                wr_id: 102,
+                sge: Some(inbox.sge(128, 64)),
+            },
+        ])
+        .unwrap();
+    let (local, remote) = (&l.local, &l.remote);
+    local.write(0, &[0x11; 64]).unwrap();
+    local.write(64, &[0x22; 96]).unwrap();
+    local.write(200, &[0x33; 37]).unwrap();
+    local.write(300, &[0x44; 100]).unwrap();
+    let pattern: Vec<u8> = (0..100u8).collect();
+    remote.write(1024, &pattern).unwrap();
+    remote.write(2048, &5u64.to_ne_bytes()).unwrap();
+    let even: Vec<_> = (0..3).map(|i| local.sge(64 + i * 32, 32)).collect();
+    let third = if uneven {
+        [local.sge(200, 37), local.sge(300, 100)]
+    } else {
+        [local.sge(200, 32), local.sge(300, 32)]
+    };
+    let scatter = if uneven {
+        [local.sge(1024, 40), local.sge(1100, 60)]
+    } else {
+        [local.sge(1024, 50), local.sge(1100, 50)]
+    };
+    let inline: &[u8] = b"inline, 16 bytes";
+    let wr = |wr_id, opcode, local, remote| SendWr {
+        wr_id,
+        opcode,
+        local,
+        remote,
+        imm_data: 0,
+        signaled: true,
+    };
+    let batch = [
+        wr(
+            1,
+            Opcode::RdmaWrite,
+            Local::Sge(local.sge(0, 64)),
+            remote.remote(0),
+        ),
+        wr(2, Opcode::RdmaWrite, Local::Sges(&even), remote.remote(100)),
+        wr(
+            3,
+            Opcode::RdmaWrite,
+            Local::Sges(&third),
+            remote.remote(300),
+        ),
+        wr(
+            4,
+            Opcode::RdmaWrite,
+            Local::Inline(inline),
+            remote.remote(500),
+        ),
+        SendWr {
+            imm_data: 0xdead_beef,
+            ..wr(
+                5,
+                Opcode::RdmaWriteWithImm,
+                Local::Sge(local.sge(0, 8)),
+                remote.remote(600),
+            )
+        },
+        wr(
+            6,
+            Opcode::Send,
+            Local::Sge(local.sge(64, 16)),
+            RemoteAddr::default(),
+        ),
+        SendWr {
+            imm_data: 7,
+            ..wr(
+                7,
+                Opcode::SendWithImm,
+                Local::Inline(inline),
+                RemoteAddr::default(),
+            )
+        },
+        wr(
+            8,
+            Opcode::RdmaRead,
+            Local::Sges(&scatter),
+            remote.remote(1024),
+        ),
+        wr(
+            9,
+            Opcode::AtomicFetchAdd { add: 3 },
+            Local::Sge(local.sge(512, 8)),
+            remote.remote(2048),
+        ),
+        wr(
+            10,
+            Opcode::AtomicCmpSwp {
+                compare: 8,
+                swap: 9,
+            },
+            Local::Sge(local.sge(520, 8)),
+            remote.remote(2048),
+        ),
+        wr(11, Opcode::RdmaWrite, Local::Empty, RemoteAddr::default()),
+        wr(
+            12,
+            Opcode::RdmaWrite,
+            Local::Sges(&[]),
+            RemoteAddr::default(),
+        ),
+    ];
+    l.p.a.post_send(&batch).unwrap();
+    let sent = poll_n(&l.p.cq_a, batch.len())
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+        .collect();
+    let received = poll_n(&l.p.cq_b, 3)
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data))
+        .collect();
+    quiet(&l.p.cq_a);
+    quiet(&l.p.cq_b);
+    BatchOutcome {
+        caps: l.p.a.caps(),
+        sent,
+        received,
+        local: read_back(local, 0, 4096),
+        remote: read_back(remote, 0, 4096),
+        inbox: read_back(&inbox, 0, 256),
+    }
+}
+
+/// One batch of every operation selsig posts, with every kind of data (an entry, lists
+/// even and uneven, inline bytes, none, an empty list), posted through the extended API,
+/// completes and places exactly as through `ibv_post_send`.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn the_extended_api_posts_what_the_legacy_one_does() {
+    for uneven in [false, true] {
+        let legacy = batch_of_everything(device(), uneven);
+        assert!(
+            legacy.sent.iter().all(|s| s.1 == WcStatus::Success),
+            "{:?}",
+            legacy.sent
+        );
+        assert_eq!(legacy.sent.len(), 12);
+        let ext = batch_of_everything(extended(), uneven);
+        assert_eq!(
+            ext.caps, legacy.caps,
+            "ibv_create_qp_ex gives what ibv_create_qp does"
+        );
+        assert_eq!(ext.sent, legacy.sent, "uneven: {uneven}");
+        assert_eq!(ext.received, legacy.received, "uneven: {uneven}");
+        assert_eq!(ext.inbox, legacy.inbox, "uneven: {uneven}");
+        assert_eq!(ext.remote, legacy.remote, "uneven: {uneven}");
+        assert_eq!(ext.local, legacy.local, "uneven: {uneven}");
+        let (a, b) = if uneven { (37, 100) } else { (32, 32) };
+        assert_eq!(ext.remote[300..300 + a], vec![0x33; a]);
+        assert_eq!(ext.remote[300 + a..300 + a + b], vec![0x44; b]);
+        assert_eq!(ext.remote[300 + a + b], 0);
+        let pattern: Vec<u8> = (0..100u8).collect();
+        let (c, d) = if uneven { (40, 60) } else { (50, 50) };
+        assert_eq!(ext.local[1024..1024 + c], pattern[..c]);
+        assert_eq!(ext.local[1100..1100 + d], pattern[c..]);
+    }
+    let ext = batch_of_everything(extended(), false);
+    // And the bytes are the ones meant.
+    assert_eq!(ext.remote[..64], [0x11; 64]);
+    assert_eq!(ext.remote[100..196], [0x22; 96]);
+    assert_eq!(&ext.remote[500..516], b"inline, 16 bytes");
+    // The WRITE with immediate took the first receive, the SEND the second, the inline
+    // SEND with immediate the third.
+    assert_eq!(ext.inbox[64..80], [0x22; 16]);
+    assert_eq!(&ext.inbox[128..144], b"inline, 16 bytes");
+    assert_eq!(
+        ext.remote[2048..2056],
+        9u64.to_ne_bytes(),
+        "5, plus 3, swapped for 9"
+    );
+}
+
+/// A batch that `ibv_wr_complete` refuses is posted not at all: a send queue overfilled in
+/// one batch (rxe's `check_qp_queue_full`: ENOSPC) is refused at index 0, a full queue, and
+/// nothing of it runs; a list too long for the QP, third in a batch, refuses the whole
+/// batch with the count and the limit.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_batch_the_extended_api_refuses_posts_nothing() {
+    let l = list_pair_on(extended(), 2);
+    l.local.write(0, &[0x66; 64]).unwrap();
+    let wrs: Vec<_> = (0..300)
+        .map(|i| write(i, &l.local, 0, 8, l.remote.remote(8), true))
+        .collect();
+    let e = l.p.a.post_send(&wrs).unwrap_err();
+    assert_eq!((e.index, e.failure), (0, PostFailure::Full), "{e}");
+    quiet(&l.p.cq_a);
+    assert_eq!(read_back(&l.remote, 0, 64), [0u8; 64], "nothing was posted");
+    assert_eq!(l.p.a.state(), QpState::Rts);
+
+    let max = l.p.a.caps().max_send_sge;
+    let count = max as usize + 1;
+    let sges: Vec<_> = (0..count).map(|i| l.local.sge(i * 8, 8)).collect();
+    let batch = [
+        write(1, &l.local, 0, 8, l.remote.remote(0), true),
+        write(2, &l.local, 0, 8, l.remote.remote(16), true),
+        SendWr {
+            local: Local::Sges(&sges),
+            ..write(3, &l.local, 0, 8, l.remote.remote(32), true)
+        },
+    ];
+    let e = l.p.a.post_send(&batch).unwrap_err();
+    assert_eq!(
+        (e.index, e.failure),
+        (0, PostFailure::TooManySges { count, max })
+    );
+    quiet(&l.p.cq_a);
+    assert_eq!(read_back(&l.remote, 0, 64), [0u8; 64], "nothing was posted");
+    // The QP is as it was: the next batch runs.
+    l.p.a.post_send(&batch[..2]).unwrap();
+    let wcs = poll_n(&l.p.cq_a, 2);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+}
+
+/// Through a queue: a batch whose third work request is inline data beyond the QP's
+/// `max_inline_data` is refused whole, and every work request comes back from
+/// `post_batch` with its buffer, in order; the queue is as before and posts the next batch.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_refused_extended_batch_hands_every_buffer_back() {
+    let l = list_pair_on(extended(), 1);
+    let ListPair { p, remote, .. } = l;
+    let max_inline = p.a.caps().max_inline_data as usize;
+    let (bufs, _) = Buffer::new(p.dev.reg_mr(&p.pd, 4 * 64, Access::LOCAL_WRITE).unwrap())
+        .split_into(4, 64)
+        .unwrap();
+    let mut q: SignaledQueue<VerbsDevice, u32> =
+        SignaledQueue::new(p.a, Arc::clone(&p.cq_a), Policy::Every(4)).unwrap();
+    let big = vec![0x77u8; max_inline + 1];
+    let mut bufs = bufs.into_iter();
+    let mut works = Vec::new();
+    for i in 0..4u32 {
+        let target = remote.remote(i as usize * 64);
+        works.push(if i == 2 {
+            Work::write_inline(&big, target, i)
+        } else {
+            let mut b = bufs.next().unwrap();
+            b.fill(0x40 + i as u8).unwrap();
+            Work::write(b, target, i)
+        });
+    }
+    let e = q.post_batch(&mut works.into_iter()).unwrap_err();
+    match e {
+        selsig::QueuePostError::Provider { returned, source } => {
+            assert_eq!(source.index, 0, "{source}");
+            assert_eq!(
+                source.failure,
+                PostFailure::InlineTooLong {
+                    len: max_inline + 1,
+                    max: max_inline as u32
+                }
+            );
+            assert_eq!(
+                returned.iter().map(|p| p.user).collect::<Vec<_>>(),
+                [0, 1, 2, 3]
+            );
+            assert_eq!(
+                returned
+                    .iter()
+                    .map(|p| p.buffer.is_some())
+                    .collect::<Vec<_>>(),
+                [true, true, false, true]
+            );
+            // The next batch, the same buffers, posts and completes.
+            let again: Vec<_> = returned
+                .into_iter()
+                .filter_map(|p| p.buffer.map(|b| (b, p.user)))
+                .map(|(b, u)| Work::write(b, remote.remote(u as usize * 64), u))
+                .collect();
+            assert_eq!(q.post_batch(&mut again.into_iter()).unwrap(), 3);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(q.stats().posted, 3);
+    let mut done = Vec::new();
+    q.drain(Duration::from_secs(20), &mut done).unwrap();
+    assert_eq!(
+        done.iter().map(|c| (c.user, c.outcome)).collect::<Vec<_>>(),
+        [0, 1, 3].map(|u| (u, Outcome::Completed))
+    );
+    assert_eq!(read_back(&remote, 0, 64), [0x40; 64]);
+    assert_eq!(read_back(&remote, 128, 64), [0u8; 64]);
+    assert_eq!(read_back(&remote, 192, 64), [0x43; 64]);
+}
+
+/// A program's QP is posted to through the extended API only if it was made for it: one
+/// made with `ibv_create_qp` is refused by a device handle that posts through it, with the
+/// reason; one made with `ibv_create_qp_ex` and `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` is taken
+/// and posts.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_program_s_qp_posts_through_the_extended_api_if_made_for_it() {
+    use selsig_verbs::sys;
+    let f = foreign(16);
+    let options = VerbsOptions {
+        gid_index: std::env::var("SELSIG_GID_INDEX")
+            .ok()
+            .and_then(|g| g.parse().ok()),
+        ..VerbsOptions::default()
+    };
+    // SAFETY: libibverbs' documented calls on the program's open context, each result
+    // checked (`ibv_create_qp_ex` as the static inline does it).
+    let ex_qps = unsafe {
+        let create = sys::create_qp_ex_op(f.ctx).expect("the provider has create_qp_ex");
+        [f.cqs[0], f.cqs[1]].map(|cq| {
+            let mut attr: sys::ibv_qp_init_attr_ex = std::mem::zeroed();
+            attr.send_cq = cq;
+            attr.recv_cq = cq;
+            attr.cap = sys::ibv_qp_cap {
+                max_send_wr: 8,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            };
+            attr.qp_type = sys::IBV_QPT_RC;
+            attr.comp_mask = sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+            attr.pd = f.pd;
+            attr.send_ops_flags = sys::IBV_QP_EX_WITH_RDMA_WRITE;
+            let qp = create(f.ctx, &mut attr);
+            assert!(!qp.is_null(), "ibv_create_qp_ex");
+            qp
+        })
+    };
+    {
+        // SAFETY: the program's objects stay alive until the wrappers are dropped at the end
+        // of this block; nothing else posts to the QPs meanwhile.
+        unsafe {
+            let dev = VerbsDevice::from_raw(f.ctx, &options)
+                .unwrap()
+                .with_post_api(PostApi::Extended)
+                .unwrap();
+            let cq_a = Arc::new(VerbsCq::from_raw(&dev, f.cqs[0]).unwrap());
+            let cq_b = Arc::new(VerbsCq::from_raw(&dev, f.cqs[1]).unwrap());
+            let e = VerbsQp::from_raw(&dev, f.qps[0], &cq_a, &cq_a)
+                .err()
+                .expect("refused");
+            assert!(
+                e.to_string().contains("IBV_QP_INIT_ATTR_SEND_OPS_FLAGS"),
+                "{e}"
+            );
+            let a = VerbsQp::from_raw(&dev, ex_qps[0], &cq_a, &cq_a).unwrap();
+            let b = VerbsQp::from_raw(&dev, ex_qps[1], &cq_b, &cq_b).unwrap();
+            assert_eq!(a.post_api(), PostApi::Extended);
+            let connect = ConnectOptions {
+                gid_index: dev.gid_index(),
+                ..ConnectOptions::default()
+            };
+            connect_pair(&a, &b, &connect).unwrap();
+            a.post_send(&[SendWr {
+                wr_id: 5,
+                opcode: Opcode::RdmaWrite,
+                local: Local::Empty,
+                remote: RemoteAddr::default(),
+                imm_data: 0,
+                signaled: true,
+            }])
+            .unwrap();
+            let wcs = poll_n(&cq_a, 1);
+            assert_eq!((wcs[0].wr_id, wcs[0].status), (5, WcStatus::Success));
+            // The same legacy device handle wraps the program's legacy QP.
+            let legacy = dev.clone().with_post_api(PostApi::Legacy).unwrap();
+            let c = VerbsQp::from_raw(&legacy, f.qps[0], &cq_a, &cq_a).unwrap();
+            assert_eq!(c.post_api(), PostApi::Legacy);
+        }
+    }
+    // SAFETY: the program's objects, destroyed once, children first.
+    unsafe {
+        for qp in f.qps.into_iter().chain(ex_qps) {
+            assert_eq!((f.v.fns.destroy_qp)(qp), 0);
+        }
+        for cq in f.cqs {
+            assert_eq!((f.v.fns.destroy_cq)(cq), 0);
+        }
+        assert_eq!((f.v.fns.dealloc_pd)(f.pd), 0);
+        assert_eq!((f.v.fns.close_device)(f.ctx), 0);
+    }
 }
