@@ -72,6 +72,10 @@ pub struct ProviderArgs {
         value_name = "PORT"
     )]
     pub ib_port: Option<u8>,
+    /// How the verbs provider posts: legacy (ibv_post_send) or extended (ibv_wr_start ...
+    /// ibv_wr_complete, which posts a batch whole or not at all); default legacy.
+    #[arg(long, value_name = "API")]
+    pub post_api: Option<selsig_verbs::PostApi>,
 }
 
 /// What was opened, for reports.
@@ -131,6 +135,12 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                     "--ib-port: the soft NIC has port 1 only",
                 )));
             }
+            if args.post_api.is_some() {
+                return Err(anyhow::Error::new(BadOption(
+                    "--post-api is for the verbs provider (the soft NIC takes a batch as \
+                     ibv_post_send does)",
+                )));
+            }
             let dev = SoftDevice::open(config).context("cannot open the software device")?;
             let info = DeviceInfo {
                 provider: ProviderKind::Soft,
@@ -164,6 +174,9 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                     anyhow::Error::new(e).context(WHAT)
                 }
             })?;
+            let dev = dev
+                .with_post_api(args.post_api.unwrap_or_default())
+                .context("cannot post through --post-api extended on this device")?;
             let info = DeviceInfo {
                 provider: ProviderKind::Verbs,
                 device: dev.name().to_string(),

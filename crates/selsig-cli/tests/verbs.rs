@@ -293,6 +293,18 @@ fn every_scenario_gives_the_soft_rxe_trace_on_the_device() {
             text(&soft.stdout),
             "{path}: the trace on the device differs from the soft NIC's rxe personality"
         );
+        // Posted through ibv_wr_* instead of ibv_post_send: the same trace.
+        let extended = verbs(&["run", path, "--post-api", "extended"]);
+        assert!(
+            extended.status.success(),
+            "{path} on verbs, extended: {}",
+            text(&extended.stderr)
+        );
+        assert_eq!(
+            text(&extended.stdout),
+            text(&soft.stdout),
+            "{path}: the trace through the extended post API differs"
+        );
     }
 }
 
