@@ -390,3 +390,35 @@ fn bench_on_the_device_counts_completions_and_prints_perftest_figures() {
     let mib: f64 = row.split_whitespace().nth(3).unwrap().parse().unwrap();
     assert!(mib > 0.0, "{row}");
 }
+
+/// `--qp` on the device: three queue pairs on one CQ, `-n` WRITEs each, each completed and
+/// in its own peer's memory (the bench checks each peer's bytes after the run), and the
+/// perftest row of 3 × `-n` iterations.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn bench_on_the_device_runs_several_queue_pairs() {
+    let o = verbs(&[
+        "bench", "--cq-mod", "10", "-s", "4096", "-n", "200", "-q", "3", "--json", "-",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let p = &v["points"][0];
+    assert_eq!(p["wrs"], 600, "{p}");
+    assert_eq!(p["wrs_per_qp"], serde_json::json!([200, 200, 200]), "{p}");
+    assert_eq!(
+        (p["cqes"].as_u64(), p["forced"].as_u64()),
+        (Some(60), Some(0))
+    );
+    assert_eq!(v["settings"]["qps"], 3);
+
+    let o = verbs(&[
+        "bench", "--cq-mod", "10", "-s", "64", "-n", "100", "-q", "2",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(" 64         200              0.00  ")),
+        "a perftest row of 2 x 100 iterations: {out}"
+    );
+}

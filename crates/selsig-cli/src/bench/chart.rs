@@ -200,8 +200,11 @@ fn draw<'a>(report: &Report, svg: &'a mut String) -> DrawResult<'a> {
     let root = SVGBackend::with_string(svg, (WIDTH, PANEL * panels + 40)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = format!(
-        "selsig bench: RDMA WRITE on one RC QP, {} provider ({}), send queue depth {}",
-        report.provider, report.device, report.settings.tx_depth
+        "selsig bench: RDMA WRITE on {}, {} provider ({}), send queue depth {}",
+        report.settings.queue_pairs(),
+        report.provider,
+        report.device,
+        report.settings.tx_depth
     );
     let root = root.titled(&title, ("sans-serif", 18))?;
     let areas = root.split_evenly((panels as usize, 1));

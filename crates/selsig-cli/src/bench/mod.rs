@@ -10,14 +10,19 @@
 //! outstanding, completions polled 16 at a time, bandwidth over the time from the first
 //! post to the last completion, in perftest's units.
 //!
+//! With `--qp N` (perftest's -q) perftest mode runs N queue pairs on one completion queue,
+//! posted round robin from one thread, and reports them as one.
+//!
 //! Files depend one way, each on files before it only: `units`; `options`; `host` (units);
 //! `report` (host, in a doc link); `plan` (options, host); `table` and `chart` (report,
-//! units); `tally` (report); `run` (all the others but table and chart). This file only
+//! units); `tally` (report); `perftest` (host); `run` (all the others but table and
+//! chart). This file only
 //! names them, and re-exports what `main.rs` calls.
 
 pub mod chart;
 mod host;
 mod options;
+mod perftest;
 mod plan;
 mod report;
 mod run;

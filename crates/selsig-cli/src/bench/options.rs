@@ -36,6 +36,17 @@ pub struct BenchArgs {
         value_name = "N"
     )]
     pub cq_mod: Option<u32>,
+    /// Queue pairs, in perftest mode (perftest's -q): -n WRITEs on each, posted round robin
+    /// from one thread, their completions on one completion queue; the table's
+    /// #iterations is -n times this, the bandwidth theirs together.
+    #[arg(
+        allow_negative_numbers = true,
+        long = "qp",
+        short = 'q',
+        default_value_t = 1,
+        value_name = "N"
+    )]
+    pub qps: u32,
     /// Every size ib_write_bw's -a runs: 2, 4, ... 2^23 bytes (in perftest mode too).
     #[arg(long, short = 'a', conflicts_with = "sizes")]
     pub all: bool,
@@ -116,7 +127,7 @@ pub struct BenchArgs {
         long,
         value_name = "FILE",
         conflicts_with_all = [
-            "every", "cq_mod", "sizes", "all", "iters", "duration", "tx_depth", "post_list",
+            "every", "cq_mod", "qps", "sizes", "all", "iters", "duration", "tx_depth", "post_list",
             "inline", "adaptive", "region", "no_nic_times", "connect", "provider", "device",
             "personality", "gid_index",
         ]

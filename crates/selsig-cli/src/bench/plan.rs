@@ -18,6 +18,8 @@ pub const PERFTEST_ITERS: u64 = 5000;
 const PERFTEST_ITERS_RANGE: (u64, u64) = (5, 100_000_000);
 const PERFTEST_TX_DEPTH: (u64, u64) = (1, 15_000);
 const PERFTEST_CQ_MOD: (u64, u64) = (1, 1024);
+/// The queue pairs ib_write_bw -q takes (perftest_parameters.h: MIN_QP_NUM, MAX_QP_NUM).
+const PERFTEST_QPS: (u64, u64) = (1, 16_384);
 
 /// Time per point of a sweep when neither `-n` nor `-D` is given.
 const DEFAULT_DURATION: Duration = Duration::from_millis(500);
@@ -44,8 +46,11 @@ pub struct Plan {
     pub sizes: Vec<u64>,
     pub stop: Stop,
     pub tx_depth: u32,
-    /// The size of the CQ the send queue completes to.
+    /// The size of the CQ the send queue completes to (of one queue pair).
     pub cq_entries: u32,
+    /// Queue pairs (`--qp`; more than one in perftest mode only), each with `stop`'s
+    /// WRITEs.
+    pub qps: u32,
     pub post_list: u32,
     pub inline: bool,
     pub region: u64,
@@ -79,8 +84,14 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
             "--connect {host}: needs --provider verbs (the soft NIC connects queue pairs of one process only)"
         );
     }
+    let qps = qps(args, perftest)?;
     let sizes = sizes(args, perftest)?;
     let region = region(args, perftest, geometry, &sizes)?;
+    ensure!(
+        u64::from(qps).saturating_mul(region) <= MAX_REGION,
+        "--qp {qps}: {qps} queue pairs of {region} bytes each register more than the bench \
+         registers on each side ({MAX_REGION} bytes)"
+    );
     // The most WRITEs outstanding at once, per size: in a sweep each owns a buffer, and
     // fewer buffers than the queue depth fit when the region is small. No signal interval
     // may exceed it: every buffer would wait for a completion that nothing asks for.
@@ -109,6 +120,7 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         stop,
         tx_depth: depth,
         cq_entries,
+        qps,
         post_list,
         inline: args.inline,
         region,
@@ -161,6 +173,34 @@ fn check_perftest(args: &BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The queue pairs (`--qp`): at least one; several in perftest mode only, as
+/// ib_write_bw's -q takes them, and not with `--connect`.
+fn qps(args: &BenchArgs, perftest: bool) -> Result<u32> {
+    let n = args.qps;
+    ensure!(n >= 1, "--qp 0: at least one queue pair carries the WRITEs");
+    if n == 1 {
+        return Ok(n);
+    }
+    ensure!(
+        perftest,
+        "--qp {n}: several queue pairs are perftest mode's (--cq-mod), as ib_write_bw -q; a \
+         sweep (-e) runs one"
+    );
+    let (low, high) = PERFTEST_QPS;
+    ensure!(
+        (low..=high).contains(&u64::from(n)),
+        "--qp {n}: ib_write_bw -q takes {low} to {high} queue pairs, and so does perftest mode"
+    );
+    if let Some(host) = &args.connect {
+        bail!(
+            "--qp {n} with --connect {host}: selsig serve connects one queue pair per session \
+             and serves one client at a time; run several queue pairs without --connect (their \
+             peers in this process)"
+        );
+    }
+    Ok(n)
 }
 
 /// The sizes to measure (each once, in the order given), checked: one in perftest mode,

@@ -89,6 +89,10 @@ pub struct Point {
     /// signal often go at this speed; a virtual machine's host can move its CPUs meanwhile
     /// and change it several-fold. Null on other providers and in perftest mode.
     pub round_trip_ns: Option<[f64; 2]>,
+    /// With several queue pairs (`--qp`): the WRITEs each completed, in order; left out
+    /// with one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wrs_per_qp: Vec<u64>,
 }
 
 /// Everything `--json` writes (and `--from-json` reads).
@@ -135,6 +139,27 @@ pub struct Settings {
     pub region: u64,
     /// The GID index in use (verbs on RoCE or with global routing); null otherwise.
     pub gid_index: Option<u8>,
+    /// Queue pairs (`--qp`, perftest mode), each running `iters` WRITEs; left out when 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub qps: u32,
+}
+
+impl Settings {
+    /// "one RC QP", or how many, round robin on one completion queue (`--qp`).
+    pub(crate) fn queue_pairs(&self) -> String {
+        match self.qps {
+            1 => "one RC QP".to_string(),
+            n => format!("{n} RC QPs round robin on one CQ"),
+        }
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// The largest report `--from-json` reads: a sweep's report is a kilobyte a point.
@@ -257,6 +282,27 @@ pub(crate) mod tests {
         assert!(Percentiles::of(&new_histogram()).is_none());
     }
 
+    /// `--qp`'s fields are written only with several queue pairs, and read back.
+    #[test]
+    fn several_queue_pairs_are_written_and_read_back() {
+        let one = report_of(&[1.0]);
+        let text = serde_json::to_string(&one).unwrap();
+        assert!(
+            !text.contains("qps") && !text.contains("wrs_per_qp"),
+            "{text}"
+        );
+        let mut two = report_of(&[1.0]);
+        two.settings.qps = 2;
+        two.points[0].wrs_per_qp = vec![500, 500];
+        let text = serde_json::to_string(&two).unwrap();
+        assert!(text.contains(r#""qps":2"#), "{text}");
+        assert!(text.contains(r#""wrs_per_qp":[500,500]"#), "{text}");
+        let back: Report = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, two);
+        let back: Report = serde_json::from_str(&serde_json::to_string(&one).unwrap()).unwrap();
+        assert_eq!(back, one);
+    }
+
     pub(crate) fn report_of(shares: &[f64]) -> Report {
         let point = |i: usize, share: f64| Point {
             size: 64 << (i % 2 * 6),
@@ -280,6 +326,7 @@ pub(crate) mod tests {
             nic_to_app: None,
             post_to_nic: None,
             round_trip_ns: None,
+            wrs_per_qp: vec![],
         };
         Report {
             provider: "soft".into(),
@@ -299,6 +346,7 @@ pub(crate) mod tests {
                 remote: None,
                 region: 1 << 20,
                 gid_index: None,
+                qps: 1,
             },
             points: shares
                 .iter()

@@ -10,11 +10,14 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use selsig::{
     Access, Buffer, ConnectOptions, Device, MemoryRegion, Opcode, Policy, QpCaps, QpInit,
-    QueueConfig, QueuePair, RemoteAddr, SignaledQueue, Stats, Work,
+    QueueConfig, QueuePair, RemoteAddr, SharedCq, SignaledQueue, Stats, Work,
 };
 
-use crate::bench::host::{Geometry, memcpy_gbit, round_trip_ns, run_waits, thread_cpu, waited};
+use crate::bench::host::{memcpy_gbit, round_trip_ns, run_waits, thread_cpu, waited};
 use crate::bench::options::BenchArgs;
+use crate::bench::perftest::{
+    QpWrites, Scratch, check_target, drive_qps, offsets_used, perftest_offset,
+};
 use crate::bench::plan::{Plan, Stop, buffers};
 use crate::bench::report::{MemcpyRef, Percentiles, Point, Report, Settings, new_histogram};
 use crate::bench::tally::Tally;
@@ -151,8 +154,10 @@ fn run_sweep<D: Device>(plan: &Plan, dev: &D, info: &DeviceInfo) -> Result<Repor
             nic_times,
             buffers_per_size,
             remote: plan.connect.clone(),
-            region: plan.region,
+            // Each queue pair has a region of its own (a slice of one, locally).
+            region: plan.region * u64::from(plan.qps),
             gid_index: info.gid_index,
+            qps: plan.qps,
         },
         points,
     })
@@ -185,6 +190,21 @@ fn create_qp<D: Device>(
             plan.cq_entries
         )
     })?);
+    let qp = create_qp_on(plan, dev, pd, &cq, &cq, size)?;
+    Ok((cq, qp))
+}
+
+/// A queue pair for `size`-byte WRITEs whose sends complete to `send_cq`, its receives to
+/// `recv_cq`.
+fn create_qp_on<D: Device>(
+    plan: &Plan,
+    dev: &D,
+    pd: &D::Pd,
+    send_cq: &D::Cq,
+    recv_cq: &D::Cq,
+    size: u64,
+) -> Result<D::Qp> {
+    let depth = plan.tx_depth;
     let init = QpInit {
         caps: QpCaps {
             max_send_wr: depth,
@@ -194,23 +214,25 @@ fn create_qp<D: Device>(
         },
         sq_sig_all: false,
     };
-    let qp = dev.create_qp(pd, &cq, &cq, &init).with_context(|| {
-        if plan.inline {
-            format!("cannot create a queue pair for {size}-byte inline WRITEs (--inline)")
-        } else {
-            format!(
-                "cannot create the queue pair of --tx-depth {}",
-                plan.tx_depth
-            )
-        }
-    })?;
+    let qp = dev
+        .create_qp(pd, send_cq, recv_cq, &init)
+        .with_context(|| {
+            if plan.inline {
+                format!("cannot create a queue pair for {size}-byte inline WRITEs (--inline)")
+            } else {
+                format!(
+                    "cannot create the queue pair of --tx-depth {}",
+                    plan.tx_depth
+                )
+            }
+        })?;
     if plan.inline && qp.caps().max_inline_data < size as u32 {
         bail!(
             "--inline: {size}-byte WRITEs exceed the device's inline limit of {} bytes",
             qp.caps().max_inline_data
         );
     }
-    Ok((cq, qp))
+    Ok(qp)
 }
 
 /// One point: a fresh queue pair and completion queue, `stop`'s worth of WRITEs of `size`
@@ -225,6 +247,9 @@ fn run_point<D: Device>(
     policy: Policy,
     stop: Stop,
 ) -> Result<(Point, u32, u32, bool)> {
+    if plan.qps > 1 {
+        return run_qps_point(plan, dev, info, pd, size, policy, stop);
+    }
     let depth = plan.tx_depth;
     let len = size as usize;
     let (cq, qp) = create_qp(plan, dev, pd, size)?;
@@ -323,6 +348,147 @@ fn run_point<D: Device>(
         .then(|| (p.lowest_free as u32 + 1..=buffers).collect());
     finish(peer, written)?;
     Ok((point, sq_capacity, buffers, nic_times))
+}
+
+/// A perftest-mode point over `--qp` queue pairs (ib_write_bw -q): each with a peer queue
+/// pair and region of its own on the device, their sends completing to one completion
+/// queue, shared through a [`SharedCq`] (their receive queues, empty, to another); the local memory one region, a slice of
+/// `max(SIZE, PAGE)` bytes per queue pair, as perftest's. `stop`'s WRITEs on each, posted
+/// round robin ([`drive_qps`]); the figures are of all of them, over the time from the first
+/// post to the last completion. Then each peer's memory is checked: it holds what its queue
+/// pair's WRITEs carried (each queue pair's bytes are its own), where they went.
+fn run_qps_point<D: Device>(
+    plan: &Plan,
+    dev: &D,
+    info: &DeviceInfo,
+    pd: &D::Pd,
+    size: u64,
+    policy: Policy,
+    stop: Stop,
+) -> Result<(Point, u32, u32, bool)> {
+    let (n, depth, len) = (plan.qps, plan.tx_depth, size as usize);
+    let Stop::Iters(iters) = stop else {
+        bail!("--qp {n}: perftest mode counts -n WRITEs on each queue pair");
+    };
+    let entries = crate::bench::perftest::cq_entries(depth, n)?;
+    let cq = Arc::new(dev.create_cq(entries).with_context(|| {
+        format!(
+            "cannot create the completion queue of {entries} entries for --qp {n} with \
+             --tx-depth {depth}"
+        )
+    })?);
+    // The receive queues' (nothing is received: one entry per queue pair).
+    let recv_cq = dev.create_cq(n).with_context(|| {
+        format!("cannot create the receive queues' completion queue of --qp {n}")
+    })?;
+    let options = ConnectOptions {
+        gid_index: info.gid_index,
+        port: info.port,
+        ..ConnectOptions::default()
+    };
+    // Each queue pair's slice: max(size, page) bytes, as perftest's BUFF_SIZE.
+    let bytes = len.max(plan.geometry.page as usize);
+    let mut qps = Vec::with_capacity(n as usize);
+    let mut peers = Vec::with_capacity(n as usize);
+    for i in 1..=n {
+        let qp = create_qp_on(plan, dev, pd, &cq, &recv_cq, size)
+            .with_context(|| format!("queue pair {i} of --qp {n}"))?;
+        let peer = Peer::open(dev, pd, &qp, &options, None, 1, bytes as u64, None)
+            .with_context(|| format!("the peer of queue pair {i} of --qp {n}"))?;
+        qps.push(qp);
+        peers.push(peer);
+    }
+    let shared = SharedCq::<D>::new(Arc::clone(&cq));
+    let sq_capacity = qps.first().map_or(0, |qp| qp.caps().max_send_wr);
+    let mut queues: Vec<SignaledQueue<D, ()>> = Vec::with_capacity(n as usize);
+    for (qp, peer) in qps.into_iter().zip(&peers) {
+        let config = queue_config(plan, policy, peer.target());
+        queues.push(SignaledQueue::on_shared_cq(qp, &shared, config)?);
+    }
+    // Each queue pair's bytes: the pattern of its number, in its slice or inline.
+    let local_bytes: Vec<Vec<u8>> = (1..=u64::from(n))
+        .map(|i| pattern(i, if plan.inline { len } else { bytes }))
+        .collect();
+    let local = if plan.inline {
+        None
+    } else {
+        let total = bytes * n as usize;
+        let mr = dev
+            .reg_mr(pd, total, Access::LOCAL_WRITE)
+            .with_context(|| format!("cannot register the {total}-byte local region"))?;
+        for (i, data) in local_bytes.iter().enumerate() {
+            mr.write(i * bytes, data)?;
+        }
+        Some(mr)
+    };
+    let writes: Vec<QpWrites<'_, D::Mr>> = peers
+        .iter()
+        .zip(&local_bytes)
+        .enumerate()
+        .map(|(i, (peer, data))| QpWrites {
+            local: local.as_ref().map(|mr| (mr, i * bytes)),
+            inline: data,
+            target: peer.target(),
+        })
+        .collect();
+    let stall = stall_limit(policy, sq_capacity, size);
+    let mut scratch = Scratch::new(&queues, PERFTEST_POLL_BATCH);
+
+    let waits0 = run_waits();
+    let cpu0 = thread_cpu();
+    let start = Instant::now();
+    drive_qps(
+        &mut queues,
+        &shared,
+        &writes,
+        iters,
+        size,
+        plan.geometry,
+        depth,
+        stall,
+        &mut scratch,
+    )?;
+    let elapsed = Elapsed {
+        seconds: start.elapsed().as_secs_f64(),
+        cpu: thread_cpu().saturating_sub(cpu0),
+        waited: match (waits0, run_waits()) {
+            (Some(before), Some(after)) => Some(waited(&before, &after)),
+            _ => None,
+        },
+    };
+
+    let mut stats = Stats::default();
+    for queue in &queues {
+        stats.merge(queue.stats());
+    }
+    let posted: u64 = scratch.posted.iter().sum();
+    ensure!(
+        stats.completed == posted,
+        "{posted} WRITEs posted on {n} queue pairs, {} completed",
+        stats.completed
+    );
+    // Nothing of a point's tally: perftest mode reads no clock while it runs.
+    let tally: Tally<D::Mr> = Tally::new(false, Vec::new(), 0);
+    let nic = NicTimes {
+        recorded: false,
+        first_seq: 0,
+        done: Vec::new(),
+        gap: new_histogram(),
+        to_nic: new_histogram(),
+    };
+    let mut point = point_of(size, policy, posted, &elapsed, &stats, &tally, &nic);
+    point.wrs_per_qp = scratch.retired.clone();
+    drop(queues);
+    // Each peer holds its own queue pair's bytes where they went, and zeros elsewhere.
+    let offsets = offsets_used(iters, size, plan.geometry);
+    for (i, (peer, data)) in peers.iter().zip(&local_bytes).enumerate() {
+        if let Peer::Local { region, .. } = peer {
+            let mut got = vec![0u8; bytes];
+            region.read(0, &mut got)?;
+            check_target(i as u32 + 1, &got, data, plan.inline, &offsets, size)?;
+        }
+    }
+    Ok((point, sq_capacity, 1, false))
 }
 
 /// A point's loop (perftest's: post while there is room, then poll), from the first post to
@@ -716,6 +882,7 @@ fn point_of<M>(
         nic_to_app: Percentiles::of(&nic.gap),
         post_to_nic: Percentiles::of(&nic.to_nic),
         round_trip_ns: None,
+        wrs_per_qp: Vec::new(),
     }
 }
 
@@ -761,17 +928,6 @@ fn finish<D: Device>(peer: Peer<D>, written: Option<Vec<u32>>) -> Result<()> {
     }
 }
 
-/// Where perftest's WRITE `index` (from 0) reads and writes: messages up to half a page
-/// step through one page in cache-line multiples; larger ones all use offset 0.
-fn perftest_offset(index: u64, size: u64, memory: Geometry) -> u64 {
-    let Geometry { page, line } = memory;
-    if size > page / 2 {
-        return 0;
-    }
-    let step = size.div_ceil(line).max(1) * line;
-    (index % (page / step)) * step
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -794,30 +950,5 @@ mod tests {
         };
         assert_eq!(secs(adaptive, 128, 4 << 20), 64.0);
         assert_eq!(secs(Policy::Always, 128, 1 << 30), 256.0);
-    }
-
-    #[test]
-    fn perftest_addresses_step_through_one_page() {
-        let x86 = Geometry {
-            page: 4096,
-            line: 64,
-        };
-        let at = |i, size| perftest_offset(i, size, x86);
-        assert_eq!(
-            (at(0, 64), at(1, 64), at(63, 64), at(64, 64)),
-            (0, 64, 4032, 0)
-        );
-        assert_eq!((at(1, 100), at(31, 100), at(32, 100)), (128, 3968, 0));
-        assert_eq!((at(1, 2048), at(2, 2048)), (2048, 0));
-        assert_eq!((at(1, 2049), at(7, 65536)), (0, 0));
-        assert_eq!((at(1, 1), at(64, 1)), (64, 0));
-        // 64 KiB pages and 128-byte lines (some aarch64 and POWER hosts).
-        let large = Geometry {
-            page: 65536,
-            line: 128,
-        };
-        let at = |i, size| perftest_offset(i, size, large);
-        assert_eq!((at(1, 64), at(511, 64), at(512, 64)), (128, 65408, 0));
-        assert_eq!((at(1, 32768), at(2, 32768), at(1, 32769)), (32768, 0, 0));
     }
 }
