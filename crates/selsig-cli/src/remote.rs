@@ -608,6 +608,9 @@ pub fn validate(args: &ServeArgs) -> Result<()> {
         "--idle-timeout {}: more than 0, at most a day",
         humantime::format_duration(args.idle_timeout)
     );
+    // A secret file that cannot be read, or SELSIG_SECRET that is no secret, is found
+    // before the device is opened.
+    args.secret()?;
     (bind_host(&args.bind), args.port)
         .to_socket_addrs()
         .with_context(|| {
@@ -1915,8 +1918,7 @@ pub(crate) mod tests {
         let limits = open_gate().limits;
         for (wrs, size) in [(0, 64), (max_wrs + 1, 1), (max_wrs, 4097), (2, 1 << 63)] {
             let err = handshake::admit(&hello(wrs, size), &limits)
-                .err()
-                .expect("refused")
+                .expect_err("refused")
                 .to_string();
             assert_eq!(
                 err,

@@ -188,7 +188,10 @@ fn a_client_without_the_secret_is_refused_and_an_insecure_server_lets_it_in() {
         err.contains("lets in only clients that know its secret: give this client the secret"),
         "{err}"
     );
-    assert!(!status.success(), "a --once server whose session failed: {log}");
+    assert!(
+        !status.success(),
+        "a --once server whose session failed: {log}"
+    );
     assert!(
         log.contains("the peer closed the connection before the client's proof"),
         "{log}"
@@ -205,7 +208,10 @@ fn a_client_without_the_secret_is_refused_and_an_insecure_server_lets_it_in() {
     let (status, log) = server.finish(!o.status.success());
     assert!(o.status.success(), "client: {}", text(&o.stderr));
     assert!(status.success(), "{log}");
-    assert!(log.contains("--insecure: every client that reaches"), "{log}");
+    assert!(
+        log.contains("--insecure: every client that reaches"),
+        "{log}"
+    );
 }
 
 /// `--bind` naming an address this host does not have is a bad option (exit 2), found
