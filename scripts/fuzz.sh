@@ -6,14 +6,15 @@
 # shipped scenarios); an input that fails is written to fuzz/artifacts/<target>/, and the
 # script fails with it.
 #
-#   scripts/fuzz.sh [SECONDS [TARGET...]]     default: 60 s, every target (tracker, scenario)
+#   scripts/fuzz.sh [SECONDS [TARGET...]]     default: 60 s, every target (tracker, scenario,
+#                                             handshake)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(tracker scenario)
+[ ${#targets[@]} -gt 0 ] || targets=(tracker scenario handshake)
 case "$seconds" in ''|*[!0-9]*) echo "fuzz.sh: SECONDS must be a whole number, not '$seconds'" >&2; exit 2;; esac
 
 # The instrumentation applies to the targets' code only: with --target, build scripts and

@@ -94,6 +94,9 @@ selsig() {
   local out target=() server=
   if [ "$CONNECT" = 1 ]; then
     port=$((port + 1))
+    # Both ends know the secret: a fresh one for each server.
+    SELSIG_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+    export SELSIG_SECRET
     "$BIN" serve --provider verbs -d rxe0 -x 1 -p $port --once 2>/tmp/serve.log &
     server=$!
     sleep 1

@@ -860,6 +860,7 @@ fn wrap_list(items: &[String], width: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote::tests::open_gate;
     use crate::remote::tests::{hello_from, local_listener, soft_device, soft_info};
     use crate::remote::{RemotePeer, serve_on};
     use clap::Parser;
@@ -1039,7 +1040,7 @@ mod tests {
         let (listener, at) = local_listener();
         std::thread::scope(|s| {
             // WRITE 6 fails, 7 and 8 are flushed: the server finds 1 to 5 and zeros.
-            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, &open_gate(), true));
             let args = Options::parse_from(["demo", "--connect", &at, "--fail-at", "6"]);
             let report = (&args.demo).run(&dev, &info).unwrap();
             assert_eq!((report.summary.completed, report.summary.failed), (5, 1));
@@ -1048,19 +1049,19 @@ mod tests {
             assert_eq!(report.target, Some(format!("soft0 at {at}")));
             assert!(server.join().unwrap().unwrap(), "the server's check");
             // WRITE 1 said to have completed, never posted.
-            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, &open_gate(), true));
             let (qp, _) = hello_from(&dev, &pd, &cq, 2, 64, 0);
             let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
             let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
             assert_eq!(peer.check(vec![1]).unwrap(), [1]);
             assert!(!server.join().unwrap().unwrap(), "the server's check");
             // A session ended unchecked passes (nothing to check).
-            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, &open_gate(), true));
             let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
             peer.finish_unchecked().unwrap();
             assert!(server.join().unwrap().unwrap(), "a session ended unchecked");
             // A client that breaks off: the session fails.
-            let server = s.spawn(|| serve_on(&listener, &dev, &info, true));
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, &open_gate(), true));
             drop(TcpStream::connect(&at).unwrap());
             assert!(!server.join().unwrap().unwrap(), "a session with no hello");
         });

@@ -1,12 +1,16 @@
 //! Two processes, two hosts: `selsig serve` holds the target memory and its QP;
 //! `selsig demo --connect HOST` writes into it. Like perftest and `ibv_rc_pingpong`, the
-//! two exchange what RDMA needs over a small TCP handshake (JSON lines): QP number, PSN,
-//! LID, GID, and the target region's address and key. After the run the client sends the
-//! outcome of every WRITE and the server checks its memory.
+//! two exchange what RDMA needs over a small TCP handshake (JSON lines, [`handshake`]): QP
+//! number, PSN, LID, GID, and the target region's address and key, given only to a client
+//! that proves it knows the server's secret. After the run the client sends the outcome of
+//! every WRITE and the server checks its memory.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -17,20 +21,17 @@ use selsig::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::common::{DeviceInfo, OnDevice, Pattern, ProviderArgs};
+use selsig_cli::handshake::{
+    self, Challenge, Check, CheckReply, Checked, Hello, Limits, PROTOCOL, Proof, Refusal, Reply,
+    Secret, Welcome, Wire, printable,
+};
+
+use crate::common::{DeviceInfo, OnDevice, Pattern, ProviderArgs, parse_size};
 use crate::limits::{MAX_REGION, MAX_RUN, MAX_WRS};
 use crate::net::{DEFAULT_PORT, host_and_port, show_address};
 
-/// The exchange's version: both sides must speak the same (0: a selsig from before
-/// versions).
-const PROTOCOL: u32 = 1;
-/// Largest target region a server registers for one client: what `selsig bench
-/// --region` may ask for.
-const MAX_BYTES: u64 = MAX_REGION;
-/// How long the server waits for a client's hello; for its outcomes, this long after the
-/// time the client said its run takes.
+/// How long the server waits for a client's hello, and for its proof.
 const HELLO_WAIT: Duration = Duration::from_secs(30);
-const RUN_WAIT: Duration = Duration::from_secs(300);
 /// How long a client waits for each of the server's replies.
 const REPLY_WAIT: Duration = Duration::from_secs(120);
 /// How long either side takes to hand one message to a peer that does not read it (a
@@ -43,134 +44,15 @@ const MAX_REFUSAL: usize = 1000;
 /// The server reads a WRITE back this many bytes at a time to check it.
 const CHECK_CHUNK: usize = 64 << 10;
 
-/// A QP's address, as exchanged.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Wire {
-    pub qp_num: u32,
-    pub psn: u32,
-    pub lid: u16,
-    /// The GID, 32 hex digits.
-    pub gid: String,
-    /// The largest path MTU the sender takes (0 or absent: not known).
-    #[serde(default)]
-    pub mtu: u32,
-    /// How many RDMA READs the sender's QP serves at once (0 or absent: not known).
-    #[serde(default)]
-    pub rd_atomic: u8,
-}
-
-impl Wire {
-    fn from_endpoint(e: &Endpoint) -> Wire {
-        Wire {
-            qp_num: e.qp_num,
-            psn: e.psn,
-            lid: e.lid,
-            gid: e.gid.iter().map(|b| format!("{b:02x}")).collect(),
-            mtu: e.mtu,
-            rd_atomic: e.rd_atomic,
-        }
-    }
-
-    fn endpoint(&self) -> Result<Endpoint> {
-        ensure!(
-            self.qp_num <= 0x00ff_ffff,
-            "the peer sent QP number {:#x}: QP numbers are 24 bits",
-            self.qp_num
-        );
-        ensure!(
-            self.gid.len() == 32 && self.gid.bytes().all(|b| b.is_ascii_hexdigit()),
-            "the peer sent a malformed GID {:?}: not 32 hex digits",
-            excerpt(&self.gid)
-        );
-        let mut gid = [0u8; 16];
-        for (i, g) in gid.iter_mut().enumerate() {
-            *g = u8::from_str_radix(&self.gid[2 * i..2 * i + 2], 16)
-                .context("the peer sent a malformed GID")?;
-        }
-        Ok(Endpoint {
-            qp_num: self.qp_num,
-            psn: self.psn,
-            lid: self.lid,
-            gid,
-            mtu: self.mtu,
-            rd_atomic: self.rd_atomic,
-        })
-    }
-}
-
-/// client → server: who I am and how much memory I will write.
-#[derive(Debug, Serialize, Deserialize)]
-struct Hello {
-    #[serde(default)]
-    version: u32,
-    qp: Wire,
-    wrs: u32,
-    size: u64,
-    /// How many seconds the client's run takes at most, when it knows (a timed bench):
-    /// the server waits that long and `RUN_WAIT` more for the outcomes.
-    #[serde(default)]
-    run_s: u64,
-}
-
-/// server → client: my QP and the region to write into.
-#[derive(Debug, Serialize, Deserialize)]
-struct Welcome {
-    #[serde(default)]
-    version: u32,
-    qp: Wire,
-    addr: u64,
-    rkey: u32,
-    device: String,
-}
-
-/// server → client when it cannot serve.
-#[derive(Debug, Serialize, Deserialize)]
-struct Refusal {
-    error: String,
-}
-
-/// What the server answers a hello.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(untagged)]
-enum Reply {
-    Welcome(Welcome),
-    Refusal(Refusal),
-}
-
-/// client → server: which WRITEs completed (1-based), after the run.
-#[derive(Debug, Serialize, Deserialize)]
-struct Check {
-    completed: Vec<u32>,
-    /// Whether slot `k` holds the pattern of WRITE `k` exactly when `k` is in `completed`
-    /// (the demo, a bench sweep); `false` where the client wrote other bytes (perftest
-    /// mode, inline data): nothing is checked.
-    #[serde(default = "yes")]
-    verify: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// server → client: the WRITEs whose bytes are not as the outcomes say.
-#[derive(Debug, Serialize, Deserialize)]
-struct Checked {
-    mismatches: Vec<u32>,
-}
-
-/// What the server answers the outcomes.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(untagged)]
-enum CheckReply {
-    Checked(Checked),
-    Refusal(Refusal),
-}
-
 /// Sends one message, which the peer must take within [`SEND_WAIT`] however it spreads
 /// its reads (a timeout for each write would let a peer that reads a byte now and then
 /// hold the connection for ever).
 fn send<T: Serialize>(w: &mut TcpStream, msg: &T) -> Result<()> {
-    let mut line = serde_json::to_string(msg)?;
+    send_line(w, serde_json::to_string(msg)?)
+}
+
+/// Sends one message already written, as [`send`].
+fn send_line(w: &mut TcpStream, mut line: String) -> Result<()> {
     line.push('\n');
     let deadline = Instant::now() + SEND_WAIT;
     let mut rest = line.as_bytes();
@@ -238,24 +120,15 @@ fn receive_within<T: for<'de> Deserialize<'de>>(
     max: u64,
 ) -> Result<T> {
     r.get_mut().deadline = Instant::now() + wait;
-    receive(r, what, max).map_err(|e| {
-        let timed_out = e.chain().any(|c| {
-            c.downcast_ref::<std::io::Error>().is_some_and(|io| {
-                matches!(
-                    io.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                )
-            })
-        });
-        if timed_out {
-            anyhow::anyhow!("no {what} came within {wait:?}")
-        } else {
-            e
-        }
-    })
+    receive(r, what, max).map_err(|e| timed_out(e, what, wait))
 }
 
 fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, what: &str, max: u64) -> Result<T> {
+    handshake::parse(&receive_line(r, what, max)?, what)
+}
+
+/// Reads the bytes of one message (a line) of at most `max` bytes.
+fn receive_line(r: &mut impl BufRead, what: &str, max: u64) -> Result<Vec<u8>> {
     // Bytes, not a line of text: a message cut at `max` inside a character is too long,
     // not malformed.
     let mut line = Vec::new();
@@ -267,13 +140,35 @@ fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, what: &str, max: 
         line.ends_with(b"\n") || (n as u64) < max,
         "the peer sent a {what} longer than {max} bytes"
     );
-    let line = line.trim_ascii();
-    serde_json::from_slice(line).with_context(|| {
-        format!(
-            "the peer sent a malformed {what}: {:?}",
-            excerpt(&String::from_utf8_lossy(line))
-        )
-    })
+    Ok(line)
+}
+
+/// Like [`receive_within`], the line's bytes.
+fn receive_line_within(
+    r: &mut BufReader<Timed>,
+    what: &str,
+    wait: Duration,
+    max: u64,
+) -> Result<Vec<u8>> {
+    r.get_mut().deadline = Instant::now() + wait;
+    receive_line(r, what, max).map_err(|e| timed_out(e, what, wait))
+}
+
+/// `e`, or that no `what` came within `wait` if it is a read's timeout.
+fn timed_out(e: anyhow::Error, what: &str, wait: Duration) -> anyhow::Error {
+    let timed_out = e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            )
+        })
+    });
+    if timed_out {
+        anyhow::anyhow!("no {what} came within {wait:?}")
+    } else {
+        e
+    }
 }
 
 /// A hint for a failed connection when the two sides' GIDs are of different kinds (one
@@ -298,27 +193,33 @@ pub fn gid_hint(mine: &Endpoint, theirs: &Endpoint, peer: &str) -> String {
     }
 }
 
-/// The first 200 characters of what a peer sent, for an error message.
-fn excerpt(text: &str) -> String {
-    text.chars().take(200).collect()
+/// The environment variable that holds a server's secret, 64 hex digits: `selsig serve`
+/// takes it as its secret, a client proves it knows it.
+pub const SECRET_VAR: &str = "SELSIG_SECRET";
+/// The environment variable that names a file holding the secret (a client's
+/// `--secret-file`).
+pub const SECRET_FILE_VAR: &str = "SELSIG_SECRET_FILE";
+
+/// The secret a client proves it knows: `SELSIG_SECRET`, or the file `SELSIG_SECRET_FILE`
+/// names.
+fn client_secret() -> Result<Secret> {
+    if let Ok(text) = std::env::var(SECRET_VAR) {
+        return Secret::parse(&text).with_context(|| format!("{SECRET_VAR} is not a secret"));
+    }
+    match std::env::var_os(SECRET_FILE_VAR) {
+        Some(path) => read_secret(Path::new(&path)),
+        None => bail!(
+            "give this client the secret the server printed: {SECRET_VAR}=<64 hex digits>, or \
+             {SECRET_FILE_VAR}=<a file that holds them>"
+        ),
+    }
 }
 
-/// Text a peer sent, for the terminal: at most `max` characters, those that do not print
-/// escaped (control characters, and the format and separator characters that reorder or
-/// break a line on screen, as U+202E and U+2028: what Rust's `escape_debug` escapes).
-fn printable(text: &str, max: usize) -> String {
-    let mut shown = String::new();
-    for c in text.chars().take(max) {
-        match c {
-            // Printable, and escaped by `escape_debug` only in quoted text.
-            '"' | '\'' | '\\' => shown.push(c),
-            _ if c.is_control() || c.escape_debug().nth(1).is_some() => {
-                shown.extend(c.escape_default())
-            }
-            _ => shown.push(c),
-        }
-    }
-    shown
+/// The secret in the file at `path`.
+fn read_secret(path: &Path) -> Result<Secret> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the secret file {}", path.display()))?;
+    Secret::parse(&text).with_context(|| format!("{} holds no secret", path.display()))
 }
 
 /// The client side: a connection to a server, its region, and the check at the end.
@@ -366,13 +267,25 @@ impl RemotePeer {
     }
 
     /// Connects to `host[:port]` and exchanges addresses; `local` is this side's QP, `run`
-    /// how long the run takes at most, when known.
+    /// how long the run takes at most, when known. A server that asks for its secret gets
+    /// the proof of `SELSIG_SECRET`'s (or `SELSIG_SECRET_FILE`'s).
     pub fn connect(
         host: &str,
         local: &Endpoint,
         wrs: u32,
         size: u64,
         run: Option<Duration>,
+    ) -> Result<RemotePeer> {
+        Self::connect_with(host, local, (wrs, size, run), &client_secret)
+    }
+
+    /// [`connect`](Self::connect), with the secret from `secret`, asked only if the server
+    /// challenges.
+    pub fn connect_with(
+        host: &str,
+        local: &Endpoint,
+        (wrs, size, run): (u32, u64, Option<Duration>),
+        secret: &dyn Fn() -> Result<Secret>,
     ) -> Result<RemotePeer> {
         let (name, port) = host_and_port(host)?;
         let address = show_address(&name, port);
@@ -394,29 +307,36 @@ impl RemotePeer {
             })?;
         let mut writer = stream.try_clone()?;
         let mut reader = BufReader::new(Timed::new(stream, REPLY_WAIT));
-        send(
-            &mut writer,
-            &Hello {
-                version: PROTOCOL,
-                qp: Wire::from_endpoint(local),
-                wrs,
-                size,
-                run_s: run.map_or(0, |d| d.as_secs().saturating_add(1)),
-            },
-        )?;
-        let reply = receive_within::<Reply>(&mut reader, "server's reply", REPLY_WAIT, MAX_SHORT)
-            .with_context(|| {
-            format!(
-                "selsig serve at {address} did not answer (it serves one client at a time: \
-                     another client's run may hold it)"
-            )
+        let hello = serde_json::to_string(&Hello {
+            version: PROTOCOL,
+            qp: Wire::from_endpoint(local),
+            wrs,
+            size,
+            run_s: run.map_or(0, |d| d.as_secs().saturating_add(1)),
         })?;
-        let welcome = match reply {
+        send_line(&mut writer, hello.clone())?;
+        let reply = |reader: &mut BufReader<Timed>| {
+            receive_within::<Reply>(reader, "server's reply", REPLY_WAIT, MAX_SHORT)
+                .with_context(|| format!("selsig serve at {address} did not answer"))
+        };
+        let mut answer = reply(&mut reader)?;
+        if let Reply::Challenge(Challenge { challenge }) = &answer {
+            let secret = secret().with_context(|| {
+                format!("selsig serve at {address} lets in only clients that know its secret")
+            })?;
+            send(
+                &mut writer,
+                &handshake::proof(&secret, challenge, hello.as_bytes())?,
+            )?;
+            answer = reply(&mut reader)?;
+        }
+        let welcome = match answer {
             Reply::Welcome(w) => w,
             Reply::Refusal(r) => bail!(
                 "selsig serve at {address} refused: {}",
                 printable(&r.error, MAX_REFUSAL)
             ),
+            Reply::Challenge(_) => bail!("selsig serve at {address} challenged the proof itself"),
         };
         ensure!(
             welcome.version == PROTOCOL,
@@ -604,8 +524,63 @@ pub struct ServeArgs {
     /// without --once), a perftest-mode bench one.
     #[arg(long)]
     pub once: bool,
+    /// The secret clients must prove they know, from this file (64 hex digits). Without
+    /// it, SELSIG_SECRET's, or else a fresh one, printed at start.
+    #[arg(long, value_name = "FILE", conflicts_with = "insecure")]
+    pub secret_file: Option<PathBuf>,
+    /// Let in every client, with no secret: anyone who reaches the port gets a key to
+    /// write into this host's memory.
+    #[arg(long)]
+    pub insecure: bool,
+    /// The most target memory registered for one client (up to 4GiB).
+    #[arg(long, value_parser = parse_size, default_value = "1GiB", value_name = "BYTES")]
+    pub max_memory: u64,
+    /// The longest run a client may announce (up to a day).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1h", value_name = "TIME")]
+    pub max_run: Duration,
+    /// How long a session may stay silent beyond the run its client announced (for a
+    /// client that announced none, its whole run) before the server ends it.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m", value_name = "TIME")]
+    pub idle_timeout: Duration,
     #[command(flatten)]
     pub provider: ProviderArgs,
+}
+
+/// Who a server lets in, and what one client may make it spend.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    /// The secret clients must prove they know; `None`: `--insecure`.
+    pub secret: Option<Secret>,
+    pub limits: Limits,
+}
+
+impl ServeArgs {
+    /// The server's limits, as the flags set them.
+    fn limits(&self) -> Limits {
+        Limits {
+            max_bytes: self.max_memory,
+            max_wrs: MAX_WRS,
+            max_run: self.max_run,
+            idle: self.idle_timeout,
+        }
+    }
+
+    /// The secret: `--secret-file`'s, `SELSIG_SECRET`, or a fresh one (and whether it is
+    /// fresh, to be printed); `None` with `--insecure`.
+    fn secret(&self) -> Result<Option<(Secret, bool)>> {
+        if self.insecure {
+            return Ok(None);
+        }
+        if let Some(path) = &self.secret_file {
+            return Ok(Some((read_secret(path)?, false)));
+        }
+        if let Ok(text) = std::env::var(SECRET_VAR) {
+            let secret =
+                Secret::parse(&text).with_context(|| format!("{SECRET_VAR} is not a secret"))?;
+            return Ok(Some((secret, false)));
+        }
+        Ok(Some((Secret::generate()?, true)))
+    }
 }
 
 /// `selsig serve` serves RDMA clients in other processes: the verbs provider only.
@@ -618,6 +593,24 @@ pub fn validate(args: &ServeArgs) -> Result<()> {
         !args.bind.trim().is_empty(),
         "--bind '': no address given (a name or an IP address of this host)"
     );
+    ensure!(
+        (1..=MAX_REGION).contains(&args.max_memory),
+        "--max-memory {}: 1 byte to {MAX_REGION} (4GiB)",
+        args.max_memory
+    );
+    ensure!(
+        args.max_run <= MAX_RUN,
+        "--max-run {}: at most a day",
+        humantime::format_duration(args.max_run)
+    );
+    ensure!(
+        !args.idle_timeout.is_zero() && args.idle_timeout <= MAX_RUN,
+        "--idle-timeout {}: more than 0, at most a day",
+        humantime::format_duration(args.idle_timeout)
+    );
+    // A secret file that cannot be read, or SELSIG_SECRET that is no secret, is found
+    // before the device is opened.
+    args.secret()?;
     (bind_host(&args.bind), args.port)
         .to_socket_addrs()
         .with_context(|| {
@@ -657,58 +650,150 @@ impl OnDevice for &ServeArgs {
         let at = listener
             .local_addr()
             .context("cannot read the listening address")?;
+        let secret = match self.secret()? {
+            Some((secret, fresh)) => {
+                if fresh {
+                    say!(
+                        "selsig serve: clients must know this server's secret: on each, \
+                         {SECRET_VAR}={} selsig demo --connect HOST (or the secret in a file \
+                         named by {SECRET_FILE_VAR})",
+                        secret.to_hex()
+                    );
+                }
+                Some(secret)
+            }
+            None => {
+                say!(
+                    "selsig serve: --insecure: every client that reaches {at} gets a key to \
+                     write into this host's memory"
+                );
+                None
+            }
+        };
         say!(
             "selsig serve: {} ({} provider) listening on {at}",
             info.device,
             info.provider.as_str(),
         );
-        serve_on(&listener, dev, info, self.once)
+        let gate = Gate {
+            secret,
+            limits: self.limits(),
+        };
+        serve_on(&listener, dev, info, &gate, self.once)
     }
 }
 
 /// Serves the clients that connect to `listener`, one at a time, for ever or, `once`, one
-/// session: then whether its check passed.
+/// session: then whether its check passed. A client that connects while another is
+/// served is told the server is busy.
 pub(crate) fn serve_on<D: Device>(
     listener: &TcpListener,
     dev: &D,
     info: &DeviceInfo,
+    gate: &Gate,
     once: bool,
 ) -> Result<bool> {
-    loop {
-        let (stream, from) = match listener.accept() {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // A client that gave up, or no file descriptor left for a moment: the
-                // next clients are still served.
-                say!("selsig serve: cannot accept a connection: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
+    listener
+        .set_nonblocking(true)
+        .context("cannot listen without blocking")?;
+    let busy = AtomicBool::new(false);
+    let (to_session, sessions) = mpsc::channel::<(TcpStream, SocketAddr)>();
+    std::thread::scope(|scope| {
+        let served = scope.spawn(|| {
+            let mut ok = true;
+            for (stream, from) in sessions {
+                ok = serve_client(dev, info, gate, stream, from);
+                busy.store(false, Ordering::Release);
+                if once {
+                    break;
+                }
             }
-        };
-        let ok = match serve_one(dev, info, stream) {
-            Ok((0, _)) => {
-                say!("selsig serve: client {from}: done (nothing to check)");
-                true
-            }
-            Ok((wrs, bad)) => {
-                say!(
-                    "selsig serve: client {from}: {wrs} slots checked (each holds the last \
-                     WRITE to it), {}",
-                    match bad.len() {
-                        0 => "memory as the outcomes say".to_string(),
-                        n if n <= 10 => format!("mismatches: {bad:?}"),
-                        n => format!("{n} mismatches, the first 10: {:?}", &bad[..10]),
+            ok
+        });
+        while !served.is_finished() {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    let _ = stream.set_nonblocking(false);
+                    if busy.swap(true, Ordering::AcqRel) {
+                        scope.spawn(move || tell_busy(stream));
+                    } else if to_session.send((stream, from)).is_err() {
+                        break;
                     }
-                );
-                bad.is_empty()
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(ACCEPT_POLL);
+                }
+                Err(e) => {
+                    // A client that gave up, or no file descriptor left for a moment: the
+                    // next clients are still served.
+                    say!("selsig serve: cannot accept a connection: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
             }
-            Err(e) => {
-                say!("selsig serve: client {from}: error: {e:#}");
-                false
-            }
-        };
-        if once {
-            return Ok(ok);
+        }
+        drop(to_session);
+        served
+            .join()
+            .map_err(|_| anyhow::anyhow!("the session's thread panicked"))
+    })
+}
+
+/// How often a server looks for a new client, and for the end of a `--once` session.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+
+/// Tells a client that connected while another is served that the server is busy, then
+/// reads what it sent (its hello) for a moment before closing, so that its end of the
+/// connection is not reset before it reads why.
+fn tell_busy(mut stream: TcpStream) {
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+    let refusal = Refusal {
+        error: "busy: this server serves one client at a time, and another one's session is \
+                on; try again when it ends"
+            .to_string(),
+    };
+    if let Ok(line) = serde_json::to_string(&refusal) {
+        let _ = stream.write_all(format!("{line}\n").as_bytes());
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut sink = [0u8; 4096];
+    let mut left = MAX_SHORT as usize;
+    while left > 0 {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
+/// One client's session, and what the server says of it: whether its check passed.
+fn serve_client<D: Device>(
+    dev: &D,
+    info: &DeviceInfo,
+    gate: &Gate,
+    stream: TcpStream,
+    from: SocketAddr,
+) -> bool {
+    match serve_one(dev, info, gate, stream) {
+        Ok((0, _)) => {
+            say!("selsig serve: client {from}: done (nothing to check)");
+            true
+        }
+        Ok((wrs, bad)) => {
+            say!(
+                "selsig serve: client {from}: {wrs} slots checked (each holds the last \
+                 WRITE to it), {}",
+                match bad.len() {
+                    0 => "memory as the outcomes say".to_string(),
+                    n if n <= 10 => format!("mismatches: {bad:?}"),
+                    n => format!("{n} mismatches, the first 10: {:?}", &bad[..10]),
+                }
+            );
+            bad.is_empty()
+        }
+        Err(e) => {
+            say!("selsig serve: client {from}: error: {e:#}");
+            false
         }
     }
 }
@@ -759,28 +844,47 @@ fn refuse(writer: &mut TcpStream, e: anyhow::Error) -> anyhow::Error {
     e
 }
 
-/// Whether sorted outcomes name only WRITEs the client posted (1 to `wrs`), each once: a
-/// check of anything else would not be of the memory the outcomes describe.
-fn posted_once(completed: &[u32], wrs: u32) -> Result<()> {
-    if let Some(wr) = completed.iter().find(|&&wr| wr == 0 || wr > wrs) {
-        bail!("the client's outcomes name WRITE {wr}, which it did not post (1 to {wrs})");
-    }
-    if let Some(pair) = completed.windows(2).find(|pair| pair[0] == pair[1]) {
-        bail!("the client's outcomes name WRITE {} twice", pair[0]);
-    }
-    Ok(())
-}
-
-/// One client: its QP, its region, the handshake, the check.
-fn serve_one<D: Device>(dev: &D, info: &DeviceInfo, stream: TcpStream) -> Result<(u32, Vec<u32>)> {
+/// One client: the handshake (its hello, the challenge and its proof, the limits), then
+/// its QP, its region, and the check. Nothing is created for a client before its proof
+/// and its hello passed.
+fn serve_one<D: Device>(
+    dev: &D,
+    info: &DeviceInfo,
+    gate: &Gate,
+    stream: TcpStream,
+) -> Result<(u32, Vec<u32>)> {
     // A client says hello as it connects: one that does not must not keep the others
     // (served one at a time) waiting long. Its outcomes come after its run: minutes.
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(Timed::new(stream, HELLO_WAIT));
-    let hello: Hello = receive_within(&mut reader, "client's hello", HELLO_WAIT, MAX_SHORT)
+    let line = receive_line_within(&mut reader, "client's hello", HELLO_WAIT, MAX_SHORT)
         .map_err(|e| refuse(&mut writer, e))?;
-    match prepare(dev, info, &hello) {
-        Ok(prepared) => finish(prepared, &hello, dev, &mut reader, &mut writer),
+    let hello: Hello =
+        handshake::parse(&line, "client's hello").map_err(|e| refuse(&mut writer, e))?;
+    handshake::version(&hello).map_err(|e| refuse(&mut writer, e))?;
+    if let Some(secret) = &gate.secret {
+        let challenge = handshake::challenge()?;
+        send(&mut writer, &challenge)?;
+        let proof: Proof = receive_within(&mut reader, "client's proof", HELLO_WAIT, MAX_SHORT)
+            .map_err(|e| refuse(&mut writer, e))?;
+        if !handshake::verify(secret, &challenge.challenge, &line, &proof) {
+            let e = anyhow::anyhow!(
+                "the client did not prove it knows this server's secret (give it the one the \
+                 server printed, in {SECRET_VAR} or a file named by {SECRET_FILE_VAR})"
+            );
+            return Err(refuse(&mut writer, e));
+        }
+    }
+    let theirs = handshake::admit(&hello, &gate.limits).map_err(|e| refuse(&mut writer, e))?;
+    match prepare(dev, info, &hello, &theirs) {
+        Ok(prepared) => finish(
+            prepared,
+            &hello,
+            dev,
+            &gate.limits,
+            &mut reader,
+            &mut writer,
+        ),
         Err(e) => Err(refuse(&mut writer, e)),
     }
 }
@@ -794,31 +898,14 @@ struct Prepared<D: Device> {
     _pd: D::Pd,
 }
 
-fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepared<D>> {
-    ensure!(
-        hello.version == PROTOCOL,
-        "the client speaks version {} of the exchange, this server {PROTOCOL}: run the same \
-         selsig on both sides",
-        hello.version
-    );
-    ensure!(
-        hello.run_s <= MAX_RUN.as_secs() + 1,
-        "the client said its run takes {} s: at most {} s (a day)",
-        hello.run_s,
-        MAX_RUN.as_secs()
-    );
-    let slot = hello.size.max(1);
-    let bytes = u64::from(hello.wrs).saturating_mul(slot);
-    if hello.wrs == 0 || hello.wrs > MAX_WRS || bytes > MAX_BYTES {
-        bail!(
-            "the client asked for {} slots of {} bytes: at most {} slots and {MAX_BYTES} bytes in all",
-            hello.wrs,
-            hello.size,
-            MAX_WRS
-        );
-    }
-    // Checked before anything is created for it.
-    let theirs = hello.qp.endpoint()?;
+/// The server's objects for a client whose hello [`handshake::admit`] took.
+fn prepare<D: Device>(
+    dev: &D,
+    info: &DeviceInfo,
+    hello: &Hello,
+    theirs: &Endpoint,
+) -> Result<Prepared<D>> {
+    let bytes = u64::from(hello.wrs).saturating_mul(hello.size.max(1));
     let pd = dev
         .alloc_pd()
         .context("cannot allocate a protection domain")?;
@@ -850,10 +937,10 @@ fn prepare<D: Device>(dev: &D, info: &DeviceInfo, hello: &Hello) -> Result<Prepa
         ..ConnectOptions::default()
     };
     let mine = qp.endpoint(&options)?;
-    qp.connect(&theirs, &options).with_context(|| {
+    qp.connect(theirs, &options).with_context(|| {
         format!(
             "cannot connect to the client's QP{}",
-            gid_hint(&mine, &theirs, "client")
+            gid_hint(&mine, theirs, "client")
         )
     })?;
     Ok(Prepared {
@@ -869,6 +956,7 @@ fn finish<D: Device>(
     p: Prepared<D>,
     hello: &Hello,
     dev: &D,
+    limits: &Limits,
     reader: &mut BufReader<Timed>,
     writer: &mut TcpStream,
 ) -> Result<(u32, Vec<u32>)> {
@@ -886,11 +974,11 @@ fn finish<D: Device>(
             device: dev.name().to_string(),
         },
     )?;
-    let wait = RUN_WAIT + Duration::from_secs(hello.run_s);
+    let wait = limits.idle + Duration::from_secs(hello.run_s);
     let mut check: Check = receive_within(reader, "client's outcomes", wait, MAX_LINE)
         .map_err(|e| refuse(writer, e))?;
     check.completed.sort_unstable();
-    posted_once(&check.completed, hello.wrs).map_err(|e| refuse(writer, e))?;
+    handshake::posted_once(&check.completed, hello.wrs).map_err(|e| refuse(writer, e))?;
     let checked = if check.verify { hello.wrs } else { 0 };
     let mismatches = mismatches(
         &region,
@@ -922,8 +1010,24 @@ fn finish<D: Device>(
 }
 
 #[cfg(test)]
+mod gate_tests;
+
+#[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// A server that lets every client in, with the limits of a server before the secret.
+    pub(crate) fn open_gate() -> Gate {
+        Gate {
+            secret: None,
+            limits: Limits {
+                max_bytes: MAX_REGION,
+                max_wrs: MAX_WRS,
+                max_run: MAX_RUN,
+                idle: Duration::from_secs(300),
+            },
+        }
+    }
 
     fn wire(gid: &str) -> Wire {
         Wire {
@@ -1061,21 +1165,16 @@ pub(crate) mod tests {
 
     #[test]
     fn both_sides_refuse_a_peer_of_another_version_of_the_exchange() {
-        // The server, before it creates anything for the client.
-        let dev = selsig_soft::SoftDevice::open(selsig_soft::SoftConfig::default()).unwrap();
-        let info = soft_info();
+        // The server, before it challenges the client or creates anything for it.
         let old: Hello = serde_json::from_str(&format!(
             r#"{{"qp":{},"wrs":8,"size":64}}"#,
             serde_json::to_string(&wire(&"0".repeat(32))).unwrap()
         ))
         .unwrap();
-        let err = prepare(&dev, &info, &old)
-            .err()
-            .expect("refused")
-            .to_string();
+        let err = handshake::version(&old).expect_err("refused").to_string();
         assert_eq!(
             err,
-            "the client speaks version 0 of the exchange, this server 1: run the same selsig \
+            "the client speaks version 0 of the exchange, this server 2: run the same selsig \
              on both sides"
         );
         // The client, of a server that sent no version.
@@ -1098,7 +1197,7 @@ pub(crate) mod tests {
         assert_eq!(
             err,
             format!(
-                "selsig serve at {at} speaks version 0 of the exchange, this selsig 1: run the \
+                "selsig serve at {at} speaks version 0 of the exchange, this selsig 2: run the \
                  same selsig on both sides"
             )
         );
@@ -1173,7 +1272,7 @@ pub(crate) mod tests {
         client
             .write_all((hello + "{\"completed\":[]}\n").as_bytes())
             .unwrap();
-        serve_one(dev, &soft_info(), server)
+        serve_one(dev, &soft_info(), &open_gate(), server)
     }
 
     /// The client's side of a session whose outcomes the server refused: a welcome, then
@@ -1203,7 +1302,7 @@ pub(crate) mod tests {
             let (server, mut client) = tcp_pair();
             let check = format!("{{\"completed\":{completed}}}\n");
             client.write_all((hello + &check).as_bytes()).unwrap();
-            let err = serve_one(&dev, &soft_info(), server)
+            let err = serve_one(&dev, &soft_info(), &open_gate(), server)
                 .expect_err("refused")
                 .to_string();
             assert_eq!(err, format!("the client's outcomes name {why}"));
@@ -1220,7 +1319,7 @@ pub(crate) mod tests {
     #[test]
     fn a_client_names_a_server_that_does_not_answer_and_one_that_closed_the_connection() {
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
-        // No answer to the hello: the server is named, and why it may be busy.
+        // No answer to the hello: the server is named (a busy one says so at once).
         let (at, server) = fake_server(|mut reader, _| {
             let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
         });
@@ -1230,9 +1329,8 @@ pub(crate) mod tests {
         assert_eq!(
             format!("{err:#}"),
             format!(
-                "selsig serve at {at} did not answer (it serves one client at a time: another \
-                 client's run may hold it): the peer closed the connection before the server's \
-                 reply"
+                "selsig serve at {at} did not answer: the peer closed the connection before the \
+                 server's reply"
             )
         );
         server.join().unwrap();
@@ -1418,7 +1516,7 @@ pub(crate) mod tests {
         client.write_all(b"{\"wrs\":-1}\n").unwrap();
         let err = format!(
             "{:#}",
-            serve_one(&dev, &soft_info(), server).expect_err("bad")
+            serve_one(&dev, &soft_info(), &open_gate(), server).expect_err("bad")
         );
         assert!(
             err.starts_with(r#"the peer sent a malformed client's hello: "{\"wrs\":-1}": "#),
@@ -1438,7 +1536,7 @@ pub(crate) mod tests {
             .unwrap();
         let err = format!(
             "{:#}",
-            serve_one(&dev, &soft_info(), server).expect_err("bad")
+            serve_one(&dev, &soft_info(), &open_gate(), server).expect_err("bad")
         );
         assert!(
             err.starts_with("the peer sent a malformed client's outcomes"),
@@ -1471,12 +1569,15 @@ pub(crate) mod tests {
             let (_qp, hello) = hello_from(&dev, &pd, &cq, 1, 64, run_s);
             let (server, mut client) = tcp_pair();
             client.write_all(hello.as_bytes()).unwrap();
-            let err = serve_one(&dev, &soft_info(), server)
+            let err = serve_one(&dev, &soft_info(), &open_gate(), server)
                 .expect_err("refused")
                 .to_string();
             assert_eq!(
                 err,
-                format!("the client said its run takes {run_s} s: at most 86400 s (a day)")
+                format!(
+                    "the client said its run takes {run_s} s: this server allows at most 86400 \
+                     s (its --max-run)"
+                )
             );
             // The client hears why.
             let mut reader = BufReader::new(client);
@@ -1521,7 +1622,7 @@ pub(crate) mod tests {
             let _ = stop.recv_timeout(Duration::from_secs(60));
         });
         let start = Instant::now();
-        let err = serve_one(&dev, &soft_info(), server).expect_err("given up");
+        let err = serve_one(&dev, &soft_info(), &open_gate(), server).expect_err("given up");
         gave_up(&err.root_cause().to_string(), start);
         // The server's own record of what it found, which the client did not get.
         assert_eq!(
@@ -1814,22 +1915,23 @@ pub(crate) mod tests {
             run_s: 0,
         };
         let max_wrs = MAX_WRS;
+        let limits = open_gate().limits;
         for (wrs, size) in [(0, 64), (max_wrs + 1, 1), (max_wrs, 4097), (2, 1 << 63)] {
-            let err = prepare(&dev, &soft_info(), &hello(wrs, size))
-                .err()
-                .expect("refused")
+            let err = handshake::admit(&hello(wrs, size), &limits)
+                .expect_err("refused")
                 .to_string();
             assert_eq!(
                 err,
                 format!(
-                    "the client asked for {wrs} slots of {size} bytes: at most 1048576 slots \
-                     and 4294967296 bytes in all"
+                    "the client asked for {wrs} slots of {size} bytes: this server registers \
+                     at most 1048576 slots and 4294967296 bytes in all (its --max-memory)"
                 )
             );
         }
         // Exactly the most: past the check, to the device.
         for (wrs, size) in [(4, 1 << 30), (max_wrs, 4096)] {
-            let err = prepare(&dev, &soft_info(), &hello(wrs, size))
+            let theirs = handshake::admit(&hello(wrs, size), &limits).expect("admitted");
+            let err = prepare(&dev, &soft_info(), &hello(wrs, size), &theirs)
                 .err()
                 .expect("more than the device takes");
             assert!(
@@ -1848,7 +1950,14 @@ pub(crate) mod tests {
         let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
         let (listener, at) = local_listener();
         std::thread::scope(|s| {
-            let server = s.spawn(|| serve_one(&dev, &soft_info(), listener.accept().unwrap().0));
+            let server = s.spawn(|| {
+                serve_one(
+                    &dev,
+                    &soft_info(),
+                    &open_gate(),
+                    listener.accept().unwrap().0,
+                )
+            });
             let peer = RemotePeer::connect(&at, &mine, 8, 64, None).unwrap();
             peer.finish_unchecked().unwrap();
             assert_eq!(server.join().unwrap().unwrap(), (0, Vec::new()));

@@ -356,6 +356,53 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             "--bind '': no address given",
         ),
         (
+            vec!["serve", "--provider", "verbs", "--max-memory", "0"],
+            "--max-memory 0: 1 byte to 4294967296 (4GiB)",
+        ),
+        (
+            vec!["serve", "--provider", "verbs", "--max-memory", "5GiB"],
+            "--max-memory 5368709120: 1 byte to 4294967296 (4GiB)",
+        ),
+        (
+            vec!["serve", "--provider", "verbs", "--max-run", "2days"],
+            "--max-run 2days: at most a day",
+        ),
+        (
+            vec!["serve", "--provider", "verbs", "--idle-timeout", "0s"],
+            "--idle-timeout 0s: more than 0, at most a day",
+        ),
+        (
+            vec![
+                "serve",
+                "--provider",
+                "verbs",
+                "--insecure",
+                "--secret-file",
+                "s",
+            ],
+            "the argument '--insecure' cannot be used with '--secret-file <FILE>'",
+        ),
+        (
+            vec![
+                "serve",
+                "--provider",
+                "verbs",
+                "--secret-file",
+                "/no/such/file",
+            ],
+            "cannot read the secret file /no/such/file",
+        ),
+        (
+            vec![
+                "serve",
+                "--provider",
+                "verbs",
+                "--secret-file",
+                "Cargo.toml",
+            ],
+            "Cargo.toml holds no secret: a secret is 64 hex digits (32 bytes)",
+        ),
+        (
             vec!["demo", "--provider", "verbs", "--personality", "rxe"],
             "--personality is for the soft provider",
         ),

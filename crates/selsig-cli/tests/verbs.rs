@@ -15,9 +15,14 @@ use serde_json::Value;
 fn selsig(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_selsig"))
         .args(args)
+        .env("SELSIG_SECRET", SECRET)
         .output()
         .expect("the selsig binary runs")
 }
+
+/// The secret every `selsig serve` of these tests takes, and every client proves it
+/// knows (both from `SELSIG_SECRET`).
+const SECRET: &str = "5e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e1";
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -132,6 +137,7 @@ fn serve(port: &str, extra: &[&str]) -> (Server, String) {
     args.extend(g.iter().map(String::as_str));
     let mut child = Command::new(env!("CARGO_BIN_EXE_selsig"))
         .args(&args)
+        .env("SELSIG_SECRET", SECRET)
         .stderr(Stdio::piped())
         .spawn()
         .expect("selsig serve starts");
@@ -159,6 +165,53 @@ fn two_processes_serve_and_connect() {
     assert_eq!(v["remote_verified"], true);
     assert!(v["target"].as_str().unwrap().contains("18631"));
     assert_eq!(v["summary"]["completed"], 12);
+}
+
+/// A client that does not know the server's secret is refused, and says so; with
+/// `--insecure`, a server lets it in.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn a_client_without_the_secret_is_refused_and_an_insecure_server_lets_it_in() {
+    let (server, target) = serve("18632", &["--once"]);
+    let mut args = vec!["demo", "--connect", &target, "--provider", "verbs"];
+    let g = gid();
+    args.extend(g.iter().map(String::as_str));
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(&args)
+        .env_remove("SELSIG_SECRET")
+        .output()
+        .unwrap();
+    let (status, log) = server.finish(false);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("lets in only clients that know its secret: give this client the secret"),
+        "{err}"
+    );
+    assert!(
+        !status.success(),
+        "a --once server whose session failed: {log}"
+    );
+    assert!(
+        log.contains("the peer closed the connection before the client's proof"),
+        "{log}"
+    );
+    // With --insecure, no secret is asked for.
+    let (server, target) = serve("18633", &["--once", "--insecure"]);
+    let o = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(&args[..1])
+        .args(["--connect", &target, "--provider", "verbs"])
+        .args(&g)
+        .env_remove("SELSIG_SECRET")
+        .output()
+        .unwrap();
+    let (status, log) = server.finish(!o.status.success());
+    assert!(o.status.success(), "client: {}", text(&o.stderr));
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("--insecure: every client that reaches"),
+        "{log}"
+    );
 }
 
 /// `--bind` naming an address this host does not have is a bad option (exit 2), found

@@ -335,7 +335,10 @@ impl Steps<'_> {
         for (field, given) in [
             ("local", p.local.is_some()),
             ("local_offset", p.local_offset.is_some()),
-            ("size", p.size > 0 && !matches!(p.op.as_str(), "fetch_add" | "cmp_swap")),
+            (
+                "size",
+                p.size > 0 && !matches!(p.op.as_str(), "fetch_add" | "cmp_swap"),
+            ),
             ("inline", p.inline),
         ] {
             if given {

@@ -763,11 +763,17 @@ fn a_list_replaces_local_and_size_and_is_bounded() {
         panic!("a post")
     };
     assert_eq!((p.size, p.stride, p.local), (32, 32, None));
-    let entries: Vec<_> = p.list.iter().map(|e| (e.region, e.offset, e.size)).collect();
+    let entries: Vec<_> = p
+        .list
+        .iter()
+        .map(|e| (e.region, e.offset, e.size))
+        .collect();
     assert_eq!(entries, [(0, 0, 16), (0, 80, 8), (1, 64, 8)]);
     let s = parses(
         "a bad lkey in entry 3",
-        &listed(&format!("{three}, remote = \"dst\", fault = \"bad_lkey\", fault_entry = 3")),
+        &listed(&format!(
+            "{three}, remote = \"dst\", fault = \"bad_lkey\", fault_entry = 3"
+        )),
     );
     let Action::Post(p) = &s.steps[0] else {
         panic!("a post")
@@ -829,7 +835,9 @@ fn a_list_replaces_local_and_size_and_is_bounded() {
         ),
         (
             "fault_entry beyond the list",
-            listed(&format!("{three}, remote = \"dst\", fault = \"bad_lkey\", fault_entry = 4")),
+            listed(&format!(
+                "{three}, remote = \"dst\", fault = \"bad_lkey\", fault_entry = 4"
+            )),
             "fault_entry 4 names no entry of the list of 3",
         ),
         (
