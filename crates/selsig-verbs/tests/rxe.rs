@@ -1915,7 +1915,13 @@ fn a_gather_write_places_the_concatenation() {
     assert_eq!(done.len(), 1);
     assert_eq!((done[0].user, done[0].outcome), (7, Outcome::Completed));
     assert_eq!(
-        done[0].list.iter().map(|b| b.len()).collect::<Vec<_>>(),
+        done[0]
+            .list
+            .as_deref()
+            .expect("the list back")
+            .iter()
+            .map(|b| b.len())
+            .collect::<Vec<_>>(),
         PIECES.iter().map(|p| p.1 as usize).collect::<Vec<_>>(),
         "the buffers come back in their order"
     );

@@ -87,8 +87,8 @@ pub struct Completion<M, U> {
     /// The buffer, for work requests that had one: the NIC no longer uses it.
     pub buffer: Option<Buffer<M>>,
     /// The buffers of a work request on a list of them ([`Work::list`]), in its order:
-    /// the NIC no longer uses them.
-    pub list: Vec<Buffer<M>>,
+    /// the NIC no longer uses them (`None` for any other work request).
+    pub list: Option<Box<Vec<Buffer<M>>>>,
     /// The caller's context.
     pub user: U,
     /// What happened to it.

@@ -117,7 +117,7 @@ mod tests {
         let done = |seq, outcome| selsig::Completion {
             seq: selsig::Seq(seq),
             buffer: None,
-            list: Vec::new(),
+            list: None,
             user: (),
             outcome,
             signaled: false,
@@ -153,7 +153,7 @@ mod tests {
         let done = |seq| selsig::Completion {
             seq: selsig::Seq(seq),
             buffer: None,
-            list: Vec::new(),
+            list: None,
             user: (),
             outcome: Outcome::Completed,
             signaled: false,
