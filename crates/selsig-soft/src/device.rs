@@ -11,7 +11,7 @@ use parking_lot::{Mutex, RwLock};
 
 use selsig::{
     Access, AsyncEvent, ConnectOptions, Device, Endpoint, Local, MemoryRegion, Opcode, PostFailure,
-    PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendWr,
+    PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendWr, Sge,
 };
 
 use selsig::mlx5_sizing::{self, Mlx5Limits, Mlx5Request, SendOps};
@@ -22,7 +22,7 @@ use crate::engine::{self, Engine};
 use crate::events::CqEvents;
 use crate::mem;
 use crate::mr::{MrInner, MrTable, random_u32};
-use crate::ring::{self, CompletionRing, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe};
+use crate::ring::{self, CompletionRing, MAX_INLINE, RecvRing, Rqe, SendRing, SlotData, Wqe};
 use crate::state::{CqInner, DeviceInner, PollState, Producer, QpInner, Registry};
 use crate::sync::Padded;
 use crate::times::ExecTimes;
@@ -406,6 +406,36 @@ impl SoftQp {
     }
 }
 
+/// A work request's local data as its WQE holds it.
+struct LocalData<'a> {
+    /// What goes to the slot's inline words.
+    data: SlotData<'a>,
+    /// The message's length.
+    len: u32,
+    /// The single entry's address and key (0 for data in the slot).
+    addr: u64,
+    lkey: u32,
+    /// The data is in the slot's inline words: inline data, or a list's entries.
+    in_slot: bool,
+    /// The entries of a list in the slot (0: none).
+    sges: u16,
+}
+
+impl LocalData<'_> {
+    /// One entry, or none (`len` 0).
+    #[inline(always)]
+    fn sge(len: u32, addr: u64, lkey: u32) -> Self {
+        LocalData {
+            data: SlotData::None,
+            len,
+            addr,
+            lkey,
+            in_slot: false,
+            sges: 0,
+        }
+    }
+}
+
 impl SoftQp {
     /// The post lock, unless the QP is in a state that takes no sends (RESET, INIT, RTR):
     /// libmlx5 (rdma-core 40 and later) refuses those with `ENOMEM` (semantics 33).
@@ -439,10 +469,17 @@ impl SoftQp {
         (i, wr): (usize, &SendWr<'_>),
     ) -> Result<(), PostWrError> {
         let qp = &self.qp;
-        let (inline, len, local_addr, lkey) = match wr.local {
-            Local::Empty => (&[][..], 0, 0, 0),
-            Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
-            Local::Sges(_) => return Err(invalid(i, "scatter/gather lists are not taken yet")),
+        let LocalData {
+            data,
+            len,
+            addr: local_addr,
+            lkey,
+            in_slot,
+            sges,
+        } = match wr.local {
+            Local::Empty => LocalData::sge(0, 0, 0),
+            Local::Sge(sge) => LocalData::sge(sge.length, sge.addr, sge.lkey),
+            Local::Sges(list) => self.list(i, list)?,
             Local::Inline(data) => {
                 if data.len() > qp.caps.max_inline_data as usize {
                     // libmlx5's `set_data_inl_seg` answers ENOMEM, rxe EINVAL: semantics 33.
@@ -455,7 +492,14 @@ impl SoftQp {
                         source: Some(errno(if self.mlx5() { ENOMEM } else { EINVAL })),
                     });
                 }
-                (data, data.len() as u32, 0, 0)
+                LocalData {
+                    data: SlotData::Bytes(data),
+                    len: data.len() as u32,
+                    addr: 0,
+                    lkey: 0,
+                    in_slot: true,
+                    sges: 0,
+                }
             }
         };
         if wr.opcode == Opcode::RdmaRead && matches!(wr.local, Local::Inline(_)) {
@@ -480,33 +524,75 @@ impl SoftQp {
         }
         // An atomic's operands travel in its slot's inline words (it has no inline data).
         let operands;
-        let (opcode, inline) = match wr.opcode {
-            Opcode::RdmaWrite => (ring::op::WRITE, inline),
-            Opcode::RdmaWriteWithImm => (ring::op::WRITE_IMM, inline),
-            Opcode::RdmaRead => (ring::op::READ, inline),
-            Opcode::Send => (ring::op::SEND, inline),
-            Opcode::SendWithImm => (ring::op::SEND_IMM, inline),
+        let (opcode, data) = match wr.opcode {
+            Opcode::RdmaWrite => (ring::op::WRITE, data),
+            Opcode::RdmaWriteWithImm => (ring::op::WRITE_IMM, data),
+            Opcode::RdmaRead => (ring::op::READ, data),
+            Opcode::Send => (ring::op::SEND, data),
+            Opcode::SendWithImm => (ring::op::SEND_IMM, data),
             Opcode::AtomicCmpSwp { compare, swap } => {
                 operands = ring::atomic_operands(compare, swap);
-                (ring::op::CMP_SWP, &operands[..])
+                (ring::op::CMP_SWP, SlotData::Bytes(&operands[..]))
             }
             Opcode::AtomicFetchAdd { add } => {
                 operands = ring::atomic_operands(add, 0);
-                (ring::op::FETCH_ADD, &operands[..])
+                (ring::op::FETCH_ADD, SlotData::Bytes(&operands[..]))
             }
         };
         let wqe = Wqe {
             opcode,
             signaled: wr.signaled,
-            inline: matches!(wr.local, Local::Inline(_)),
+            inline: in_slot,
+            sges,
             len,
             local_addr,
             lkey,
             rkey: wr.remote.rkey,
             remote_addr: wr.remote.addr,
         };
-        posting.write(head, &wqe, wr.wr_id, wr.imm_data, inline);
+        posting.write(head, &wqe, wr.wr_id, wr.imm_data, data);
         Ok(())
+    }
+
+    /// The slot data, length, address and key of work request `i`'s scatter/gather list:
+    /// at most the QP's `max_send_sge` entries (libmlx5's `_mlx5_post_send` refuses more
+    /// with `ENOMEM`, `wr->num_sge > qp->sq.max_gs`; rxe's provider with `EINVAL`,
+    /// `validate_send_wr`), a message of at most [`selsig::MAX_MESSAGE_LEN`] bytes in all.
+    /// An empty list is a zero-length operation and a list of one its entry, as
+    /// [`Local::Empty`] and [`Local::Sge`]; a longer one goes to the slot's inline words.
+    #[inline(never)]
+    fn list<'a>(&self, i: usize, list: &'a [Sge]) -> Result<LocalData<'a>, PostWrError> {
+        let max = self.qp.caps.max_send_sge;
+        if list.len() > max as usize {
+            return Err(PostWrError {
+                index: i,
+                failure: PostFailure::TooManySges {
+                    count: list.len(),
+                    max,
+                },
+                source: Some(errno(if self.mlx5() { ENOMEM } else { EINVAL })),
+            });
+        }
+        Ok(match list {
+            [] => LocalData::sge(0, 0, 0),
+            [sge] => LocalData::sge(sge.length, sge.addr, sge.lkey),
+            _ => {
+                let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+                if len > selsig::MAX_MESSAGE_LEN {
+                    return Err(invalid(i, "longer than the largest message (2 GiB)"));
+                }
+                LocalData {
+                    data: SlotData::Sges(list),
+                    // At most `MAX_MESSAGE_LEN` (2^31), a `u32`.
+                    len: len as u32,
+                    addr: 0,
+                    lkey: 0,
+                    in_slot: true,
+                    // At most `max_send_sge`: 20 (mlx5) or 32 (rxe).
+                    sges: list.len() as u16,
+                }
+            }
+        })
     }
 
     fn transition_error(
@@ -777,6 +863,9 @@ impl QueuePair for SoftQp {
 const ENOMEM: i32 = 12;
 /// `EINVAL`.
 const EINVAL: i32 = 22;
+/// The scatter/gather entries an rxe send work request may have: the kernel's
+/// `RXE_MAX_SGE` (`rxe_param.h`), the device's `max_send_sge`.
+const RXE_MAX_SGE: u32 = 32;
 
 fn errno(code: i32) -> std::io::Error {
     std::io::Error::from_raw_os_error(code)
@@ -876,11 +965,11 @@ impl Device for SoftDevice {
         self.own("send CQ", &send_cq.engine)?;
         self.own("receive CQ", &recv_cq.engine)?;
         let req = init.caps;
-        if req.max_send_sge > 1 || req.max_recv_sge > 1 {
+        if req.max_recv_sge > 1 {
             return Err(ProviderError::Invalid {
-                what: "max_send_sge/max_recv_sge",
+                what: "max_recv_sge",
                 why: format!(
-                    "{} supports one scatter/gather entry per work request",
+                    "{} supports one scatter/gather entry per receive work request",
                     self.dev.name
                 ),
             });
@@ -913,11 +1002,14 @@ impl Device for SoftDevice {
                     max_inline_data: sized.max_inline_data,
                 };
                 // A QP without a send queue reads `max_inline_data` back as asked, and
-                // has no WQE to hold it.
+                // has no WQE to hold it. A WQE holds its inline data or its scatter/gather
+                // list (libmlx5's `max_send_sge` as asked, at most what fits a WQE:
+                // `mlx5_calc_send_wqe`'s `max_gather`, 20 on a ConnectX of 512-byte WQEs).
                 let room = if sized.max_send_wr == 0 {
                     0
                 } else {
-                    sized.max_inline_data as usize
+                    (sized.max_inline_data as usize)
+                        .max(sized.max_send_sge as usize * ring::SGE_BYTES)
                 };
                 (caps, sized.max_send_wr, sized.max_recv_wr, room)
             }
@@ -944,18 +1036,38 @@ impl Device for SoftDevice {
                         ),
                     });
                 }
+                // The kernel's `rxe_qp_chk_cap` refuses more entries than the device's
+                // `max_send_sge` (`RXE_MAX_SGE`) with `EINVAL`.
+                if req.max_send_sge > RXE_MAX_SGE {
+                    return Err(ProviderError::Invalid {
+                        what: "max_send_sge",
+                        why: format!(
+                            "{}: {} supports up to {RXE_MAX_SGE}",
+                            req.max_send_sge, self.dev.name
+                        ),
+                    });
+                }
+                // rxe sizes a WQE for the larger of its list and its inline data and reads
+                // both back from that size (`rxe_init_sq`, `rxe_qp.c`: `wqe_size =
+                // max(max_send_sge * sizeof(struct ib_sge), max_inline_data)`,
+                // `max_send_sge = wqe_size / sizeof(struct ib_sge)`, `max_inline_data =
+                // wqe_size`), with the [`MAX_INLINE`] bytes of inline data this NIC gives
+                // every rxe QP: a QP asked for one entry reads back 4 (as one asked for 64
+                // bytes of inline data does on rxe), one asked for 32 reads back 32 and
+                // 512 bytes of inline data. (The verbs provider asks for at least one.)
+                let wqe_size = (req.max_send_sge.max(1) as usize * ring::SGE_BYTES).max(MAX_INLINE);
                 let caps = QpCaps {
                     max_send_wr: req.max_send_wr,
                     max_recv_wr: req.max_recv_wr,
-                    max_send_sge: 1,
+                    max_send_sge: (wqe_size / ring::SGE_BYTES) as u32,
                     max_recv_sge: 1,
-                    max_inline_data: MAX_INLINE as u32,
+                    max_inline_data: wqe_size as u32,
                 };
                 (
                     caps,
                     (req.max_send_wr + 1).next_power_of_two() - 1,
                     (req.max_recv_wr + 1).next_power_of_two() - 1,
-                    MAX_INLINE,
+                    wqe_size,
                 )
             }
         };

@@ -143,6 +143,48 @@ pub(crate) fn atomic_operands(first: u64, second: u64) -> [u8; 16] {
 const FLAG_SIGNALED: u64 = 1;
 const FLAG_INLINE: u64 = 2;
 
+/// Bytes a scatter/gather entry takes in a slot's inline words ([`Posting::write`],
+/// [`list_entry`]): its address, then its length and `lkey`, as mlx5's 16-byte data
+/// segments (`struct mlx5_wqe_data_seg`) and rxe's `struct ib_sge` take.
+pub(crate) const SGE_BYTES: usize = 16;
+
+/// What a WQE's slot holds besides the WQE, in its inline words.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SlotData<'a> {
+    /// Nothing.
+    None,
+    /// Inline data, or an atomic's operands ([`atomic_operands`]).
+    Bytes(&'a [u8]),
+    /// The entries of a scatter/gather list, [`SGE_BYTES`] each.
+    Sges(&'a [selsig::Sge]),
+}
+
+/// Entry `i` of a scatter/gather list in a slot's inline `words` (written by
+/// [`Posting::write`]); `None` beyond the words.
+#[inline]
+pub(crate) fn list_entry(words: &[AtomicU64], i: usize) -> Option<selsig::Sge> {
+    let at = i.checked_mul(2)?;
+    let [addr, key_len] = words.get(at..at.checked_add(2)?)? else {
+        return None;
+    };
+    let key_len = key_len.load(Ordering::Relaxed);
+    Some(selsig::Sge {
+        addr: addr.load(Ordering::Relaxed),
+        length: key_len as u32,
+        lkey: (key_len >> 32) as u32,
+    })
+}
+
+fn write_sges(dst: &[AtomicU64], list: &[selsig::Sge]) {
+    for (words, sge) in dst.chunks_exact(2).zip(list) {
+        words[0].store(sge.addr, Ordering::Relaxed);
+        words[1].store(
+            u64::from(sge.length) | u64::from(sge.lkey) << 32,
+            Ordering::Relaxed,
+        );
+    }
+}
+
 /// A decoded work queue entry: what the NIC reads for every work request. Its `wr_id`
 /// and immediate data live in arrays of their own ([`SendRing::wr_id`],
 /// [`SendRing::imm`]), read only when needed (a completion, a `*_WITH_IMM` operation), as
@@ -151,7 +193,14 @@ const FLAG_INLINE: u64 = 2;
 pub(crate) struct Wqe {
     pub(crate) opcode: u8,
     pub(crate) signaled: bool,
+    /// The local data is in the slot's inline words: inline data, or (`sges` > 0) the
+    /// entries of a scatter/gather list. One flag for both, so that the single entry's
+    /// path tests one flag as before.
     pub(crate) inline: bool,
+    /// The entries of the scatter/gather list in the slot's inline words (with `inline`),
+    /// 2 or more; 0 for any other WQE (one entry, or none, is in `local_addr` and `lkey`).
+    pub(crate) sges: u16,
+    /// The message's length (a list's: the sum of its entries').
     pub(crate) len: u32,
     pub(crate) local_addr: u64,
     pub(crate) lkey: u32,
@@ -306,6 +355,7 @@ impl SendRing {
             opcode: (w0 & 0xff) as u8,
             signaled: flags & FLAG_SIGNALED != 0,
             inline: flags & FLAG_INLINE != 0,
+            sges: (w0 >> 16) as u16,
             len: (w0 >> 32) as u32,
             local_addr: s[1].load(Ordering::Relaxed),
             lkey: keys as u32,
@@ -416,10 +466,18 @@ pub(crate) struct Posting<'a> {
 }
 
 impl Posting<'_> {
-    /// Writes WQE `index` with its `wr_id`, and `imm` for the operations that carry
-    /// immediate data (the caller owns the slot: `index - freed < limit`).
+    /// Writes WQE `index` with its `wr_id`, `imm` for the operations that carry
+    /// immediate data, and `data` in its inline words (the caller owns the slot:
+    /// `index - freed < limit`; `data` fits the ring's inline room).
     #[inline(always)]
-    pub(crate) fn write(&mut self, index: u64, wqe: &Wqe, wr_id: u64, imm: u32, inline: &[u8]) {
+    pub(crate) fn write(
+        &mut self,
+        index: u64,
+        wqe: &Wqe,
+        wr_id: u64,
+        imm: u32,
+        data: SlotData<'_>,
+    ) {
         let ring = self.ring;
         let at = (index & self.mask) as usize;
         let s = &self.slots[at].0;
@@ -427,7 +485,10 @@ impl Posting<'_> {
         let flags =
             (u64::from(wqe.signaled) * FLAG_SIGNALED) | (u64::from(wqe.inline) * FLAG_INLINE);
         let words = [
-            u64::from(wqe.opcode) | flags << 8 | u64::from(wqe.len) << 32,
+            u64::from(wqe.opcode)
+                | flags << 8
+                | u64::from(wqe.sges) << 16
+                | u64::from(wqe.len) << 32,
             wqe.local_addr,
             u64::from(wqe.lkey) | u64::from(wqe.rkey) << 32,
             wqe.remote_addr,
@@ -439,8 +500,10 @@ impl Posting<'_> {
         if matches!(wqe.opcode, op::WRITE_IMM | op::SEND_IMM) {
             ring.imms[at].store(u64::from(imm), Ordering::Relaxed);
         }
-        if !inline.is_empty() {
-            write_words(ring.inline_words(index), inline);
+        match data {
+            SlotData::None => {}
+            SlotData::Bytes(bytes) => write_words(ring.inline_words(index), bytes),
+            SlotData::Sges(list) => write_sges(ring.inline_words(index), list),
         }
     }
 
@@ -762,6 +825,7 @@ mod tests {
             opcode: op::WRITE_IMM,
             signaled: true,
             inline: true,
+            sges: 0,
             len: 13,
             local_addr: 0xdead_beef_0000,
             lkey: 0x1234_5678,
@@ -769,7 +833,13 @@ mod tests {
             remote_addr: 0x7fff_0000_1000,
         };
         let mut posting = ring.posting(1);
-        posting.write(5, &wqe, u64::MAX - 3, 0xfeed_f00d, b"hello, world!");
+        posting.write(
+            5,
+            &wqe,
+            u64::MAX - 3,
+            0xfeed_f00d,
+            SlotData::Bytes(b"hello, world!"),
+        );
         posting.publish(6);
         assert_eq!(ring.published(), 6);
         assert_eq!(ring.read(5), wqe);
@@ -778,6 +848,58 @@ mod tests {
         let mut out = [0u8; 13];
         crate::mem::read(ring.inline_words(5), 0, &mut out);
         assert_eq!(&out, b"hello, world!");
+    }
+
+    /// A list's entries land in the slot's inline words, 16 bytes each, and its count in
+    /// the WQE; a slot reused for a single entry reads back no list.
+    #[test]
+    fn a_scatter_gather_list_round_trips_through_a_slot() {
+        let ring = SendRing::with_inline(4, 3 * SGE_BYTES);
+        let list = [
+            selsig::Sge {
+                addr: 0x1000_0000_0001,
+                length: 7,
+                lkey: 0xffff_fffe,
+            },
+            selsig::Sge {
+                addr: u64::MAX,
+                length: u32::MAX,
+                lkey: 1,
+            },
+            selsig::Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0x8000_0000,
+            },
+        ];
+        let wqe = Wqe {
+            opcode: op::SEND_IMM,
+            signaled: false,
+            inline: true,
+            sges: 3,
+            len: 6,
+            local_addr: 0,
+            lkey: 0,
+            rkey: 0x9abc_def0,
+            remote_addr: 0x7fff_0000_1000,
+        };
+        let mut posting = ring.posting(1);
+        posting.write(6, &wqe, 9, 0, SlotData::Sges(&list));
+        posting.publish(7);
+        assert_eq!(ring.read(6), wqe);
+        let words = ring.inline_words(6);
+        let read: Vec<_> = (0..3).map(|i| list_entry(words, i)).collect();
+        assert_eq!(read, list.map(Some));
+        assert_eq!(list_entry(words, words.len() / 2), None, "beyond the words");
+        let single = Wqe {
+            inline: false,
+            sges: 0,
+            ..wqe
+        };
+        let mut posting = ring.posting(1);
+        posting.write(10, &single, 9, 0, SlotData::None);
+        posting.publish(11);
+        assert_eq!(ring.read(10), single);
     }
 
     /// The poster's stores are seen by another thread once it loads the producer index
@@ -791,6 +913,7 @@ mod tests {
             opcode: (i % 5) as u8,
             signaled: i.is_multiple_of(3),
             inline: false,
+            sges: 0,
             len: (i * 7) as u32,
             local_addr: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
             lkey: i as u32 ^ 0x5555_5555,
@@ -822,7 +945,7 @@ mod tests {
                 }
                 let mut posting = ring.posting(if stream { STREAM_MIN } else { 1 });
                 for i in head..head + room {
-                    posting.write(i, &wqe(i), i + 1, 0, &[]);
+                    posting.write(i, &wqe(i), i + 1, 0, SlotData::None);
                 }
                 head += room;
                 posting.publish(head);
@@ -882,6 +1005,7 @@ mod tests {
             opcode: op::WRITE,
             signaled: false,
             inline: false,
+            sges: 0,
             len: 0,
             local_addr: 0,
             lkey: 0,
@@ -890,7 +1014,8 @@ mod tests {
         };
         for index in 0..(1u64 << 16) + 16 {
             // (A posting dropped without publishing still fences its stores.)
-            ring.posting(STREAM_MIN).write(index, &wqe, index, 0, &[]);
+            ring.posting(STREAM_MIN)
+                .write(index, &wqe, index, 0, SlotData::None);
             // A completion for every third WQE.
             if index % 3 == 2 {
                 ring.free_through(index as u16);
@@ -919,6 +1044,7 @@ mod loom_tests {
             opcode: op::WRITE,
             signaled: true,
             inline: false,
+            sges: 0,
             len: i as u32,
             local_addr: 1000 + i,
             lkey: i as u32,
@@ -977,7 +1103,7 @@ mod loom_tests {
             while consumer < N {
                 if head < N && head - sq.freed(free_on_poll) < sq.limit() {
                     let mut posting = sq.posting(1);
-                    posting.write(head, &wqe(head), 100 + head, 0, &[]);
+                    posting.write(head, &wqe(head), 100 + head, 0, SlotData::None);
                     head += 1;
                     posting.publish(head);
                 } else if cq.available(consumer) > 0 {
