@@ -1039,17 +1039,36 @@ mod loom_tests {
 
     const N: u64 = 4;
 
+    /// WQE `i`: odd ones carry a scatter/gather list of two entries ([`list`]).
     fn wqe(i: u64) -> Wqe {
+        let odd = i % 2 == 1;
         Wqe {
             opcode: op::WRITE,
             signaled: true,
-            inline: false,
-            sges: 0,
+            inline: odd,
+            sges: if odd { 2 } else { 0 },
             len: i as u32,
             local_addr: 1000 + i,
             lkey: i as u32,
             rkey: 7 * i as u32,
             remote_addr: 2000 + i,
+        }
+    }
+
+    /// The list of WQE `i` (odd), in its slot's inline words.
+    fn list(i: u64) -> [selsig::Sge; 2] {
+        [0, 1].map(|k| selsig::Sge {
+            addr: 3000 + 10 * i + k,
+            length: 40 + i as u32,
+            lkey: 50 + i as u32 + k as u32,
+        })
+    }
+
+    fn data(i: u64, list: &[selsig::Sge; 2]) -> SlotData<'_> {
+        if i % 2 == 1 {
+            SlotData::Sges(list)
+        } else {
+            SlotData::None
         }
     }
 
@@ -1070,8 +1089,9 @@ mod loom_tests {
 
     /// The application posts N WQEs into 2 slots, waiting for slots to be freed; the NIC
     /// executes each WQE and completes it; the application polls and frees slots through
-    /// the WQE counter (mlx5) or the NIC's index (rxe). Every WQE the NIC reads and every
-    /// CQE the application reads is the one written, in order.
+    /// the WQE counter (mlx5) or the NIC's index (rxe). Every WQE the NIC reads (with the
+    /// scatter/gather list in the slot's inline words of every other one) and every CQE the
+    /// application reads is the one written, in order.
     fn send_and_complete(free_on_poll: bool) {
         let mut builder = loom::model::Builder::new();
         builder.preemption_bound = Some(3);
@@ -1090,6 +1110,11 @@ mod loom_tests {
                         }
                         let w = sq.read(exec);
                         assert_eq!(w, wqe(exec), "the NIC reads what was written");
+                        if w.sges != 0 {
+                            let words = sq.inline_words(exec);
+                            let entries = [0, 1].map(|k| list_entry(words, k));
+                            assert_eq!(entries, list(exec).map(Some), "and its list");
+                        }
                         let wr_id = sq.wr_id(exec);
                         exec += 1;
                         sq.set_executed(exec);
@@ -1103,7 +1128,8 @@ mod loom_tests {
             while consumer < N {
                 if head < N && head - sq.freed(free_on_poll) < sq.limit() {
                     let mut posting = sq.posting(1);
-                    posting.write(head, &wqe(head), 100 + head, 0, SlotData::None);
+                    let entries = list(head);
+                    posting.write(head, &wqe(head), 100 + head, 0, data(head, &entries));
                     head += 1;
                     posting.publish(head);
                 } else if cq.available(consumer) > 0 {
