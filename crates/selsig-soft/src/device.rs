@@ -556,8 +556,9 @@ impl SoftQp {
 
     /// The slot data, length, address and key of work request `i`'s scatter/gather list:
     /// at most the QP's `max_send_sge` entries (libmlx5's `_mlx5_post_send` refuses more
-    /// with `ENOMEM`, `wr->num_sge > qp->sq.max_gs`; rxe's provider with `EINVAL`,
-    /// `validate_send_wr`), a message of at most [`selsig::MAX_MESSAGE_LEN`] bytes in all.
+    /// with `ENOMEM`, `wr->num_sge > qp->sq.qp_state_max_gs`, `max_gs` in RTS (semantics
+    /// 33); rxe's provider with `EINVAL`, `validate_send_wr`: `num_sge > sq->max_sge`), a
+    /// message of at most [`selsig::MAX_MESSAGE_LEN`] bytes in all.
     /// An empty list is a zero-length operation and a list of one its entry, as
     /// [`Local::Empty`] and [`Local::Sge`]; a longer one goes to the slot's inline words.
     #[inline(never)]
