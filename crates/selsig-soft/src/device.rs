@@ -22,7 +22,7 @@ use crate::engine::{self, Engine};
 use crate::events::CqEvents;
 use crate::mem;
 use crate::mr::{MrInner, MrTable, random_u32};
-use crate::ring::{self, CompletionRing, MAX_INLINE, RecvRing, Rqe, SendRing, SlotData, Wqe};
+use crate::ring::{self, CompletionRing, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe};
 use crate::state::{CqInner, DeviceInner, PollState, Producer, QpInner, Registry};
 use crate::sync::Padded;
 use crate::times::ExecTimes;
@@ -406,36 +406,6 @@ impl SoftQp {
     }
 }
 
-/// A work request's local data as its WQE holds it.
-struct LocalData<'a> {
-    /// What goes to the slot's inline words.
-    data: SlotData<'a>,
-    /// The message's length.
-    len: u32,
-    /// The single entry's address and key (0 for data in the slot).
-    addr: u64,
-    lkey: u32,
-    /// The data is in the slot's inline words: inline data, or a list's entries.
-    in_slot: bool,
-    /// The entries of a list in the slot (0: none).
-    sges: u16,
-}
-
-impl LocalData<'_> {
-    /// One entry, or none (`len` 0).
-    #[inline(always)]
-    fn sge(len: u32, addr: u64, lkey: u32) -> Self {
-        LocalData {
-            data: SlotData::None,
-            len,
-            addr,
-            lkey,
-            in_slot: false,
-            sges: 0,
-        }
-    }
-}
-
 impl SoftQp {
     /// The post lock, unless the QP is in a state that takes no sends (RESET, INIT, RTR):
     /// libmlx5 (rdma-core 40 and later) refuses those with `ENOMEM` (semantics 33).
@@ -469,17 +439,16 @@ impl SoftQp {
         (i, wr): (usize, &SendWr<'_>),
     ) -> Result<(), PostWrError> {
         let qp = &self.qp;
-        let LocalData {
-            data,
-            len,
-            addr: local_addr,
-            lkey,
-            in_slot,
-            sges,
-        } = match wr.local {
-            Local::Empty => LocalData::sge(0, 0, 0),
-            Local::Sge(sge) => LocalData::sge(sge.length, sge.addr, sge.lkey),
-            Local::Sges(list) => self.list(i, list)?,
+        let (inline, len, local_addr, lkey) = match wr.local {
+            Local::Empty => (&[][..], 0, 0, 0),
+            Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
+            // Out of line, and in the values of one entry (the list's length, and the
+            // number of its entries as the key), so that the path of one entry is as
+            // before lists: it differs in which variants set `inline` alone.
+            Local::Sges(list) => {
+                let (len, count) = self.write_list(p, posting, head, (i, wr), list)?;
+                (&[][..], len, 0, count)
+            }
             Local::Inline(data) => {
                 if data.len() > qp.caps.max_inline_data as usize {
                     // libmlx5's `set_data_inl_seg` answers ENOMEM, rxe EINVAL: semantics 33.
@@ -492,14 +461,7 @@ impl SoftQp {
                         source: Some(errno(if self.mlx5() { ENOMEM } else { EINVAL })),
                     });
                 }
-                LocalData {
-                    data: SlotData::Bytes(data),
-                    len: data.len() as u32,
-                    addr: 0,
-                    lkey: 0,
-                    in_slot: true,
-                    sges: 0,
-                }
+                (data, data.len() as u32, 0, 0)
             }
         };
         if wr.opcode == Opcode::RdmaRead && matches!(wr.local, Local::Inline(_)) {
@@ -524,45 +486,56 @@ impl SoftQp {
         }
         // An atomic's operands travel in its slot's inline words (it has no inline data).
         let operands;
-        let (opcode, data) = match wr.opcode {
-            Opcode::RdmaWrite => (ring::op::WRITE, data),
-            Opcode::RdmaWriteWithImm => (ring::op::WRITE_IMM, data),
-            Opcode::RdmaRead => (ring::op::READ, data),
-            Opcode::Send => (ring::op::SEND, data),
-            Opcode::SendWithImm => (ring::op::SEND_IMM, data),
+        let (opcode, inline) = match wr.opcode {
+            Opcode::RdmaWrite => (ring::op::WRITE, inline),
+            Opcode::RdmaWriteWithImm => (ring::op::WRITE_IMM, inline),
+            Opcode::RdmaRead => (ring::op::READ, inline),
+            Opcode::Send => (ring::op::SEND, inline),
+            Opcode::SendWithImm => (ring::op::SEND_IMM, inline),
             Opcode::AtomicCmpSwp { compare, swap } => {
                 operands = ring::atomic_operands(compare, swap);
-                (ring::op::CMP_SWP, SlotData::Bytes(&operands[..]))
+                (ring::op::CMP_SWP, &operands[..])
             }
             Opcode::AtomicFetchAdd { add } => {
                 operands = ring::atomic_operands(add, 0);
-                (ring::op::FETCH_ADD, SlotData::Bytes(&operands[..]))
+                (ring::op::FETCH_ADD, &operands[..])
             }
         };
         let wqe = Wqe {
             opcode,
             signaled: wr.signaled,
-            inline: in_slot,
-            sges,
+            // A list's entries are in the slot's inline words, as inline data is.
+            inline: matches!(wr.local, Local::Inline(_) | Local::Sges(_)),
             len,
             local_addr,
             lkey,
             rkey: wr.remote.rkey,
             remote_addr: wr.remote.addr,
         };
-        posting.write(head, &wqe, wr.wr_id, wr.imm_data, data);
+        posting.write(head, &wqe, wr.wr_id, wr.imm_data, inline);
         Ok(())
     }
 
-    /// The slot data, length, address and key of work request `i`'s scatter/gather list:
-    /// at most the QP's `max_send_sge` entries (libmlx5's `_mlx5_post_send` refuses more
-    /// with `ENOMEM`, `wr->num_sge > qp->sq.qp_state_max_gs`, `max_gs` in RTS (semantics
-    /// 33); rxe's provider with `EINVAL`, `validate_send_wr`: `num_sge > sq->max_sge`), a
-    /// message of at most [`selsig::MAX_MESSAGE_LEN`] bytes in all.
-    /// An empty list is a zero-length operation and a list of one its entry, as
-    /// [`Local::Empty`] and [`Local::Sge`]; a longer one goes to the slot's inline words.
+    /// Checks work request `i`'s scatter/gather list and writes its entries to slot
+    /// `head`'s inline words, if that slot is free: the message's length and the number of
+    /// entries, which its WQE then holds (an empty list is a zero-length operation).
+    ///
+    /// At most the QP's `max_send_sge` entries: libmlx5's `_mlx5_post_send` refuses more
+    /// with `ENOMEM` (`wr->num_sge > qp->sq.qp_state_max_gs`, `max_gs` in RTS: semantics
+    /// 33), rxe's provider with `EINVAL` (`validate_send_wr`: `num_sge > sq->max_sge`). A
+    /// message of at most [`selsig::MAX_MESSAGE_LEN`] bytes in all. The other refusals
+    /// `write_wqe` makes after this one come first here, as they do there, so that none of
+    /// them is left once the entries are written.
+    #[cold]
     #[inline(never)]
-    fn list<'a>(&self, i: usize, list: &'a [Sge]) -> Result<LocalData<'a>, PostWrError> {
+    fn write_list(
+        &self,
+        p: &mut Producer,
+        posting: &mut ring::Posting<'_>,
+        head: u64,
+        (i, wr): (usize, &SendWr<'_>),
+        list: &[Sge],
+    ) -> Result<(u32, u32), PostWrError> {
         let max = self.qp.caps.max_send_sge;
         if list.len() > max as usize {
             return Err(PostWrError {
@@ -574,26 +547,27 @@ impl SoftQp {
                 source: Some(errno(if self.mlx5() { ENOMEM } else { EINVAL })),
             });
         }
-        Ok(match list {
-            [] => LocalData::sge(0, 0, 0),
-            [sge] => LocalData::sge(sge.length, sge.addr, sge.lkey),
-            _ => {
-                let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
-                if len > selsig::MAX_MESSAGE_LEN {
-                    return Err(invalid(i, "longer than the largest message (2 GiB)"));
-                }
-                LocalData {
-                    data: SlotData::Sges(list),
-                    // At most `MAX_MESSAGE_LEN` (2^31), a `u32`.
-                    len: len as u32,
-                    addr: 0,
-                    lkey: 0,
-                    in_slot: true,
-                    // At most `max_send_sge`: 20 (mlx5) or 32 (rxe).
-                    sges: list.len() as u16,
-                }
+        if let Some(why) = wr.atomic_refusal(!self.mlx5()) {
+            return Err(invalid(i, why));
+        }
+        let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+        if len > selsig::MAX_MESSAGE_LEN {
+            return Err(invalid(i, "longer than the largest message (2 GiB)"));
+        }
+        let limit = posting.limit();
+        if head - p.freed >= limit {
+            p.freed = self.qp.freed();
+            if head - p.freed >= limit {
+                return Err(PostWrError {
+                    index: i,
+                    failure: PostFailure::Full,
+                    source: Some(errno(ENOMEM)),
+                });
             }
-        })
+        }
+        posting.write_list(head, list);
+        // At most `MAX_MESSAGE_LEN` (2^31) bytes, and `max_send_sge` (32) entries.
+        Ok((len as u32, list.len() as u32))
     }
 
     fn transition_error(

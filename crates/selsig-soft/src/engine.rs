@@ -556,7 +556,7 @@ enum Source<'a> {
     Gather(List<'a>),
 }
 
-/// A WQE's scatter/gather list (2 entries or more, in its slot's inline words) whose
+/// A WQE's scatter/gather list (in its slot's inline words) whose
 /// entries were all found good ([`List::checked`]) before any byte of the message moved.
 #[derive(Clone, Copy)]
 struct List<'a> {
@@ -566,7 +566,8 @@ struct List<'a> {
 }
 
 impl<'a> List<'a> {
-    /// The list of WQE `index` of `qp`, if every entry is good: each non-empty one as
+    /// The list of WQE `index` of `qp` (`wqe`, its `lkey` entries in the slot's inline
+    /// words), if every entry is good: each non-empty one as
     /// [`local`] checks a single entry (the key is current, the region of protection
     /// domain `pd` grants `need`, the range is inside). An empty entry checks no key, as
     /// an empty single entry does: libmlx5 leaves entries of length 0 out of the WQE
@@ -586,7 +587,7 @@ impl<'a> List<'a> {
         need: Access,
     ) -> Option<Self> {
         let words = qp.sq.inline_words(index);
-        let count = usize::from(wqe.sges);
+        let count = wqe.lkey as usize;
         for i in 0..count {
             let sge = crate::ring::list_entry(words, i)?;
             if sge.length > 0 {
@@ -767,7 +768,8 @@ fn source<'a>(
     found: &mut Found<'a>,
 ) -> Option<Source<'a>> {
     if wqe.inline {
-        if wqe.sges != 0 {
+        // Inline data has no key; a list has the number of its entries there.
+        if wqe.lkey != 0 {
             return List::checked(qp, wqe, index, mrs, qp.pd, Access::empty()).map(Source::Gather);
         }
         return Some(Source::Memory(qp.sq.inline_words(index), 0));
@@ -1034,7 +1036,8 @@ impl<'m> Request<'_, 'm> {
             if len == 0 {
                 return Some(Destination::None);
             }
-            if self.wqe.sges != 0 {
+            // A READ's data is in its slot only as a list (an inline READ is refused).
+            if self.wqe.inline {
                 let list = List::checked(
                     self.qp,
                     self.wqe,

@@ -143,24 +143,13 @@ pub(crate) fn atomic_operands(first: u64, second: u64) -> [u8; 16] {
 const FLAG_SIGNALED: u64 = 1;
 const FLAG_INLINE: u64 = 2;
 
-/// Bytes a scatter/gather entry takes in a slot's inline words ([`Posting::write`],
+/// Bytes a scatter/gather entry takes in a slot's inline words ([`Posting::write_list`],
 /// [`list_entry`]): its address, then its length and `lkey`, as mlx5's 16-byte data
 /// segments (`struct mlx5_wqe_data_seg`) and rxe's `struct ib_sge` take.
 pub(crate) const SGE_BYTES: usize = 16;
 
-/// What a WQE's slot holds besides the WQE, in its inline words.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum SlotData<'a> {
-    /// Nothing.
-    None,
-    /// Inline data, or an atomic's operands ([`atomic_operands`]).
-    Bytes(&'a [u8]),
-    /// The entries of a scatter/gather list, [`SGE_BYTES`] each.
-    Sges(&'a [selsig::Sge]),
-}
-
 /// Entry `i` of a scatter/gather list in a slot's inline `words` (written by
-/// [`Posting::write`]); `None` beyond the words.
+/// [`Posting::write_list`]); `None` beyond the words.
 #[inline]
 pub(crate) fn list_entry(words: &[AtomicU64], i: usize) -> Option<selsig::Sge> {
     let at = i.checked_mul(2)?;
@@ -193,16 +182,15 @@ fn write_sges(dst: &[AtomicU64], list: &[selsig::Sge]) {
 pub(crate) struct Wqe {
     pub(crate) opcode: u8,
     pub(crate) signaled: bool,
-    /// The local data is in the slot's inline words: inline data, or (`sges` > 0) the
-    /// entries of a scatter/gather list. One flag for both, so that the single entry's
-    /// path tests one flag as before.
+    /// The local data is in the slot's inline words: inline data (`lkey` 0), or the
+    /// entries of a scatter/gather list (`lkey` of them). One flag for both, so that the
+    /// path of a single entry tests one flag, as before lists.
     pub(crate) inline: bool,
-    /// The entries of the scatter/gather list in the slot's inline words (with `inline`),
-    /// 2 or more; 0 for any other WQE (one entry, or none, is in `local_addr` and `lkey`).
-    pub(crate) sges: u16,
     /// The message's length (a list's: the sum of its entries').
     pub(crate) len: u32,
     pub(crate) local_addr: u64,
+    /// The single entry's key; with `inline`, the entries of the scatter/gather list in the
+    /// slot's inline words ([`Posting::write_list`]; 0: inline data, or an empty list).
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
     pub(crate) remote_addr: u64,
@@ -355,7 +343,6 @@ impl SendRing {
             opcode: (w0 & 0xff) as u8,
             signaled: flags & FLAG_SIGNALED != 0,
             inline: flags & FLAG_INLINE != 0,
-            sges: (w0 >> 16) as u16,
             len: (w0 >> 32) as u32,
             local_addr: s[1].load(Ordering::Relaxed),
             lkey: keys as u32,
@@ -466,18 +453,10 @@ pub(crate) struct Posting<'a> {
 }
 
 impl Posting<'_> {
-    /// Writes WQE `index` with its `wr_id`, `imm` for the operations that carry
-    /// immediate data, and `data` in its inline words (the caller owns the slot:
-    /// `index - freed < limit`; `data` fits the ring's inline room).
+    /// Writes WQE `index` with its `wr_id`, and `imm` for the operations that carry
+    /// immediate data (the caller owns the slot: `index - freed < limit`).
     #[inline(always)]
-    pub(crate) fn write(
-        &mut self,
-        index: u64,
-        wqe: &Wqe,
-        wr_id: u64,
-        imm: u32,
-        data: SlotData<'_>,
-    ) {
+    pub(crate) fn write(&mut self, index: u64, wqe: &Wqe, wr_id: u64, imm: u32, inline: &[u8]) {
         let ring = self.ring;
         let at = (index & self.mask) as usize;
         let s = &self.slots[at].0;
@@ -485,10 +464,7 @@ impl Posting<'_> {
         let flags =
             (u64::from(wqe.signaled) * FLAG_SIGNALED) | (u64::from(wqe.inline) * FLAG_INLINE);
         let words = [
-            u64::from(wqe.opcode)
-                | flags << 8
-                | u64::from(wqe.sges) << 16
-                | u64::from(wqe.len) << 32,
+            u64::from(wqe.opcode) | flags << 8 | u64::from(wqe.len) << 32,
             wqe.local_addr,
             u64::from(wqe.lkey) | u64::from(wqe.rkey) << 32,
             wqe.remote_addr,
@@ -500,11 +476,19 @@ impl Posting<'_> {
         if matches!(wqe.opcode, op::WRITE_IMM | op::SEND_IMM) {
             ring.imms[at].store(u64::from(imm), Ordering::Relaxed);
         }
-        match data {
-            SlotData::None => {}
-            SlotData::Bytes(bytes) => write_words(ring.inline_words(index), bytes),
-            SlotData::Sges(list) => write_sges(ring.inline_words(index), list),
+        if !inline.is_empty() {
+            write_words(ring.inline_words(index), inline);
         }
+    }
+
+    /// Writes the entries of WQE `index`'s scatter/gather list to its slot's inline words,
+    /// [`SGE_BYTES`] each (the caller owns the slot, as for [`write`](Self::write), and
+    /// the list fits the ring's inline room); its WQE has `inline` set and `lkey` the
+    /// number of entries.
+    #[cold]
+    pub(crate) fn write_list(&mut self, index: u64, list: &[selsig::Sge]) {
+        self.ring.shadow.write((index & self.mask) as usize);
+        write_sges(self.ring.inline_words(index), list);
     }
 
     /// Slots the producer may use at once.
@@ -825,7 +809,6 @@ mod tests {
             opcode: op::WRITE_IMM,
             signaled: true,
             inline: true,
-            sges: 0,
             len: 13,
             local_addr: 0xdead_beef_0000,
             lkey: 0x1234_5678,
@@ -833,13 +816,7 @@ mod tests {
             remote_addr: 0x7fff_0000_1000,
         };
         let mut posting = ring.posting(1);
-        posting.write(
-            5,
-            &wqe,
-            u64::MAX - 3,
-            0xfeed_f00d,
-            SlotData::Bytes(b"hello, world!"),
-        );
+        posting.write(5, &wqe, u64::MAX - 3, 0xfeed_f00d, b"hello, world!");
         posting.publish(6);
         assert_eq!(ring.published(), 6);
         assert_eq!(ring.read(5), wqe);
@@ -851,7 +828,7 @@ mod tests {
     }
 
     /// A list's entries land in the slot's inline words, 16 bytes each, and its count in
-    /// the WQE; a slot reused for a single entry reads back no list.
+    /// the WQE's `lkey`; a slot reused for a single entry reads back its key.
     #[test]
     fn a_scatter_gather_list_round_trips_through_a_slot() {
         let ring = SendRing::with_inline(4, 3 * SGE_BYTES);
@@ -876,15 +853,15 @@ mod tests {
             opcode: op::SEND_IMM,
             signaled: false,
             inline: true,
-            sges: 3,
             len: 6,
             local_addr: 0,
-            lkey: 0,
+            lkey: 3,
             rkey: 0x9abc_def0,
             remote_addr: 0x7fff_0000_1000,
         };
         let mut posting = ring.posting(1);
-        posting.write(6, &wqe, 9, 0, SlotData::Sges(&list));
+        posting.write_list(6, &list);
+        posting.write(6, &wqe, 9, 0, &[]);
         posting.publish(7);
         assert_eq!(ring.read(6), wqe);
         let words = ring.inline_words(6);
@@ -893,11 +870,11 @@ mod tests {
         assert_eq!(list_entry(words, words.len() / 2), None, "beyond the words");
         let single = Wqe {
             inline: false,
-            sges: 0,
+            lkey: 0x1234,
             ..wqe
         };
         let mut posting = ring.posting(1);
-        posting.write(10, &single, 9, 0, SlotData::None);
+        posting.write(10, &single, 9, 0, &[]);
         posting.publish(11);
         assert_eq!(ring.read(10), single);
     }
@@ -913,7 +890,6 @@ mod tests {
             opcode: (i % 5) as u8,
             signaled: i.is_multiple_of(3),
             inline: false,
-            sges: 0,
             len: (i * 7) as u32,
             local_addr: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
             lkey: i as u32 ^ 0x5555_5555,
@@ -945,7 +921,7 @@ mod tests {
                 }
                 let mut posting = ring.posting(if stream { STREAM_MIN } else { 1 });
                 for i in head..head + room {
-                    posting.write(i, &wqe(i), i + 1, 0, SlotData::None);
+                    posting.write(i, &wqe(i), i + 1, 0, &[]);
                 }
                 head += room;
                 posting.publish(head);
@@ -1005,7 +981,6 @@ mod tests {
             opcode: op::WRITE,
             signaled: false,
             inline: false,
-            sges: 0,
             len: 0,
             local_addr: 0,
             lkey: 0,
@@ -1014,8 +989,7 @@ mod tests {
         };
         for index in 0..(1u64 << 16) + 16 {
             // (A posting dropped without publishing still fences its stores.)
-            ring.posting(STREAM_MIN)
-                .write(index, &wqe, index, 0, SlotData::None);
+            ring.posting(STREAM_MIN).write(index, &wqe, index, 0, &[]);
             // A completion for every third WQE.
             if index % 3 == 2 {
                 ring.free_through(index as u16);
@@ -1046,10 +1020,9 @@ mod loom_tests {
             opcode: op::WRITE,
             signaled: true,
             inline: odd,
-            sges: if odd { 2 } else { 0 },
             len: i as u32,
             local_addr: 1000 + i,
-            lkey: i as u32,
+            lkey: if odd { 2 } else { i as u32 },
             rkey: 7 * i as u32,
             remote_addr: 2000 + i,
         }
@@ -1062,14 +1035,6 @@ mod loom_tests {
             length: 40 + i as u32,
             lkey: 50 + i as u32 + k as u32,
         })
-    }
-
-    fn data(i: u64, list: &[selsig::Sge; 2]) -> SlotData<'_> {
-        if i % 2 == 1 {
-            SlotData::Sges(list)
-        } else {
-            SlotData::None
-        }
     }
 
     fn cqe(wr_id: u64, counter: u16) -> Cqe {
@@ -1110,7 +1075,7 @@ mod loom_tests {
                         }
                         let w = sq.read(exec);
                         assert_eq!(w, wqe(exec), "the NIC reads what was written");
-                        if w.sges != 0 {
+                        if w.inline {
                             let words = sq.inline_words(exec);
                             let entries = [0, 1].map(|k| list_entry(words, k));
                             assert_eq!(entries, list(exec).map(Some), "and its list");
@@ -1128,8 +1093,10 @@ mod loom_tests {
             while consumer < N {
                 if head < N && head - sq.freed(free_on_poll) < sq.limit() {
                     let mut posting = sq.posting(1);
-                    let entries = list(head);
-                    posting.write(head, &wqe(head), 100 + head, 0, data(head, &entries));
+                    if head % 2 == 1 {
+                        posting.write_list(head, &list(head));
+                    }
+                    posting.write(head, &wqe(head), 100 + head, 0, &[]);
                     head += 1;
                     posting.publish(head);
                 } else if cq.available(consumer) > 0 {
