@@ -556,8 +556,8 @@ enum Source<'a> {
     Gather(List<'a>),
 }
 
-/// A WQE's scatter/gather list (in its slot's inline words) whose
-/// entries were all found good ([`List::checked`]) before any byte of the message moved.
+/// A WQE's scatter/gather list (in its slot's inline words) whose entries were all found
+/// good ([`List::checked`]) before any byte of the message moved.
 #[derive(Clone, Copy)]
 struct List<'a> {
     words: &'a [std::sync::atomic::AtomicU64],
@@ -567,9 +567,9 @@ struct List<'a> {
 
 impl<'a> List<'a> {
     /// The list of WQE `index` of `qp` (`wqe`, its `lkey` entries in the slot's inline
-    /// words), if every entry is good: each non-empty one as
-    /// [`local`] checks a single entry (the key is current, the region of protection
-    /// domain `pd` grants `need`, the range is inside). An empty entry checks no key, as
+    /// words), if every entry is good: each non-empty one as [`local`] checks a single
+    /// entry (the key is current, the region of protection domain `pd` grants `need`, the
+    /// range is inside). An empty entry checks no key, as
     /// an empty single entry does: libmlx5 leaves entries of length 0 out of the WQE
     /// (`_mlx5_post_send`), rxe's `copy_data` looks up no region for them.
     ///
