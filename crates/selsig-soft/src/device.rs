@@ -11,7 +11,7 @@ use parking_lot::{Mutex, RwLock};
 
 use selsig::{
     Access, AsyncEvent, ConnectOptions, Device, Endpoint, Local, MemoryRegion, Opcode, PostFailure,
-    PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendWr,
+    PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendWr, Sge,
 };
 
 use selsig::mlx5_sizing::{self, Mlx5Limits, Mlx5Request, SendOps};
@@ -442,7 +442,13 @@ impl SoftQp {
         let (inline, len, local_addr, lkey) = match wr.local {
             Local::Empty => (&[][..], 0, 0, 0),
             Local::Sge(sge) => (&[][..], sge.length, sge.addr, sge.lkey),
-            Local::Sges(_) => return Err(invalid(i, "scatter/gather lists are not taken yet")),
+            // Out of line, and in the values of one entry (the list's length, and the
+            // number of its entries as the key), so that the path of one entry is as
+            // before lists: it differs in which variants set `inline` alone.
+            Local::Sges(list) => {
+                let (len, count) = self.write_list(p, posting, head, (i, wr), list)?;
+                (&[][..], len, 0, count)
+            }
             Local::Inline(data) => {
                 if data.len() > qp.caps.max_inline_data as usize {
                     // libmlx5's `set_data_inl_seg` answers ENOMEM, rxe EINVAL: semantics 33.
@@ -498,7 +504,8 @@ impl SoftQp {
         let wqe = Wqe {
             opcode,
             signaled: wr.signaled,
-            inline: matches!(wr.local, Local::Inline(_)),
+            // A list's entries are in the slot's inline words, as inline data is.
+            inline: matches!(wr.local, Local::Inline(_) | Local::Sges(_)),
             len,
             local_addr,
             lkey,
@@ -507,6 +514,60 @@ impl SoftQp {
         };
         posting.write(head, &wqe, wr.wr_id, wr.imm_data, inline);
         Ok(())
+    }
+
+    /// Checks work request `i`'s scatter/gather list and writes its entries to slot
+    /// `head`'s inline words, if that slot is free: the message's length and the number of
+    /// entries, which its WQE then holds (an empty list is a zero-length operation).
+    ///
+    /// At most the QP's `max_send_sge` entries: libmlx5's `_mlx5_post_send` refuses more
+    /// with `ENOMEM` (`wr->num_sge > qp->sq.qp_state_max_gs`, `max_gs` in RTS: semantics
+    /// 33), rxe's provider with `EINVAL` (`validate_send_wr`: `num_sge > sq->max_sge`). A
+    /// message of at most [`selsig::MAX_MESSAGE_LEN`] bytes in all. The other refusals
+    /// `write_wqe` makes after this one come first here, as they do there, so that none of
+    /// them is left once the entries are written.
+    #[cold]
+    #[inline(never)]
+    fn write_list(
+        &self,
+        p: &mut Producer,
+        posting: &mut ring::Posting<'_>,
+        head: u64,
+        (i, wr): (usize, &SendWr<'_>),
+        list: &[Sge],
+    ) -> Result<(u32, u32), PostWrError> {
+        let max = self.qp.caps.max_send_sge;
+        if list.len() > max as usize {
+            return Err(PostWrError {
+                index: i,
+                failure: PostFailure::TooManySges {
+                    count: list.len(),
+                    max,
+                },
+                source: Some(errno(if self.mlx5() { ENOMEM } else { EINVAL })),
+            });
+        }
+        if let Some(why) = wr.atomic_refusal(!self.mlx5()) {
+            return Err(invalid(i, why));
+        }
+        let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+        if len > selsig::MAX_MESSAGE_LEN {
+            return Err(invalid(i, "longer than the largest message (2 GiB)"));
+        }
+        let limit = posting.limit();
+        if head - p.freed >= limit {
+            p.freed = self.qp.freed();
+            if head - p.freed >= limit {
+                return Err(PostWrError {
+                    index: i,
+                    failure: PostFailure::Full,
+                    source: Some(errno(ENOMEM)),
+                });
+            }
+        }
+        posting.write_list(head, list);
+        // At most `MAX_MESSAGE_LEN` (2^31) bytes, and `max_send_sge` (32) entries.
+        Ok((len as u32, list.len() as u32))
     }
 
     fn transition_error(
@@ -777,6 +838,9 @@ impl QueuePair for SoftQp {
 const ENOMEM: i32 = 12;
 /// `EINVAL`.
 const EINVAL: i32 = 22;
+/// The scatter/gather entries an rxe send work request may have: the kernel's
+/// `RXE_MAX_SGE` (`rxe_param.h`), the device's `max_send_sge`.
+const RXE_MAX_SGE: u32 = 32;
 
 fn errno(code: i32) -> std::io::Error {
     std::io::Error::from_raw_os_error(code)
@@ -876,11 +940,11 @@ impl Device for SoftDevice {
         self.own("send CQ", &send_cq.engine)?;
         self.own("receive CQ", &recv_cq.engine)?;
         let req = init.caps;
-        if req.max_send_sge > 1 || req.max_recv_sge > 1 {
+        if req.max_recv_sge > 1 {
             return Err(ProviderError::Invalid {
-                what: "max_send_sge/max_recv_sge",
+                what: "max_recv_sge",
                 why: format!(
-                    "{} supports one scatter/gather entry per work request",
+                    "{} supports one scatter/gather entry per receive work request",
                     self.dev.name
                 ),
             });
@@ -913,11 +977,14 @@ impl Device for SoftDevice {
                     max_inline_data: sized.max_inline_data,
                 };
                 // A QP without a send queue reads `max_inline_data` back as asked, and
-                // has no WQE to hold it.
+                // has no WQE to hold it. A WQE holds its inline data or its scatter/gather
+                // list (libmlx5's `max_send_sge` as asked, at most what fits a WQE:
+                // `mlx5_calc_send_wqe`'s `max_gather`, 20 on a ConnectX of 512-byte WQEs).
                 let room = if sized.max_send_wr == 0 {
                     0
                 } else {
-                    sized.max_inline_data as usize
+                    (sized.max_inline_data as usize)
+                        .max(sized.max_send_sge as usize * ring::SGE_BYTES)
                 };
                 (caps, sized.max_send_wr, sized.max_recv_wr, room)
             }
@@ -944,18 +1011,38 @@ impl Device for SoftDevice {
                         ),
                     });
                 }
+                // The kernel's `rxe_qp_chk_cap` refuses more entries than the device's
+                // `max_send_sge` (`RXE_MAX_SGE`) with `EINVAL`.
+                if req.max_send_sge > RXE_MAX_SGE {
+                    return Err(ProviderError::Invalid {
+                        what: "max_send_sge",
+                        why: format!(
+                            "{}: {} supports up to {RXE_MAX_SGE}",
+                            req.max_send_sge, self.dev.name
+                        ),
+                    });
+                }
+                // rxe sizes a WQE for the larger of its list and its inline data and reads
+                // both back from that size (`rxe_init_sq`, `rxe_qp.c`: `wqe_size =
+                // max(max_send_sge * sizeof(struct ib_sge), max_inline_data)`,
+                // `max_send_sge = wqe_size / sizeof(struct ib_sge)`, `max_inline_data =
+                // wqe_size`), with the [`MAX_INLINE`] bytes of inline data this NIC gives
+                // every rxe QP: a QP asked for one entry reads back 4 (as one asked for 64
+                // bytes of inline data does on rxe), one asked for 32 reads back 32 and
+                // 512 bytes of inline data. (The verbs provider asks for at least one.)
+                let wqe_size = (req.max_send_sge.max(1) as usize * ring::SGE_BYTES).max(MAX_INLINE);
                 let caps = QpCaps {
                     max_send_wr: req.max_send_wr,
                     max_recv_wr: req.max_recv_wr,
-                    max_send_sge: 1,
+                    max_send_sge: (wqe_size / ring::SGE_BYTES) as u32,
                     max_recv_sge: 1,
-                    max_inline_data: MAX_INLINE as u32,
+                    max_inline_data: wqe_size as u32,
                 };
                 (
                     caps,
                     (req.max_send_wr + 1).next_power_of_two() - 1,
                     (req.max_recv_wr + 1).next_power_of_two() - 1,
-                    MAX_INLINE,
+                    wqe_size,
                 )
             }
         };

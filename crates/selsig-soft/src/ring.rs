@@ -143,6 +143,37 @@ pub(crate) fn atomic_operands(first: u64, second: u64) -> [u8; 16] {
 const FLAG_SIGNALED: u64 = 1;
 const FLAG_INLINE: u64 = 2;
 
+/// Bytes a scatter/gather entry takes in a slot's inline words ([`Posting::write_list`],
+/// [`list_entry`]): its address, then its length and `lkey`, as mlx5's 16-byte data
+/// segments (`struct mlx5_wqe_data_seg`) and rxe's `struct ib_sge` take.
+pub(crate) const SGE_BYTES: usize = 16;
+
+/// Entry `i` of a scatter/gather list in a slot's inline `words` (written by
+/// [`Posting::write_list`]); `None` beyond the words.
+#[inline]
+pub(crate) fn list_entry(words: &[AtomicU64], i: usize) -> Option<selsig::Sge> {
+    let at = i.checked_mul(2)?;
+    let [addr, key_len] = words.get(at..at.checked_add(2)?)? else {
+        return None;
+    };
+    let key_len = key_len.load(Ordering::Relaxed);
+    Some(selsig::Sge {
+        addr: addr.load(Ordering::Relaxed),
+        length: key_len as u32,
+        lkey: (key_len >> 32) as u32,
+    })
+}
+
+fn write_sges(dst: &[AtomicU64], list: &[selsig::Sge]) {
+    for (words, sge) in dst.chunks_exact(2).zip(list) {
+        words[0].store(sge.addr, Ordering::Relaxed);
+        words[1].store(
+            u64::from(sge.length) | u64::from(sge.lkey) << 32,
+            Ordering::Relaxed,
+        );
+    }
+}
+
 /// A decoded work queue entry: what the NIC reads for every work request. Its `wr_id`
 /// and immediate data live in arrays of their own ([`SendRing::wr_id`],
 /// [`SendRing::imm`]), read only when needed (a completion, a `*_WITH_IMM` operation), as
@@ -151,9 +182,15 @@ const FLAG_INLINE: u64 = 2;
 pub(crate) struct Wqe {
     pub(crate) opcode: u8,
     pub(crate) signaled: bool,
+    /// The local data is in the slot's inline words: inline data (`lkey` 0), or the
+    /// entries of a scatter/gather list (`lkey` of them). One flag for both, so that the
+    /// path of a single entry tests one flag, as before lists.
     pub(crate) inline: bool,
+    /// The message's length (a list's: the sum of its entries').
     pub(crate) len: u32,
     pub(crate) local_addr: u64,
+    /// The single entry's key; with `inline`, the entries of the scatter/gather list in the
+    /// slot's inline words ([`Posting::write_list`]; 0: inline data, or an empty list).
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
     pub(crate) remote_addr: u64,
@@ -442,6 +479,16 @@ impl Posting<'_> {
         if !inline.is_empty() {
             write_words(ring.inline_words(index), inline);
         }
+    }
+
+    /// Writes the entries of WQE `index`'s scatter/gather list to its slot's inline words,
+    /// [`SGE_BYTES`] each (the caller owns the slot, as for [`write`](Self::write), and
+    /// the list fits the ring's inline room); its WQE has `inline` set and `lkey` the
+    /// number of entries.
+    #[cold]
+    pub(crate) fn write_list(&mut self, index: u64, list: &[selsig::Sge]) {
+        self.ring.shadow.write((index & self.mask) as usize);
+        write_sges(self.ring.inline_words(index), list);
     }
 
     /// Slots the producer may use at once.
@@ -780,6 +827,58 @@ mod tests {
         assert_eq!(&out, b"hello, world!");
     }
 
+    /// A list's entries land in the slot's inline words, 16 bytes each, and its count in
+    /// the WQE's `lkey`; a slot reused for a single entry reads back its key.
+    #[test]
+    fn a_scatter_gather_list_round_trips_through_a_slot() {
+        let ring = SendRing::with_inline(4, 3 * SGE_BYTES);
+        let list = [
+            selsig::Sge {
+                addr: 0x1000_0000_0001,
+                length: 7,
+                lkey: 0xffff_fffe,
+            },
+            selsig::Sge {
+                addr: u64::MAX,
+                length: u32::MAX,
+                lkey: 1,
+            },
+            selsig::Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0x8000_0000,
+            },
+        ];
+        let wqe = Wqe {
+            opcode: op::SEND_IMM,
+            signaled: false,
+            inline: true,
+            len: 6,
+            local_addr: 0,
+            lkey: 3,
+            rkey: 0x9abc_def0,
+            remote_addr: 0x7fff_0000_1000,
+        };
+        let mut posting = ring.posting(1);
+        posting.write_list(6, &list);
+        posting.write(6, &wqe, 9, 0, &[]);
+        posting.publish(7);
+        assert_eq!(ring.read(6), wqe);
+        let words = ring.inline_words(6);
+        let read: Vec<_> = (0..3).map(|i| list_entry(words, i)).collect();
+        assert_eq!(read, list.map(Some));
+        assert_eq!(list_entry(words, words.len() / 2), None, "beyond the words");
+        let single = Wqe {
+            inline: false,
+            lkey: 0x1234,
+            ..wqe
+        };
+        let mut posting = ring.posting(1);
+        posting.write(10, &single, 9, 0, &[]);
+        posting.publish(11);
+        assert_eq!(ring.read(10), single);
+    }
+
     /// The poster's stores are seen by another thread once it loads the producer index
     /// that publishes them, lap after lap of a small ring whose slots are freed by the
     /// reader's index: the reader reads slots just written. Lists declared as long as
@@ -914,17 +1013,28 @@ mod loom_tests {
 
     const N: u64 = 4;
 
+    /// WQE `i`: odd ones carry a scatter/gather list of two entries ([`list`]).
     fn wqe(i: u64) -> Wqe {
+        let odd = i % 2 == 1;
         Wqe {
             opcode: op::WRITE,
             signaled: true,
-            inline: false,
+            inline: odd,
             len: i as u32,
             local_addr: 1000 + i,
-            lkey: i as u32,
+            lkey: if odd { 2 } else { i as u32 },
             rkey: 7 * i as u32,
             remote_addr: 2000 + i,
         }
+    }
+
+    /// The list of WQE `i` (odd), in its slot's inline words.
+    fn list(i: u64) -> [selsig::Sge; 2] {
+        [0, 1].map(|k| selsig::Sge {
+            addr: 3000 + 10 * i + k,
+            length: 40 + i as u32,
+            lkey: 50 + i as u32 + k as u32,
+        })
     }
 
     fn cqe(wr_id: u64, counter: u16) -> Cqe {
@@ -944,8 +1054,9 @@ mod loom_tests {
 
     /// The application posts N WQEs into 2 slots, waiting for slots to be freed; the NIC
     /// executes each WQE and completes it; the application polls and frees slots through
-    /// the WQE counter (mlx5) or the NIC's index (rxe). Every WQE the NIC reads and every
-    /// CQE the application reads is the one written, in order.
+    /// the WQE counter (mlx5) or the NIC's index (rxe). Every WQE the NIC reads (with the
+    /// scatter/gather list in the slot's inline words of every other one) and every CQE the
+    /// application reads is the one written, in order.
     fn send_and_complete(free_on_poll: bool) {
         let mut builder = loom::model::Builder::new();
         builder.preemption_bound = Some(3);
@@ -964,6 +1075,11 @@ mod loom_tests {
                         }
                         let w = sq.read(exec);
                         assert_eq!(w, wqe(exec), "the NIC reads what was written");
+                        if w.inline {
+                            let words = sq.inline_words(exec);
+                            let entries = [0, 1].map(|k| list_entry(words, k));
+                            assert_eq!(entries, list(exec).map(Some), "and its list");
+                        }
                         let wr_id = sq.wr_id(exec);
                         exec += 1;
                         sq.set_executed(exec);
@@ -977,6 +1093,9 @@ mod loom_tests {
             while consumer < N {
                 if head < N && head - sq.freed(free_on_poll) < sq.limit() {
                     let mut posting = sq.posting(1);
+                    if head % 2 == 1 {
+                        posting.write_list(head, &list(head));
+                    }
                     posting.write(head, &wqe(head), 100 + head, 0, &[]);
                     head += 1;
                     posting.publish(head);

@@ -2234,8 +2234,7 @@ fn mlx5_sizes_queues_as_libmlx5_does() {
 /// full queue (semantics 33): inline data beyond `max_inline_data` is `ENOMEM`
 /// (`set_data_inl_seg`; rxe: `EINVAL`), a send before RTS `ENOMEM` (rdma-core 40 and later,
 /// `qp_state_max_gs`; rxe: no errno, as before), a receive in the reset state `EINVAL`.
-/// Too many scatter/gather entries (`ENOMEM` too) cannot be asked of the soft NIC: a
-/// `SendWr` carries one at most, and its QPs read back `max_send_sge` 1.
+/// Too many scatter/gather entries (`ENOMEM` too, rxe `EINVAL`) are in `tests/sges.rs`.
 #[test]
 fn refused_posts_carry_libmlx5s_errno_and_say_what_they_are() {
     let errno = |e: &selsig::PostWrError| e.source.as_ref().and_then(|s| s.raw_os_error());

@@ -1,6 +1,7 @@
 //! Multi-threaded stress of the software NIC through `SignaledQueue`: several application
 //! threads, each with its own connected QP pair on one device (one NIC thread serves them
-//! all), post millions of RDMA WRITEs of random sizes, buffered and inline, one at a time
+//! all), post millions of RDMA WRITEs of random sizes, buffered (one in eight a gather list
+//! of three pieces of the buffer) and inline, one at a time
 //! and in post lists of up to 127 (the long ones streamed into the send queue, see
 //! `ring.rs`), under random signaling policies, and verify every byte that lands.
 //!
@@ -12,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use selsig::{
-    Access, Buffer, ConnectOptions, Device, MemoryRegion, Outcome, Policy, QpCaps, QpInit,
-    SignaledQueue, Work, connect_pair,
+    Access, Buffer, ConnectOptions, Device, MemoryRegion, Opcode, Outcome, Policy, QpCaps, QpInit,
+    RemoteAddr, SignaledQueue, Work, connect_pair,
 };
 use selsig_soft::{Personality, SoftConfig, SoftDevice, SoftMr};
 
@@ -52,6 +53,25 @@ struct Sent {
     len: usize,
 }
 
+/// The WRITE of `head`: one time in eight (when it has 3 bytes or more), a gather list of
+/// it cut in three pieces of random lengths.
+fn write(
+    rng: &mut Rng,
+    head: Buffer<SoftMr>,
+    target: RemoteAddr,
+    sent: Sent,
+) -> Work<'static, SoftMr, Sent> {
+    let len = head.len();
+    if len < 3 || rng.below(8) != 0 {
+        return Work::write(head, target, sent);
+    }
+    let first = 1 + rng.below(len as u64 - 2) as usize;
+    let (a, rest) = head.split_at(first).expect("first < len");
+    let second = 1 + rng.below((len - first - 1) as u64) as usize;
+    let (b, c) = rest.split_at(second).expect("second < len - first");
+    Work::list(Opcode::RdmaWrite, vec![a, b, c], target, sent)
+}
+
 fn wrs_per_thread() -> u64 {
     std::env::var("SELSIG_STRESS_WRS")
         .ok()
@@ -68,6 +88,8 @@ fn run_thread(dev: SoftDevice, thread: u64, total: u64) -> (u64, u64) {
         caps: QpCaps {
             max_send_wr: depth,
             max_inline_data: 64,
+            // Gather lists of three (the WQE is as large as 64 bytes of inline data make it).
+            max_send_sge: 3,
             ..QpCaps::default()
         },
         sq_sig_all: false,
@@ -131,7 +153,7 @@ fn run_thread(dev: SoftDevice, thread: u64, total: u64) -> (u64, u64) {
                     let (head, rest) = buf.split_at(len).expect("len <= SLOT");
                     rests.push(rest);
                     let target = remote.remote(slot * SLOT);
-                    works.push(Work::write(head, target, Sent { slot, seq, len }));
+                    works.push(write(&mut rng, head, target, Sent { slot, seq, len }));
                 }
                 let mut works = works.into_iter();
                 let count = queue.post_batch(&mut works).expect("post list");
@@ -158,7 +180,7 @@ fn run_thread(dev: SoftDevice, thread: u64, total: u64) -> (u64, u64) {
                 // Only `head` is sent; `rest` rejoins it when it comes back.
                 let target = remote.remote(slot * SLOT);
                 queue
-                    .post(Work::write(head, target, Sent { slot, seq, len }))
+                    .post(write(&mut rng, head, target, Sent { slot, seq, len }))
                     .expect("post");
                 rests.push(rest);
             }
@@ -186,7 +208,13 @@ fn run_thread(dev: SoftDevice, thread: u64, total: u64) -> (u64, u64) {
             );
             bytes += c.user.len as u64;
             retired += 1;
-            if let Some(head) = c.buffer {
+            // A list's pieces, adjacent and in order, make the head again.
+            let head = c.buffer.or_else(|| {
+                c.list
+                    .into_iter()
+                    .reduce(|a, b| a.join(b).expect("adjacent pieces"))
+            });
+            if let Some(head) = head {
                 // Find the tail split off this buffer and join them again.
                 let at = rests
                     .iter()
