@@ -632,7 +632,12 @@ fn lists_of_buffers_come_back_in_order_through_the_queue() {
                 "{personality:?}"
             );
             assert!(c.buffer.is_none());
-            let addrs: Vec<u64> = c.list.iter().map(Buffer::addr).collect();
+            let addrs: Vec<u64> = c
+                .list
+                .iter()
+                .flat_map(|l| l.iter())
+                .map(Buffer::addr)
+                .collect();
             assert_eq!(addrs, shapes[n].0, "{personality:?}: list {n} in order");
             assert_eq!(
                 bytes(&remote, n * 32, 32),
@@ -684,7 +689,7 @@ fn a_queue_reads_into_a_list_and_hands_back_a_failed_list() {
         }
         let got: Vec<(u32, Outcome, usize)> = done
             .iter()
-            .map(|c| (c.user, c.outcome, c.list.len()))
+            .map(|c| (c.user, c.outcome, c.list.as_ref().map_or(0, |l| l.len())))
             .collect();
         assert_eq!(
             got,
@@ -695,7 +700,12 @@ fn a_queue_reads_into_a_list_and_hands_back_a_failed_list() {
             ],
             "{personality:?}"
         );
-        let read: Vec<u8> = done[0].list.iter().flat_map(Buffer::to_vec).collect();
+        let read: Vec<u8> = done[0]
+            .list
+            .iter()
+            .flat_map(|l| l.iter())
+            .flat_map(Buffer::to_vec)
+            .collect();
         assert_eq!(read, source, "{personality:?}");
         assert_eq!(bytes(&remote, 100, 32), vec![0; 32], "{personality:?}");
     }
@@ -729,7 +739,12 @@ fn a_queue_refuses_a_list_beyond_max_send_sge_and_takes_raw_lists() {
                 && why.contains(&format!("max_send_sge of {max}")),
             "{personality:?}: {why}"
         );
-        let back: Vec<u64> = work.list.iter().map(Buffer::addr).collect();
+        let back: Vec<u64> = work
+            .list
+            .iter()
+            .flat_map(|l| l.iter())
+            .map(Buffer::addr)
+            .collect();
         assert_eq!(
             back, addrs,
             "{personality:?}: the buffers come back in order"
@@ -748,7 +763,11 @@ fn a_queue_refuses_a_list_beyond_max_send_sge_and_takes_raw_lists() {
             assert!(start.elapsed() < WAIT, "{personality:?}");
         }
         assert_eq!(
-            (done[0].user, done[0].outcome, done[0].list.len()),
+            (
+                done[0].user,
+                done[0].outcome,
+                done[0].list.as_ref().map_or(0, |l| l.len())
+            ),
             (2, Outcome::Completed, 0),
             "{personality:?}"
         );

@@ -212,6 +212,7 @@ fn run_thread(dev: SoftDevice, thread: u64, total: u64) -> (u64, u64) {
             let head = c.buffer.or_else(|| {
                 c.list
                     .into_iter()
+                    .flat_map(|l| *l)
                     .reduce(|a, b| a.join(b).expect("adjacent pieces"))
             });
             if let Some(head) = head {
