@@ -1022,15 +1022,16 @@ impl Device for SoftDevice {
                         ),
                     });
                 }
-                // rxe sizes a WQE for the larger of its list and its inline data and reads
-                // both back from that size (`rxe_init_sq`, `rxe_qp.c`: `wqe_size =
-                // max(max_send_sge * sizeof(struct ib_sge), max_inline_data)`,
+                // rxe sizes a WQE for the larger of its list and its inline data and, in
+                // Linux 6.1, reads both back from that size (`rxe_qp_init_req`, `rxe_qp.c`:
+                // `wqe_size = max(max_send_sge * sizeof(struct ib_sge), max_inline_data)`,
                 // `max_send_sge = wqe_size / sizeof(struct ib_sge)`, `max_inline_data =
-                // wqe_size`), with the [`MAX_INLINE`] bytes of inline data this NIC gives
-                // every rxe QP: a QP asked for one entry reads back 4 (as one asked for 64
-                // bytes of inline data does on rxe), one asked for 32 reads back 32 and
-                // 512 bytes of inline data. (The verbs provider asks for at least one.)
-                let wqe_size = (req.max_send_sge.max(1) as usize * ring::SGE_BYTES).max(MAX_INLINE);
+                // wqe_size`; semantics 42): a QP asked for 2 entries and no inline data
+                // reads back 2 entries and 32 bytes, one asked for 1 entry and 64 bytes 4
+                // entries and 64 bytes, one asked for 32 entries 32 and 512 bytes. (The
+                // verbs provider asks for at least one entry.)
+                let wqe_size = (req.max_send_sge.max(1) as usize * ring::SGE_BYTES)
+                    .max(req.max_inline_data as usize);
                 let caps = QpCaps {
                     max_send_wr: req.max_send_wr,
                     max_recv_wr: req.max_recv_wr,

@@ -141,7 +141,8 @@ fn three_entries(p: &Pair) -> ([Sge; 3], Vec<u8>) {
 }
 
 /// A QP's `max_send_sge`: mlx5 as asked (at least 1), up to what fits a 512-byte WQE (20);
-/// rxe `max(16 × asked, 64) / 16` (`rxe_init_sq`), up to `RXE_MAX_SGE` (32).
+/// rxe `max(16 × asked, max_inline_data) / 16`, its `max_inline_data` that many bytes
+/// (Linux 6.1's `rxe_qp_init_req`), up to `RXE_MAX_SGE` (32).
 #[test]
 fn max_send_sge_reads_back_as_each_driver_sizes_it() {
     let caps = |personality, max_send_sge| {
@@ -169,8 +170,8 @@ fn max_send_sge_reads_back_as_each_driver_sizes_it() {
     assert_eq!(caps(Personality::Mlx5, 20), Ok((20, 316)));
     let e = caps(Personality::Mlx5, 21).unwrap_err();
     assert!(e.contains("max_send_sge"), "{e}");
-    assert_eq!(caps(Personality::Rxe, 0), Ok((4, 64)));
-    assert_eq!(caps(Personality::Rxe, 3), Ok((4, 64)));
+    assert_eq!(caps(Personality::Rxe, 0), Ok((1, 16)));
+    assert_eq!(caps(Personality::Rxe, 3), Ok((3, 48)));
     assert_eq!(caps(Personality::Rxe, 5), Ok((5, 80)));
     assert_eq!(caps(Personality::Rxe, 32), Ok((32, 512)));
     let e = caps(Personality::Rxe, 33).unwrap_err();
@@ -332,8 +333,7 @@ fn a_list_longer_than_max_send_sge_is_refused_at_the_post() {
     let errno = |e: &selsig::PostWrError| e.source.as_ref().and_then(|s| s.raw_os_error());
     for (personality, max, code) in [
         (Personality::Mlx5, 3, ENOMEM),
-        // rxe reads back 4 for 3 (`rxe_init_sq`).
-        (Personality::Rxe, 4, EINVAL),
+        (Personality::Rxe, 3, EINVAL),
     ] {
         let p = pair(personality, 3);
         assert_eq!(p.a.caps().max_send_sge, max, "{personality:?}");
@@ -712,12 +712,12 @@ fn a_queue_reads_into_a_list_and_hands_back_a_failed_list() {
 }
 
 /// Through a `SignaledQueue`, a list longer than the QP's `max_send_sge` (read back at
-/// creation: 3 on mlx5, 4 on rxe for 3 asked) is refused before the post with the limit
+/// creation: 3 asked, 3 on both) is refused before the post with the limit
 /// named, its buffers handed back in order; a raw list (`Work::raw_list`) of memory the
 /// queue does not hold is gathered as a list of buffers is.
 #[test]
 fn a_queue_refuses_a_list_beyond_max_send_sge_and_takes_raw_lists() {
-    for (personality, max) in [(Personality::Mlx5, 3usize), (Personality::Rxe, 4)] {
+    for (personality, max) in [(Personality::Mlx5, 3usize), (Personality::Rxe, 3)] {
         let p = pair(personality, 3);
         let mut long: Vec<Buffer<SoftMr>> = lists(&p, 2).into_iter().flatten().collect();
         long.truncate(max + 1);
