@@ -164,8 +164,8 @@ fn spans(list: &[Buffer<NullMr>]) -> Vec<(u64, usize)> {
 }
 
 /// The (address, length) of each buffer of a list handed back (none: not a list).
-fn listed(list: &Option<Box<Vec<Buffer<NullMr>>>>) -> Vec<(u64, usize)> {
-    spans(list.as_deref().expect("a list back"))
+fn listed(list: Option<&Vec<Buffer<NullMr>>>) -> Vec<(u64, usize)> {
+    spans(list.expect("a list back"))
 }
 
 /// A list of `buffers`, reversed so that the order is not the addresses'.
@@ -247,7 +247,7 @@ fn a_lists_entries_reach_the_provider_in_order_and_its_buffers_come_back_in_orde
                 "{}: a list's buffers come back in list",
                 c.user
             );
-            assert_eq!(&listed(&c.list), want, "{}", c.user);
+            assert_eq!(&listed(c.list.as_deref()), want, "{}", c.user);
         }
         assert!(done[3].list.is_none() && done[3].buffer.is_some());
     }
@@ -260,7 +260,11 @@ fn a_list_longer_than_max_send_sge_is_refused_before_the_post_with_its_buffers()
     let want = spans(&list);
     match queue.post(Work::list(Opcode::Send, list, RemoteAddr::default(), 1)) {
         Err(QueuePostError::Invalid { work, source }) => {
-            assert_eq!(listed(&work.list), want, "every buffer back, in order");
+            assert_eq!(
+                listed(work.list.as_deref()),
+                want,
+                "every buffer back, in order"
+            );
             assert_eq!(work.user, 1);
             let e = source.to_string();
             assert!(
@@ -311,7 +315,10 @@ fn an_all_or_nothing_provider_that_refuses_a_batch_gets_every_buffer_back() {
         match queue.post_batch(&mut works) {
             Err(QueuePostError::Provider { returned, source }) => {
                 assert_eq!(source.index, 0);
-                let back: Vec<_> = returned.iter().map(|p| (p.user, listed(&p.list))).collect();
+                let back: Vec<_> = returned
+                    .iter()
+                    .map(|p| (p.user, listed(p.list.as_deref())))
+                    .collect();
                 let want: Vec<_> = (1..).zip(want).collect();
                 assert_eq!(back, want, "iter_min {iter_min}: all four, in order");
             }
