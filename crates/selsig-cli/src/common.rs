@@ -72,10 +72,12 @@ pub struct ProviderArgs {
         value_name = "PORT"
     )]
     pub ib_port: Option<u8>,
-    /// How the verbs provider posts: legacy (ibv_post_send) or extended (ibv_wr_start ...
-    /// ibv_wr_complete, which posts a batch whole or not at all); default legacy.
+    /// How batches are posted: legacy (ibv_post_send: those before a refused work request
+    /// are posted) or extended (ibv_wr_start ... ibv_wr_complete: a batch whole or not at
+    /// all; the soft NIC takes batches the same way); default legacy (`run`: the
+    /// scenario's, if it names one).
     #[arg(long, value_name = "API")]
-    pub post_api: Option<selsig_verbs::PostApi>,
+    pub post_api: Option<selsig::PostApi>,
 }
 
 /// What was opened, for reports.
@@ -122,6 +124,7 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
                 .personality
                 .map_or(Personality::Mlx5, Personality::from);
             let mut config = SoftConfig::with_personality(personality);
+            config.post_api = args.post_api.unwrap_or_default();
             if let Some(name) = &args.device {
                 config.name = name.clone();
             }
@@ -133,12 +136,6 @@ pub fn with_device<T: OnDevice>(args: &ProviderArgs, task: T) -> Result<T::Outpu
             if args.ib_port.is_some_and(|p| p != 1) {
                 return Err(anyhow::Error::new(BadOption(
                     "--ib-port: the soft NIC has port 1 only",
-                )));
-            }
-            if args.post_api.is_some() {
-                return Err(anyhow::Error::new(BadOption(
-                    "--post-api is for the verbs provider (the soft NIC takes a batch as \
-                     ibv_post_send does)",
                 )));
             }
             let dev = SoftDevice::open(config).context("cannot open the software device")?;

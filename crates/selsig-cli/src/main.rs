@@ -679,6 +679,10 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
             selsig_scenario::Personality::Rxe => common::PersonalityArg::Rxe,
         });
     }
+    // The scenario's post API, unless the command line names one.
+    if provider.post_api.is_none() {
+        provider.post_api = scenario.post_api();
+    }
     let result = common::with_device(&provider, RunOn(&scenario))
         .map_err(|e| Failure::of_run(e.context(format!("scenario {shown}"))))?;
     let text = result.trace_text();

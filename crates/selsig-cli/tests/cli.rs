@@ -407,10 +407,6 @@ fn demo_bad_input_is_an_error_not_a_panic() {
             "--personality is for the soft provider",
         ),
         (
-            vec!["demo", "--post-api", "extended"],
-            "--post-api is for the verbs provider",
-        ),
-        (
             vec!["run", &seed, "--post-api", "batched"],
             "unknown post API \"batched\": legacy (ibv_post_send) or extended",
         ),

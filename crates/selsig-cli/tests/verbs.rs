@@ -346,7 +346,12 @@ fn every_scenario_gives_the_soft_rxe_trace_on_the_device() {
             text(&soft.stdout),
             "{path}: the trace on the device differs from the soft NIC's rxe personality"
         );
-        // Posted through ibv_wr_* instead of ibv_post_send: the same trace.
+        // Posted through ibv_wr_* instead of ibv_post_send: the same trace (but where the
+        // scenario posts batches, whose refusals differ by design, or names its API).
+        let file = std::fs::read_to_string(f).unwrap();
+        if file.contains("batch = true") || file.contains("post_api") {
+            continue;
+        }
         let extended = verbs(&["run", path, "--post-api", "extended"]);
         assert!(
             extended.status.success(),

@@ -36,6 +36,9 @@ pub(crate) struct File {
 pub(crate) struct DeviceSection {
     /// The software NIC's personality: mlx5 (default) or rxe.
     pub personality: Option<Spanned<String>>,
+    /// How batches are posted: legacy (`ibv_post_send`, default) or extended (`ibv_wr_*`,
+    /// all or nothing).
+    pub post_api: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,6 +176,10 @@ pub(crate) struct PostStep {
     pub list: Option<Vec<EntryDecl>>,
     /// Which entry of the list a bad_lkey breaks (1-based, default 1).
     pub fault_entry: Option<u64>,
+    /// Post the step's work requests as one batch (one `post_batch`, one doorbell)
+    /// instead of one at a time.
+    #[serde(default)]
+    pub batch: bool,
 }
 
 /// An entry of a post's `list`: `size` bytes of region `local` from `offset`.

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use selsig::{Access, Policy, WcStatus};
+use selsig::{Access, Policy, PostApi, WcStatus};
 use selsig_soft::Personality;
 use serde::Deserialize;
 
@@ -13,6 +13,7 @@ pub struct Scenario {
     pub(crate) name: String,
     pub(crate) description: String,
     pub(crate) personality: Option<Personality>,
+    pub(crate) post_api: Option<PostApi>,
     pub(crate) cqs: Vec<Cq>,
     pub(crate) qps: Vec<Qp>,
     pub(crate) regions: Vec<Region>,
@@ -43,6 +44,13 @@ impl Scenario {
     /// have their own.
     pub fn personality(&self) -> Option<Personality> {
         self.personality
+    }
+
+    /// How the file asks for batches to be posted (`[device] post_api`), if it does: open
+    /// the device with it (`selsig_soft::SoftConfig::post_api`,
+    /// `selsig_verbs::VerbsDevice::with_post_api`).
+    pub fn post_api(&self) -> Option<PostApi> {
+        self.post_api
     }
 
     /// The name of a QP endpoint (`a`, `a.peer`).
@@ -161,7 +169,14 @@ pub(crate) enum Fault {
     OutOfBounds,
     /// An atomic's remote address 4 bytes past where it should be.
     Misaligned,
+    /// Inline data of [`INLINE_TOO_LONG`] bytes, more than the QP's `max_inline_data`.
+    InlineTooLong,
 }
+
+/// The bytes of inline data an `inline_too_long` fault carries: more than any QP of a
+/// scenario reads back (its posts carry at most 32 inline bytes, which mlx5 reads back as
+/// 60 and rxe as 32).
+pub(crate) const INLINE_TOO_LONG: u64 = 64;
 
 #[derive(Debug)]
 pub(crate) struct Post {
@@ -183,6 +198,8 @@ pub(crate) struct Post {
     pub list: Vec<Entry>,
     /// The entry of the list a bad_lkey breaks (0-based).
     pub fault_entry: usize,
+    /// Posted as one batch.
+    pub batch: bool,
 }
 
 /// An entry of a post's scatter/gather list.

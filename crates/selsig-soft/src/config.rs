@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use selsig::PostApi;
+
 /// How the software NIC frees send-queue slots, and sizes its queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Personality {
@@ -74,6 +76,10 @@ pub struct SoftConfig {
     pub max_cqe: u32,
     /// Largest region in bytes.
     pub max_mr_size: usize,
+    /// How a batch of send work requests is taken: as `ibv_post_send` takes it (those
+    /// before a refused one are posted) or as `ibv_wr_complete` does (all or none: a refused
+    /// batch is refused at index 0).
+    pub post_api: PostApi,
 }
 
 impl Default for SoftConfig {
@@ -84,6 +90,7 @@ impl Default for SoftConfig {
             max_qp_wr: 32768,
             max_cqe: MAX_CQE,
             max_mr_size: 1 << 34,
+            post_api: PostApi::Legacy,
         }
     }
 }

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 
 use selsig::{
-    Access, AsyncEvent, ConnectOptions, Device, Endpoint, Local, MemoryRegion, Opcode, PostFailure,
-    PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendWr, Sge,
+    Access, AsyncEvent, ConnectOptions, Device, Endpoint, Local, MemoryRegion, Opcode, PostApi,
+    PostFailure, PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendWr,
+    Sge,
 };
 
 use selsig::mlx5_sizing::{self, Mlx5Limits, Mlx5Request, SendOps};
@@ -423,6 +424,18 @@ impl SoftQp {
         Ok(p)
     }
 
+    /// A refused work request of a batch, with [`PostApi::Extended`]: as `ibv_wr_complete`
+    /// does, nothing of the batch is posted (the slots written from `first` on stay
+    /// unpublished, to be written again), and the refusal is of the batch, at index 0
+    /// (semantics 44).
+    #[cold]
+    fn all_or_nothing(&self, p: &mut Producer, first: u64, e: &mut PostWrError) {
+        if self.dev.config.post_api == PostApi::Extended {
+            p.head = first;
+            e.index = 0;
+        }
+    }
+
     /// Whether the device has the mlx5 personality.
     fn mlx5(&self) -> bool {
         self.dev.config.personality == Personality::Mlx5
@@ -739,6 +752,7 @@ impl QueuePair for SoftQp {
         let mut p = self.lock_for_posting()?;
         let mut result = Ok(());
         let mut posting = self.qp.sq.posting(wrs.len());
+        let first = p.head;
         for wr in wrs.iter().enumerate() {
             let head = p.head;
             result = self.write_wqe(&mut p, &mut posting, head, wr);
@@ -746,6 +760,9 @@ impl QueuePair for SoftQp {
                 break;
             }
             p.head += 1;
+        }
+        if let Err(e) = &mut result {
+            self.all_or_nothing(&mut p, first, e);
         }
         // The doorbell: publish what was written, even if a later WR failed (as mlx5).
         posting.publish(p.head);
@@ -773,6 +790,11 @@ impl QueuePair for SoftQp {
                 break;
             }
             head += 1;
+        }
+        if let Err(e) = &mut result {
+            let first = p.head;
+            self.all_or_nothing(&mut p, first, e);
+            head = first;
         }
         let posted = head - p.head;
         p.head = head;

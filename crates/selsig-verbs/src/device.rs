@@ -10,6 +10,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+pub use selsig::PostApi;
 use selsig::{AsyncEvent, ProviderError};
 
 use crate::error::{no_device_list, os, report};
@@ -151,50 +152,6 @@ pub struct VerbsOptions {
     /// its first RoCE v2 GID, else 0 (GID types read from sysfs); none (LID routing) on
     /// InfiniBand.
     pub gid_index: Option<u8>,
-}
-
-/// How a device's queue pairs post send work requests. Chosen per device handle with
-/// [`VerbsDevice::with_post_api`] (the QPs it creates afterwards, and the QPs the program
-/// made that it wraps, take it); [`Legacy`](PostApi::Legacy) by default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum PostApi {
-    /// `ibv_create_qp` and `ibv_post_send`: a list of `ibv_send_wr`. A provider that refuses
-    /// a work request has posted those before it (`PostWrError::index`).
-    #[default]
-    Legacy,
-    /// `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` (the operations selsig
-    /// posts: RDMA WRITE with and without immediate, RDMA READ, SEND with and without
-    /// immediate, the two atomics), posted with `ibv_wr_start`, a builder and a setter per
-    /// work request, and `ibv_wr_complete`, which posts the whole batch or none of it: a
-    /// refused batch is refused at index 0, and a `SignaledQueue` hands every buffer of it
-    /// back. Work requests refused before the post (inline data beyond `max_inline_data`,
-    /// a list beyond `max_send_sge`, ...) refuse the whole batch too.
-    Extended,
-}
-
-impl std::str::FromStr for PostApi {
-    type Err = String;
-
-    /// `legacy` or `extended` (what a `--post-api` option would take).
-    fn from_str(s: &str) -> Result<PostApi, String> {
-        match s {
-            "legacy" => Ok(PostApi::Legacy),
-            "extended" => Ok(PostApi::Extended),
-            other => Err(format!(
-                "unknown post API {other:?}: legacy (ibv_post_send) or extended \
-                 (ibv_wr_start ... ibv_wr_complete)"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for PostApi {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            PostApi::Legacy => "legacy",
-            PostApi::Extended => "extended",
-        })
-    }
 }
 
 /// An RDMA device opened through libibverbs.

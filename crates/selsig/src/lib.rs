@@ -79,8 +79,8 @@ mod work;
 pub use buffer::Buffer;
 pub use provider::{
     ATOMIC_LEN, Access, AsyncEvent, CompletionQueue, ConnectOptions, CqError, Device, Endpoint,
-    Local, MAX_MESSAGE_LEN, MemoryRegion, Opcode, PostFailure, PostWrError, ProviderError, QpCaps,
-    QpInit, QpState, QueuePair, RecvWr, RemoteAddr, SendWr, Sge, connect_pair,
+    Local, MAX_MESSAGE_LEN, MemoryRegion, Opcode, PostApi, PostFailure, PostWrError, ProviderError,
+    QpCaps, QpInit, QpState, QueuePair, RecvWr, RemoteAddr, SendWr, Sge, connect_pair,
 };
 pub use queue::{
     Completion, CreateError, DrainError, DrainMarker, Payload, PollError, QueueConfig,

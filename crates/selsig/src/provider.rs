@@ -434,6 +434,51 @@ impl SendWr<'_> {
     }
 }
 
+/// How a provider's queue pairs take a batch of send work requests: libibverbs' two
+/// posting APIs, which differ in what a refused batch leaves posted. Chosen per device
+/// (`selsig_verbs::VerbsDevice::with_post_api`, `selsig_soft::SoftConfig::post_api`);
+/// [`Legacy`](PostApi::Legacy) by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PostApi {
+    /// `ibv_create_qp` and `ibv_post_send`: a list of `ibv_send_wr`. A provider that refuses
+    /// a work request has posted those before it (`PostWrError::index`).
+    #[default]
+    Legacy,
+    /// `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` (the operations selsig
+    /// posts: RDMA WRITE with and without immediate, RDMA READ, SEND with and without
+    /// immediate, the two atomics), posted with `ibv_wr_start`, a builder and a setter per
+    /// work request, and `ibv_wr_complete`, which posts the whole batch or none of it: a
+    /// refused batch is refused at index 0, and a `SignaledQueue` hands every buffer of it
+    /// back. Work requests refused before the post (inline data beyond `max_inline_data`,
+    /// a list beyond `max_send_sge`, ...) refuse the whole batch too.
+    Extended,
+}
+
+impl std::str::FromStr for PostApi {
+    type Err = String;
+
+    /// `legacy` or `extended` (what a `--post-api` option would take).
+    fn from_str(s: &str) -> Result<PostApi, String> {
+        match s {
+            "legacy" => Ok(PostApi::Legacy),
+            "extended" => Ok(PostApi::Extended),
+            other => Err(format!(
+                "unknown post API {other:?}: legacy (ibv_post_send) or extended \
+                 (ibv_wr_start ... ibv_wr_complete)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for PostApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PostApi::Legacy => "legacy",
+            PostApi::Extended => "extended",
+        })
+    }
+}
+
 /// A receive work request (`struct ibv_recv_wr`, one scatter/gather entry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvWr {

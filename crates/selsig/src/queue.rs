@@ -37,6 +37,7 @@ fn register<'a, M: MemoryRegion, U>(
     (now, now_ns): (Instant, u64),
     (max_sge, arena): (u32, &mut &'a mut [Sge]),
     refused: &mut Option<QueuePostError<Payload<M, U>>>,
+    registered: &mut impl FnMut(&Posted),
 ) -> Option<SendWr<'a>> {
     let Work {
         opcode,
@@ -68,6 +69,7 @@ fn register<'a, M: MemoryRegion, U>(
             }
         }
     };
+    registered(&posted);
     Some(SendWr {
         wr_id: posted.wr_id,
         opcode,
@@ -647,6 +649,23 @@ impl<D: Device, U> SignaledQueue<D, U> {
     where
         I: Iterator<Item = Work<'a, D::Mr, U>>,
     {
+        self.post_batch_with(works, |_| {})
+    }
+
+    /// [`post_batch`](Self::post_batch), telling `registered` of each work request the
+    /// tracker registers, in order, before the provider is asked to post them: on success
+    /// all were posted; on a provider's refusal those before its error's `index` were (none
+    /// from a provider that posts all or nothing, `ibv_wr_complete`), the rest came back.
+    /// For callers that record what was posted and how it was signaled (the scenario
+    /// runner's trace).
+    pub fn post_batch_with<'a, I>(
+        &mut self,
+        works: &mut I,
+        mut registered: impl FnMut(&Posted),
+    ) -> Result<usize, QueuePostError<Payload<D::Mr, U>>>
+    where
+        I: Iterator<Item = Work<'a, D::Mr, U>>,
+    {
         let now = self.now();
         // Room is read up front: slots only shrink by our own posts. A shared pool's
         // credits can also go to other queues meanwhile (the tracker then refuses with
@@ -688,6 +707,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     (now, now_ns),
                     (max_sge, &mut arena),
                     &mut refused,
+                    &mut registered,
                 );
                 taken += 1;
                 wr
@@ -710,6 +730,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
                     (now, now_ns),
                     (max_sge, &mut arena),
                     &mut refused,
+                    &mut registered,
                 ) else {
                     break;
                 };

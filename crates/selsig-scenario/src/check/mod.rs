@@ -121,6 +121,13 @@ impl Checker<'_> {
                 self.err(Some(p.span()), format!("device.personality: {e}"))
             })?),
         };
+        let post_api =
+            match &raw.device.post_api {
+                None => None,
+                Some(p) => Some(p.get_ref().parse().map_err(|e: String| {
+                    self.err(Some(p.span()), format!("device.post_api: {e}"))
+                })?),
+            };
         // CQs: declared ones, then one per QP side that names none.
         let mut cqs = self.declared_cqs()?;
         let qps = self.qps(&mut cqs)?;
@@ -133,6 +140,7 @@ impl Checker<'_> {
             name: name.to_string(),
             description: raw.description.get_ref().clone(),
             personality,
+            post_api,
             cqs,
             qps,
             regions,

@@ -5,7 +5,7 @@ use selsig::Access;
 
 use crate::error::ScenarioError;
 use crate::format::{EntryDecl, PostStep};
-use crate::model::{Action, Entry, Fault, Op, Post, SignalChoice};
+use crate::model::{Action, Entry, Fault, INLINE_TOO_LONG, Op, Post, SignalChoice};
 
 /// The bytes an atomic operates on.
 const ATOMIC_LEN: u64 = selsig::ATOMIC_LEN as u64;
@@ -81,7 +81,9 @@ impl Steps<'_> {
             fault,
             list,
             fault_entry,
+            batch: p.batch,
         };
+        self.post_batch(at, &post)?;
         self.post_extent(at, p, &post)?;
         self.post_receives(&post);
         Ok(Action::Post(post))
@@ -282,12 +284,21 @@ impl Steps<'_> {
                 ));
             }
             "misaligned" => Fault::Misaligned,
+            "inline_too_long" if p.op != "write" || !p.inline || p.size > 32 => {
+                return Err(self.here(
+                    at,
+                    "fault \"inline_too_long\" is for inline WRITEs of at most 32 bytes (the \
+                     QP asks for their size, which no NIC reads back as 64 or more)"
+                        .into(),
+                ));
+            }
+            "inline_too_long" => Fault::InlineTooLong,
             o => {
                 return Err(self.here(
                     at,
                     format!(
-                        "unknown fault {o:?}: expected bad_rkey, bad_lkey, out_of_bounds or \
-                         misaligned"
+                        "unknown fault {o:?}: expected bad_rkey, bad_lkey, out_of_bounds, \
+                         misaligned or inline_too_long"
                     ),
                 ));
             }
@@ -312,7 +323,7 @@ impl Steps<'_> {
                 ),
             ));
         }
-        if kind != Fault::BadLkey && !has_remote {
+        if !matches!(kind, Fault::BadLkey | Fault::InlineTooLong) && !has_remote {
             return Err(self.here(at, format!("fault {f:?} needs a remote region")));
         }
         if kind == Fault::BadLkey && (!has_local || p.inline) {
@@ -406,6 +417,23 @@ impl Steps<'_> {
         Ok(n as usize - 1)
     }
 
+    /// A batch: at least 2 work requests, no more than the QP's depth (it is posted whole,
+    /// once the send queue has room for all of it).
+    fn post_batch(&self, at: &Here, post: &Post) -> Result<(), ScenarioError> {
+        let depth = self.qps[post.qp].depth;
+        if post.batch && (post.count < 2 || post.count > u64::from(depth)) {
+            return Err(self.here(
+                at,
+                format!(
+                    "a batch of {} work requests: a batch has 2 up to the QP's depth ({depth}), \
+                     as it is posted whole",
+                    post.count
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether every work request's bytes lie in its regions (faults aside), and the fields
     /// that would change nothing for this count and size.
     fn post_extent(&self, at: &Here, p: &PostStep, post: &Post) -> Result<(), ScenarioError> {
@@ -425,7 +453,11 @@ impl Steps<'_> {
         let regions = self.regions;
         let last = p.count - 1;
         if let Some(l) = post.local {
-            let end = post.local_offset + last * post.stride + p.size;
+            let mut end = post.local_offset + last * post.stride + p.size;
+            // The work request an inline_too_long fault breaks reads more.
+            if let Some((Fault::InlineTooLong, k)) = post.fault {
+                end = end.max(post.local_offset + (k - 1) * post.stride + INLINE_TOO_LONG);
+            }
             if end > regions[l].size as u64 {
                 return Err(self.here(
                     at,
@@ -520,6 +552,8 @@ impl Steps<'_> {
         // A drained queue refuses the posts: nothing of them reaches a NIC.
         match fault {
             _ if bound.drained => {}
+            // Refused at the post: nothing fails on a NIC.
+            Some((Fault::InlineTooLong, _)) => {}
             Some((Fault::BadLkey, _)) => bound.requester_error = true,
             Some(_) => {
                 bound.requester_error = true;

@@ -854,3 +854,65 @@ fn a_list_replaces_local_and_size_and_is_bounded() {
         refused(what, &text, problem);
     }
 }
+
+#[test]
+fn batches_the_inline_too_long_fault_and_the_post_api_are_checked() {
+    let inline = |fields: &str| {
+        OK.replace(
+            "local = \"src\", remote = \"dst\", size = 64, count = 2",
+            &format!("local = \"src\", remote = \"dst\", {fields}"),
+        )
+    };
+    let s = parses(
+        "a batch with a fault",
+        &inline(
+            "size = 16, count = 3, inline = true, batch = true, fault = \"inline_too_long\", fault_at = 2",
+        ),
+    );
+    let Action::Post(p) = &s.steps[0] else {
+        panic!("a post")
+    };
+    assert_eq!((p.batch, p.fault), (true, Some((Fault::InlineTooLong, 2))));
+    assert_eq!(s.post_api(), None);
+    let extended = parses(
+        "post_api",
+        &OK.replace("[[qp]]", "[device]\npost_api = \"extended\"\n[[qp]]"),
+    );
+    assert_eq!(extended.post_api(), Some(selsig::PostApi::Extended));
+    for (what, text, problem) in [
+        (
+            "a batch of 1",
+            inline("size = 16, batch = true"),
+            "a batch of 1 work requests: a batch has 2 up to the QP's depth (16)",
+        ),
+        (
+            "a batch beyond the depth",
+            inline("size = 1, count = 17, batch = true"),
+            "a batch of 17 work requests",
+        ),
+        (
+            "not inline",
+            inline("size = 16, fault = \"inline_too_long\""),
+            "fault \"inline_too_long\" is for inline WRITEs of at most 32 bytes",
+        ),
+        (
+            "too large",
+            inline("size = 48, inline = true, fault = \"inline_too_long\""),
+            "fault \"inline_too_long\" is for inline WRITEs",
+        ),
+        (
+            "64 bytes beyond the region",
+            inline(
+                "size = 16, count = 6, stride = 16, inline = true, fault = \"inline_too_long\", fault_at = 6",
+            ),
+            "the local bytes end at 144, beyond region \"src\"",
+        ),
+        (
+            "an unknown API",
+            OK.replace("[[qp]]", "[device]\npost_api = \"fast\"\n[[qp]]"),
+            "device.post_api: unknown post API \"fast\"",
+        ),
+    ] {
+        refused(what, &text, problem);
+    }
+}

@@ -20,6 +20,7 @@ use crate::trace::Event;
 
 mod expect;
 mod poll;
+mod post;
 mod runner;
 mod setup;
 mod side;
