@@ -30,8 +30,11 @@ use crate::common::{DeviceInfo, OnDevice, Pattern, ProviderArgs, parse_size};
 use crate::limits::{MAX_REGION, MAX_RUN, MAX_WRS};
 use crate::net::{DEFAULT_PORT, host_and_port, show_address};
 
-/// How long the server waits for a client's hello, and for its proof.
-const HELLO_WAIT: Duration = Duration::from_secs(30);
+/// How long the server waits for a client's hello, and for its proof, which a client
+/// sends at once: short, as a client that does not send them holds the server (one
+/// session at a time) meanwhile.
+const HELLO_WAIT: Duration = Duration::from_secs(10);
+const PROOF_WAIT: Duration = Duration::from_secs(5);
 /// How long a client waits for each of the server's replies.
 const REPLY_WAIT: Duration = Duration::from_secs(120);
 /// How long either side takes to hand one message to a peer that does not read it (a
@@ -698,6 +701,10 @@ pub(crate) fn serve_on<D: Device>(
         .context("cannot listen without blocking")?;
     let busy = AtomicBool::new(false);
     let (to_session, sessions) = mpsc::channel::<(TcpStream, SocketAddr)>();
+    // Connections told the server is busy, read until they close (a few at most, each
+    // for a moment): no thread for them, so a peer that connects again and again costs
+    // the server nothing but this list.
+    let mut closing: Vec<(TcpStream, Instant)> = Vec::new();
     std::thread::scope(|scope| {
         let served = scope.spawn(|| {
             let mut ok = true;
@@ -713,14 +720,19 @@ pub(crate) fn serve_on<D: Device>(
         while !served.is_finished() {
             match listener.accept() {
                 Ok((stream, from)) => {
-                    let _ = stream.set_nonblocking(false);
                     if busy.swap(true, Ordering::AcqRel) {
-                        scope.spawn(move || tell_busy(stream));
-                    } else if to_session.send((stream, from)).is_err() {
-                        break;
+                        if closing.len() < MAX_CLOSING && tell_busy(&stream) {
+                            closing.push((stream, Instant::now() + BUSY_LINGER));
+                        }
+                    } else {
+                        let _ = stream.set_nonblocking(false);
+                        if to_session.send((stream, from)).is_err() {
+                            break;
+                        }
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    closing.retain(|(stream, until)| still_closing(stream, *until));
                     std::thread::sleep(ACCEPT_POLL);
                 }
                 Err(e) => {
@@ -741,29 +753,44 @@ pub(crate) fn serve_on<D: Device>(
 /// How often a server looks for a new client, and for the end of a `--once` session.
 const ACCEPT_POLL: Duration = Duration::from_millis(20);
 
-/// Tells a client that connected while another is served that the server is busy, then
-/// reads what it sent (its hello) for a moment before closing, so that its end of the
-/// connection is not reset before it reads why.
-fn tell_busy(mut stream: TcpStream) {
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+/// The most connections told the server is busy that it reads until they close (more are
+/// dropped at once), and how long it reads each.
+const MAX_CLOSING: usize = 64;
+const BUSY_LINGER: Duration = Duration::from_secs(2);
+
+/// Tells a client that connected while another is served that the server is busy (the
+/// connection does not block: the line fits its empty send buffer) and ends its side of
+/// the connection; whether to read it until it closes, so that the client's end is not
+/// reset before it reads why.
+fn tell_busy(stream: &TcpStream) -> bool {
     let refusal = Refusal {
         error: "busy: this server serves one client at a time, and another one's session is \
                 on; try again when it ends"
             .to_string(),
     };
-    if let Ok(line) = serde_json::to_string(&refusal) {
-        let _ = stream.write_all(format!("{line}\n").as_bytes());
-    }
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let Ok(line) = serde_json::to_string(&refusal) else {
+        return false;
+    };
+    let mut writer = stream;
+    writer.set_nonblocking(true).is_ok()
+        && writer.write_all(format!("{line}\n").as_bytes()).is_ok()
+        && stream.shutdown(std::net::Shutdown::Write).is_ok()
+}
+
+/// Reads what a connection told the server is busy sent (its hello), without blocking:
+/// whether to keep it, until it closes or `until`.
+fn still_closing(mut stream: &TcpStream, until: Instant) -> bool {
     let mut sink = [0u8; 4096];
-    let mut left = MAX_SHORT as usize;
-    while left > 0 {
+    // A bounded read each time: a peer that keeps sending does not hold the server here.
+    for _ in 0..4 {
         match stream.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => left = left.saturating_sub(n),
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(_) => return false,
         }
     }
+    Instant::now() < until
 }
 
 /// One client's session, and what the server says of it: whether its check passed.
@@ -865,7 +892,7 @@ fn serve_one<D: Device>(
     if let Some(secret) = &gate.secret {
         let challenge = handshake::challenge()?;
         send(&mut writer, &challenge)?;
-        let proof: Proof = receive_within(&mut reader, "client's proof", HELLO_WAIT, MAX_SHORT)
+        let proof: Proof = receive_within(&mut reader, "client's proof", PROOF_WAIT, MAX_SHORT)
             .map_err(|e| refuse(&mut writer, e))?;
         if !handshake::verify(secret, &challenge.challenge, &line, &proof) {
             let e = anyhow::anyhow!(

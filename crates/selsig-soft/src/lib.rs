@@ -11,7 +11,7 @@
 //! - Send- and receive-queue slots are freed when a completion covering them is polled
 //!   (mlx5) or when they execute (rxe), see [`Personality`].
 //! - A send work request takes a scatter/gather list of up to the QP's `max_send_sge`
-//!   entries (mlx5: as asked, up to 20; rxe: as the kernel's rxe sizes it, at least 4 and
+//!   entries (mlx5: as asked, up to 20; rxe: as Linux 6.1's rxe sizes it, with its inline data, and
 //!   up to 32), gathered in order into a WRITE's or SEND's message or a READ's data
 //!   scattered over them; every entry is checked before any byte moves.
 //! - A completion queue that overruns goes to the error state (mlx5) or drops that

@@ -231,7 +231,10 @@ impl VerbsQp {
     /// dropped; while it lives, nothing else posts to its send queue or modifies it (its
     /// work requests and state are the tracker's to account for). A QP made in a thread
     /// domain (no locks in libmlx5) must also meet the conditions of docs/verbs.md,
-    /// "Thread domains": no two QPs of one thread domain posted to at once.
+    /// "Thread domains": no two QPs of one thread domain posted to at once. On a device
+    /// handle that posts through the extended API, `qp` was made by `ibv_create_qp_ex` (a
+    /// `struct verbs_qp`, which `ibv_qp_to_qp_ex` reads beyond the `ibv_qp`): selsig checks
+    /// what that call answers, but cannot check what it reads.
     pub unsafe fn from_raw(
         dev: &VerbsDevice,
         qp: *mut sys::ibv_qp,
@@ -289,7 +292,8 @@ impl VerbsQp {
         let qp_ex = match (dev.post_api, dev.v().fns.qp_to_qp_ex) {
             (PostApi::Legacy, _) => None,
             (PostApi::Extended, to_ex) => {
-                // SAFETY: a live QP of this libibverbs (the caller's contract).
+                // SAFETY: a live QP of this libibverbs, made by `ibv_create_qp_ex` (the
+                // caller's contract: `ibv_qp_to_qp_ex` reads its `verbs_qp`).
                 let ex = to_ex.and_then(|f| NonNull::new(unsafe { f(qp.as_ptr()) }));
                 if ex.is_none() {
                     return Err(invalid(

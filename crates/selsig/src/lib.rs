@@ -83,7 +83,7 @@ pub use provider::{
     QpCaps, QpInit, QpState, QueuePair, RecvWr, RemoteAddr, SendWr, Sge, connect_pair,
 };
 pub use queue::{
-    Completion, CreateError, DrainError, DrainMarker, Payload, PollError, QueueConfig,
+    Completion, CreateError, DrainError, DrainMarker, LIST_BATCH, Payload, PollError, QueueConfig,
     QueuePostError, SEND_WR_ID_BIT, SignaledQueue, TryPostError, Work,
 };
 

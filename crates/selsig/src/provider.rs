@@ -450,7 +450,11 @@ pub enum PostApi {
     /// work request, and `ibv_wr_complete`, which posts the whole batch or none of it: a
     /// refused batch is refused at index 0, and a `SignaledQueue` hands every buffer of it
     /// back. Work requests refused before the post (inline data beyond `max_inline_data`,
-    /// a list beyond `max_send_sge`, ...) refuse the whole batch too.
+    /// a list beyond `max_send_sge`, ...) refuse the whole batch too. Two exceptions on
+    /// rxe (semantics 43, 44): a doorbell that fails after the work requests were queued
+    /// (`AfterPosting`), and a batch holding a list of entries of unequal lengths, which
+    /// the verbs provider posts through `ibv_post_send` (rdma-core before 64 measures such
+    /// a list wrongly).
     Extended,
 }
 

@@ -80,6 +80,10 @@ fn register<'a, M: MemoryRegion, U>(
     })
 }
 
+/// The most work requests one [`SignaledQueue::post_batch`] takes on a queue pair whose
+/// `max_send_sge` is above 1 (a longer iterator keeps the rest for the next call).
+pub const LIST_BATCH: u32 = 256;
+
 /// A retired work request: its buffer and context back, with its outcome.
 #[derive(Debug)]
 pub struct Completion<M, U> {
@@ -218,9 +222,14 @@ pub struct SignaledQueue<D: Device, U> {
     /// A short batch being posted; inline work requests are staged as `Local::Empty` and
     /// patched with their bytes for the post.
     staged: Vec<SendWr<'static>>,
-    /// Where the entries of lists of buffers are written for the post: a queue pair's
-    /// `max_send_sge` entries for each of its slots, so a batch never runs short.
+    /// Where the entries of lists of buffers are written for the post: `max_send_sge`
+    /// entries for each work request a batch may take (`list_batch`), so a batch never runs
+    /// short.
     sge_arena: Vec<Sge>,
+    /// The most work requests one `post_batch` takes: every slot on a queue pair of one
+    /// entry per work request, [`LIST_BATCH`] on one that takes lists (whose arena would
+    /// otherwise be `max_send_sge` entries for every slot).
+    list_batch: u32,
     /// The queue pair's `max_send_sge`.
     max_sge: u32,
     wcs: Vec<WorkCompletion>,
@@ -351,8 +360,16 @@ impl<D: Device, U> SignaledQueue<D, U> {
                 let poll_limit = (cq.capacity() as usize).max(1);
                 let caps = qp.caps();
                 let slots = caps.max_send_wr as usize;
+                let list_batch = match caps.max_send_sge {
+                    0 | 1 => caps.max_send_wr,
+                    _ => caps.max_send_wr.min(LIST_BATCH),
+                };
                 Ok(SignaledQueue {
-                    sge_arena: vec![Sge::default(); slots * caps.max_send_sge as usize],
+                    sge_arena: vec![
+                        Sge::default();
+                        list_batch as usize * caps.max_send_sge as usize
+                    ],
+                    list_batch: list_batch.max(1),
                     max_sge: caps.max_send_sge,
                     qp,
                     _claim: claim,
@@ -616,7 +633,8 @@ impl<D: Device, U> SignaledQueue<D, U> {
         }
     }
 
-    /// Posts work requests from `works` with one doorbell, as many as fit now; the rest
+    /// Posts work requests from `works` with one doorbell, as many as fit now (at most
+    /// [`LIST_BATCH`] on a queue pair that takes scatter/gather lists); the rest
     /// stay in the iterator. Returns how many were posted. An iterator that owns what it
     /// has not yielded (`Vec::drain`, `into_iter`) drops it, buffers included, when it is
     /// dropped: keep it and post the rest later, or offer no more than
@@ -671,7 +689,7 @@ impl<D: Device, U> SignaledQueue<D, U> {
         // credits can also go to other queues meanwhile (the tracker then refuses with
         // `CqFull` part-way) or come back. With no room, the first work request is still
         // offered: the tracker says why it is refused, or takes it if credits came back.
-        let room = self.tracker.available().max(1);
+        let room = self.tracker.available().max(1).min(self.list_batch);
         // The most this list can hold, by which the provider's way of taking it is chosen.
         let max = works
             .size_hint()

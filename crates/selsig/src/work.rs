@@ -270,7 +270,15 @@ pub(crate) fn local_of<'r, M: MemoryRegion>(
             Err(e) => return Err(((None, None), e)),
         },
         Data::List(list) => {
-            if let Err(e) = check_list(list.len(), max_sge.min(arena.len() as u32)) {
+            if let Err(e) = check_list(list.len(), max_sge) {
+                return Err(((None, Some(Box::new(list))), e));
+            }
+            // Not met: a batch takes no more work requests than the arena holds lists for.
+            if list.len() > arena.len() {
+                let e = ProviderError::Invalid {
+                    what: "scatter/gather list",
+                    why: "no room left for its entries in this batch".to_string(),
+                };
                 return Err(((None, Some(Box::new(list))), e));
             }
             if let Some(b) = list.iter().find(|b| u32::try_from(b.len()).is_err()) {

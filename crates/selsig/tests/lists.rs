@@ -21,7 +21,7 @@ struct FakeCq(Mutex<VecDeque<WorkCompletion>>);
 
 impl CompletionQueue for FakeCq {
     fn capacity(&self) -> u32 {
-        64
+        1024
     }
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
         let mut ring = self.0.lock().unwrap();
@@ -37,6 +37,7 @@ impl CompletionQueue for FakeCq {
 type Entries = Vec<(u64, u32, u32)>;
 
 struct FakeQp {
+    depth: u32,
     max_sge: u32,
     /// `post_send_iter_min`: 1 sends every batch through `post_send_iter`.
     iter_min: usize,
@@ -61,7 +62,7 @@ impl QueuePair for FakeQp {
     }
     fn caps(&self) -> QpCaps {
         QpCaps {
-            max_send_wr: 16,
+            max_send_wr: self.depth,
             max_recv_wr: 0,
             max_send_sge: self.max_sge,
             ..QpCaps::default()
@@ -138,8 +139,13 @@ impl Device for FakeDevice {
 type Queue = SignaledQueue<FakeDevice, u32>;
 
 fn queue(max_sge: u32, iter_min: usize, whole: bool) -> (Queue, Arc<FakeCq>) {
+    deep_queue(16, max_sge, iter_min, whole)
+}
+
+fn deep_queue(depth: u32, max_sge: u32, iter_min: usize, whole: bool) -> (Queue, Arc<FakeCq>) {
     let cq = Arc::new(FakeCq(Mutex::new(VecDeque::new())));
     let qp = FakeQp {
+        depth,
         max_sge,
         iter_min,
         whole,
@@ -326,5 +332,26 @@ fn an_all_or_nothing_provider_that_refuses_a_batch_gets_every_buffer_back() {
         }
         assert_eq!(queue.outstanding(), 0, "iter_min {iter_min}");
         assert!(queue.qp().posted.lock().unwrap().is_empty());
+    }
+}
+
+/// On a queue pair that takes lists, one batch takes at most `LIST_BATCH` work requests
+/// (the entries of each are written to the queue's arena, sized for that many): the rest
+/// stay in the iterator for the next call. A queue pair of one entry takes them all.
+#[test]
+fn a_batch_on_a_queue_pair_that_takes_lists_is_cut_at_list_batch() {
+    for (max_sge, want) in [(2, selsig::LIST_BATCH as usize), (1, 300)] {
+        for iter_min in [usize::MAX, 1] {
+            let (mut queue, _cq) = deep_queue(512, max_sge, iter_min, false);
+            let mut works = buffers(300)
+                .into_iter()
+                .map(|b| Work::write(b, remote(), 0));
+            assert_eq!(
+                queue.post_batch(&mut works).unwrap(),
+                want,
+                "max_sge {max_sge}"
+            );
+            assert_eq!(works.count(), 300 - want);
+        }
     }
 }

@@ -271,8 +271,24 @@ fn a_client_that_comes_while_another_is_served_is_told_the_server_is_busy() {
             matches!(&reply, Reply::Refusal(r) if r.error.starts_with("busy: this server serves one client at a time")),
             "{reply:?}"
         );
-        // The first one leaves: its session ends, and with --once the server.
+        // Many more, which send their hello and hold their connections: each is told or
+        // dropped, none holds the server.
+        let held: Vec<TcpStream> = (0..100)
+            .map(|_| {
+                let mut c = TcpStream::connect(&at).unwrap();
+                c.write_all(hello.as_bytes()).unwrap();
+                c
+            })
+            .collect();
+        // The first one leaves: its session ends, and with --once the server, soon.
+        let start = Instant::now();
         drop((first_reader, first_writer));
         assert!(!server.join().unwrap().unwrap(), "the session failed");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        drop(held);
     });
 }
