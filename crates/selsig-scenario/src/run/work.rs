@@ -94,7 +94,7 @@ impl<D: Device> Runner<'_, D> {
 }
 
 /// The trace's line for a confirm's or a drain's marker.
-pub(super) fn marker_event(qp: String, seq: u64) -> Event {
+fn marker_event(qp: String, seq: u64) -> Event {
     Event::Post {
         qp,
         seq,
