@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use selsig::{
-    Access, Buffer, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Policy,
-    PostWrError, ProviderError, QpCaps, QpInit, QpState, QueuePair, RecvWr, RemoteAddr, SendWr,
-    SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion,
+    Buffer, CompletionQueue, ConnectOptions, CqError, Endpoint, Policy, PostWrError, ProviderError,
+    QpCaps, QpState, QueuePair, RecvWr, RemoteAddr, SendWr, SignaledQueue, WcOpcode, WcStatus,
+    Work, WorkCompletion,
 };
 use selsig_testkit::null::NullMr;
 
@@ -85,39 +85,7 @@ impl QueuePair for NullQp {
     }
 }
 
-struct NullDevice;
-
-impl Device for NullDevice {
-    type Pd = ();
-    type Mr = NullMr;
-    type Cq = NullCq;
-    type Qp = NullQp;
-    fn name(&self) -> &str {
-        "null"
-    }
-    fn alloc_pd(&self) -> Result<(), ProviderError> {
-        Ok(())
-    }
-    fn reg_mr(&self, _: &(), len: usize, _: Access) -> Result<NullMr, ProviderError> {
-        Ok(NullMr(len))
-    }
-    fn create_cq(&self, _: u32) -> Result<NullCq, ProviderError> {
-        Ok(NullCq::default())
-    }
-    fn create_qp(
-        &self,
-        _: &(),
-        cq: &NullCq,
-        _: &NullCq,
-        _: &QpInit,
-    ) -> Result<NullQp, ProviderError> {
-        let _ = cq;
-        unreachable!("built directly")
-    }
-    fn poll_async_event(&self) -> Option<selsig::AsyncEvent> {
-        None
-    }
-}
+type NullDevice = selsig_testkit::null::NullDevice<NullCq, NullQp>;
 
 fn driver(c: &mut Criterion) {
     let mut group = c.benchmark_group("driver");

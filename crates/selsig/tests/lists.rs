@@ -9,12 +9,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use selsig::{
-    Access, Buffer, Completion, CompletionQueue, ConnectOptions, CqError, Device, Endpoint, Local,
-    Opcode, Outcome, Policy, PostFailure, PostWrError, ProviderError, QpCaps, QpInit, QpState,
-    QueuePair, QueuePostError, RecvWr, RemoteAddr, SendWr, Seq, Signal, SignaledQueue, WcStatus,
-    Work, WorkCompletion,
+    Buffer, Completion, CompletionQueue, ConnectOptions, CqError, Endpoint, Local, Opcode, Outcome,
+    Policy, PostFailure, PostWrError, ProviderError, QpCaps, QpState, QueuePair, QueuePostError,
+    RecvWr, RemoteAddr, SendWr, Seq, Signal, SignaledQueue, WcStatus, Work, WorkCompletion,
 };
-use selsig_testkit::null::NullMr;
+use selsig_testkit::null::{NullDevice, NullMr};
 
 /// The CQ, filled by the tests.
 struct FakeCq(Mutex<VecDeque<WorkCompletion>>);
@@ -103,38 +102,7 @@ impl QueuePair for FakeQp {
     }
 }
 
-struct FakeDevice;
-
-impl Device for FakeDevice {
-    type Pd = ();
-    type Mr = NullMr;
-    type Cq = FakeCq;
-    type Qp = FakeQp;
-    fn name(&self) -> &str {
-        "fake"
-    }
-    fn alloc_pd(&self) -> Result<(), ProviderError> {
-        Ok(())
-    }
-    fn reg_mr(&self, _: &(), len: usize, _: Access) -> Result<NullMr, ProviderError> {
-        Ok(NullMr(len))
-    }
-    fn create_cq(&self, _: u32) -> Result<FakeCq, ProviderError> {
-        unreachable!()
-    }
-    fn create_qp(
-        &self,
-        _: &(),
-        _: &FakeCq,
-        _: &FakeCq,
-        _: &QpInit,
-    ) -> Result<FakeQp, ProviderError> {
-        unreachable!()
-    }
-    fn poll_async_event(&self) -> Option<selsig::AsyncEvent> {
-        None
-    }
-}
+type FakeDevice = NullDevice<FakeCq, FakeQp>;
 
 type Queue = SignaledQueue<FakeDevice, u32>;
 

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use selsig::{
-    Access, CompletionQueue, ConfigError, ConnectOptions, CqBudget, CqCredits, CqError, Device,
-    DrainError, Endpoint, Opcode, Outcome, Policy, PostFailure, PostWrError, ProviderError, QpCaps,
-    QpInit, QpState, QueueConfig, QueuePair, QueueState, RecvWr, RemoteAddr, SendWr, Seq, SharedCq,
-    SignaledQueue, WcOpcode, WcStatus, Work, WorkCompletion,
+    CompletionQueue, ConfigError, ConnectOptions, CqBudget, CqCredits, CqError, DrainError,
+    Endpoint, Opcode, Outcome, Policy, PostFailure, PostWrError, ProviderError, QpCaps, QpState,
+    QueueConfig, QueuePair, QueueState, RecvWr, RemoteAddr, SendWr, Seq, SharedCq, SignaledQueue,
+    WcOpcode, WcStatus, Work, WorkCompletion,
 };
-use selsig_testkit::null::NullMr;
+use selsig_testkit::null::{NullDevice, NullMr};
 
 /// The `wr_id` a `SignaledQueue` posts work request `seq` with: bit 63 set.
 fn send_wr_id(seq: Seq) -> u64 {
@@ -157,38 +157,7 @@ impl QueuePair for FakeQp {
     }
 }
 
-struct FakeDevice;
-
-impl Device for FakeDevice {
-    type Pd = ();
-    type Mr = NullMr;
-    type Cq = FakeCq;
-    type Qp = FakeQp;
-    fn name(&self) -> &str {
-        "fake"
-    }
-    fn alloc_pd(&self) -> Result<(), ProviderError> {
-        Ok(())
-    }
-    fn reg_mr(&self, _: &(), len: usize, _: Access) -> Result<NullMr, ProviderError> {
-        Ok(NullMr(len))
-    }
-    fn create_cq(&self, _: u32) -> Result<FakeCq, ProviderError> {
-        unreachable!()
-    }
-    fn create_qp(
-        &self,
-        _: &(),
-        _: &FakeCq,
-        _: &FakeCq,
-        _: &QpInit,
-    ) -> Result<FakeQp, ProviderError> {
-        unreachable!()
-    }
-    fn poll_async_event(&self) -> Option<selsig::AsyncEvent> {
-        None
-    }
-}
+type FakeDevice = NullDevice<FakeCq, FakeQp>;
 
 fn qp(num: u32, depth: u32) -> FakeQp {
     FakeQp {
