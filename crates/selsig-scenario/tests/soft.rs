@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use selsig_scenario::{Event, Personality, RunOptions, fill_pattern, fnv1a64, load};
+use selsig::PostApi;
+use selsig_scenario::{Event, Personality, RunOptions, Scenario, fill_pattern, fnv1a64, load};
 use selsig_soft::{SoftConfig, SoftDevice};
 
 /// A scenario of the repository's scenarios/.
@@ -16,8 +17,20 @@ fn shipped(file: &str) -> PathBuf {
 /// A software device with `personality`, and the options that say what it is and how it
 /// fails on purpose.
 fn soft(personality: Personality) -> (SoftDevice, RunOptions) {
-    let device =
-        SoftDevice::open(SoftConfig::with_personality(personality)).expect("a soft device");
+    soft_with(personality, PostApi::Legacy)
+}
+
+/// [`soft`] for `scenario`: with the post API it names.
+fn soft_for(personality: Personality, scenario: &Scenario) -> (SoftDevice, RunOptions) {
+    soft_with(personality, scenario.post_api().unwrap_or_default())
+}
+
+fn soft_with(personality: Personality, post_api: PostApi) -> (SoftDevice, RunOptions) {
+    let config = SoftConfig {
+        post_api,
+        ..SoftConfig::with_personality(personality)
+    };
+    let device = SoftDevice::open(config).expect("a soft device");
     let faults = device.faults();
     let options = RunOptions::new()
         .rxe(personality == Personality::Rxe)
@@ -89,7 +102,7 @@ fn every_shipped_scenario_meets_its_expectations_on_both_personalities() {
     for file in &files {
         let scenario = load(file).unwrap_or_else(|e| panic!("{e}"));
         for personality in [Personality::Mlx5, Personality::Rxe] {
-            let (device, options) = soft(personality);
+            let (device, options) = soft_for(personality, &scenario);
             let result = selsig_scenario::run(&scenario, &device, &options)
                 .unwrap_or_else(|e| panic!("{}: {e:#}", file.display()));
             assert!(
@@ -100,7 +113,7 @@ fn every_shipped_scenario_meets_its_expectations_on_both_personalities() {
                 result.error.as_ref().map(|e| format!("{e:#}"))
             );
             // The same scenario, run again, traces the same.
-            let (device, options) = soft(personality);
+            let (device, options) = soft_for(personality, &scenario);
             let again = selsig_scenario::run(&scenario, &device, &options).expect("a run");
             assert_eq!(result.trace, again.trace, "{}", file.display());
         }
@@ -175,9 +188,9 @@ fn without_completion_events_the_runner_polls_and_traces_the_same() {
     files.sort();
     for file in &files {
         let scenario = load(file).unwrap_or_else(|e| panic!("{e}"));
-        let (device, options) = soft(Personality::Mlx5);
+        let (device, options) = soft_for(Personality::Mlx5, &scenario);
         let with_events = selsig_scenario::run(&scenario, &device, &options).expect("a run");
-        let (device, options) = soft(Personality::Mlx5);
+        let (device, options) = soft_for(Personality::Mlx5, &scenario);
         let device = Eventless(device);
         let without = selsig_scenario::run(&scenario, &device, &options).expect("a run");
         assert!(
