@@ -428,12 +428,15 @@ impl SoftQp {
     /// does, nothing of the batch is posted (the slots written from `first` on stay
     /// unpublished, to be written again), and the refusal is of the batch, at index 0
     /// (semantics 44).
+    /// Whether it took the batch back.
     #[cold]
-    fn all_or_nothing(&self, p: &mut Producer, first: u64, e: &mut PostWrError) {
-        if self.dev.config.post_api == PostApi::Extended {
+    fn all_or_nothing(&self, p: &mut Producer, first: u64, e: &mut PostWrError) -> bool {
+        let whole = self.dev.config.post_api == PostApi::Extended;
+        if whole {
             p.head = first;
             e.index = 0;
         }
+        whole
     }
 
     /// Whether the device has the mlx5 personality.
@@ -793,8 +796,9 @@ impl QueuePair for SoftQp {
         }
         if let Err(e) = &mut result {
             let first = p.head;
-            self.all_or_nothing(&mut p, first, e);
-            head = first;
+            if self.all_or_nothing(&mut p, first, e) {
+                head = first;
+            }
         }
         let posted = head - p.head;
         p.head = head;

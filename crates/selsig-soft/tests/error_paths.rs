@@ -701,3 +701,75 @@ fn queues_polling_one_shared_cq_from_two_threads_get_exact_outcomes() {
         assert_eq!((shared.waiting(), shared.credits().available()), (0, all));
     }
 }
+
+/// The same long batch on a device that takes batches as `ibv_wr_complete` does
+/// (`PostApi::Extended`), through `post_send_iter` and through `post_send`: the refusal of
+/// WRITE 70 is the whole batch's, at index 0; every WRITE taken comes back, none runs, and
+/// the queue goes on.
+#[test]
+fn an_all_or_nothing_device_takes_a_refused_batch_back_whole_on_either_path() {
+    for n in [100u32, 8] {
+        let config = SoftConfig {
+            post_api: selsig::PostApi::Extended,
+            ..SoftConfig::default()
+        };
+        let dev = SoftDevice::open(config).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = Arc::new(dev.create_cq(256).unwrap());
+        let peer_cq = dev.create_cq(16).unwrap();
+        let (a, _b) = connected(&dev, &pd, (&cq, &cq, &peer_cq), &init(128));
+        // 100 WRITEs go to post_send_iter, 8 are staged for post_send.
+        assert_eq!(a.post_send_iter_min() <= n as usize, n == 100);
+        let remote = dev
+            .reg_mr(&pd, 100 * 8, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let max_inline = a.caps().max_inline_data as usize;
+        let mut queue: SignaledQueue<SoftDevice, u32> =
+            SignaledQueue::new(a, Arc::clone(&cq), Policy::Every(8)).unwrap();
+        let bad = n - 2;
+        let bytes: Vec<[u8; 8]> = (0..u64::from(n)).map(u64::to_le_bytes).collect();
+        let long = vec![7u8; max_inline + 1];
+        let mut works = (0..n).map(|i| {
+            let data: &[u8] = if i == bad { &long } else { &bytes[i as usize] };
+            Work::write_inline(data, remote.remote(i as usize * 8), i)
+        });
+        match queue.post_batch(&mut works) {
+            Err(selsig::QueuePostError::Provider { returned, source }) => {
+                assert_eq!(source.index, 0, "{n}");
+                let users: Vec<u32> = returned.iter().map(|p| p.user).collect();
+                // post_send_iter took them up to the refused one; post_send all, staged.
+                let taken = if n == 100 { bad + 1 } else { n };
+                assert_eq!(
+                    users,
+                    (0..taken).collect::<Vec<_>>(),
+                    "{n}: all taken, back"
+                );
+            }
+            other => panic!("{n}: expected the provider's refusal, got {other:?}"),
+        }
+        assert_eq!(queue.outstanding(), 0, "{n}");
+        assert_eq!(
+            works.count() as u32,
+            if n == 100 { n - bad - 1 } else { 0 },
+            "{n}: the rest still in the iterator"
+        );
+        // Nothing of it ran; a WRITE posted now runs, with the first sequence number.
+        let posted = queue
+            .post(Work::write_inline(&bytes[1], remote.remote(8), 1000))
+            .unwrap();
+        assert_eq!(
+            posted.seq.0, 1,
+            "{n}: the batch's sequence numbers were taken back"
+        );
+        let mut done = Vec::new();
+        queue.drain(WAIT, &mut done).unwrap();
+        let got: Vec<(u32, Outcome)> = done.iter().map(|c| (c.user, c.outcome)).collect();
+        assert_eq!(got, [(1000, Outcome::Completed)], "{n}");
+        for i in 0..n as usize {
+            let mut word = [0u8; 8];
+            remote.read(i * 8, &mut word).unwrap();
+            let want = if i == 1 { bytes[1] } else { [0; 8] };
+            assert_eq!(word, want, "{n}: word {i} of the target");
+        }
+    }
+}
