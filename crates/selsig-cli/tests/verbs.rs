@@ -22,7 +22,7 @@ fn selsig(args: &[&str]) -> Output {
 
 /// The secret every `selsig serve` of these tests takes, and every client proves it
 /// knows (both from `SELSIG_SECRET`).
-const SECRET: &str = "5e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e1";
+const SECRET: &str = "5e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15e15";
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
