@@ -52,7 +52,8 @@ fi
 #    rdma_rxe/ib_uverbs: Soft-RoCE + /dev/infiniband/uverbs0; rdma_ucm: librdmacm; ib_umad: umad0.
 #    crc32_generic: rxe asks the crypto API for "crc32" (ICRC) when a device is created; that is
 #    not a modules.dep dependency, and without it `rdma link add` fails with ENOENT.
-MODS="virtio_pci 9pnet_virtio 9p dummy crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad"
+#    virtio_net (with failover, net_failover): the NIC of a VM on a wire (run.sh's SELSIG_VM_WIRE).
+MODS="virtio_pci 9pnet_virtio 9p dummy virtio_net crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad"
 # linux-image-amd64 is a metapackage; find the real image package it depends on.
 img=${SELSIG_VM_KERNEL_PKG:-$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')}
 [ -n "$img" ] || { echo "build.sh: cannot find the linux-image package behind linux-image-amd64" >&2; exit 1; }

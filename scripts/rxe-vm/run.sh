@@ -3,8 +3,8 @@
 # bash inside it as root, stream its stdout+stderr, and exit with its exit code.
 #
 # Inside the VM: the host's / is mounted read-only at / (9p), /tmp /run /var/tmp /dev/shm are
-# empty tmpfs, rxe0 (Soft-RoCE) sits on dummy0 (10.77.0.1/24, no NIC), the command starts in the
-# caller's cwd with the caller's exported environment.
+# empty tmpfs, rxe0 (Soft-RoCE) sits on dummy0 (10.77.0.1/24, no NIC; or on a NIC, see
+# SELSIG_VM_WIRE), the command starts in the caller's cwd with the caller's exported environment.
 #
 # Knobs (environment):
 #   SELSIG_VM_TIMEOUT=600      hard wall-clock limit in seconds for the whole VM (exit 124 when hit)
@@ -15,6 +15,11 @@
 #   SELSIG_VM_VERBOSE=1        also print the guest console log and timings to stderr
 #   SELSIG_VM_KEEP=1           keep the per-run dir (<cache>/runs/run.*: cmd, rc, console.log)
 #   SELSIG_VM_QEMU_EXTRA=...   extra qemu arguments (word-split)
+#   SELSIG_VM_WIRE=PORT:PEER   a virtio NIC on a wire to another VM, through the host's loopback
+#                              only (qemu's dgram netdev: UDP from 127.0.0.1:PORT to 127.0.0.1:PEER;
+#                              the other VM takes SELSIG_VM_WIRE=PEER:PORT); rxe0 sits on it
+#   SELSIG_VM_ADDR=A.B.C.D/N   with SELSIG_VM_WIRE (and needed): the NIC's address; its MAC is
+#                              52:54 followed by the address's four bytes
 #   RXE_VM_CACHE               cache dir (default $HOME/.cache/selsig-rxe-vm), as for build.sh
 # Exit codes: the command's; 124 timeout; 125 the VM died before the command finished; 2 usage.
 set -euo pipefail
@@ -30,6 +35,25 @@ if [ -z "$ACCEL" ]; then
   if [ -w /dev/kvm ] && grep -qE '\b(vmx|svm)\b' /proc/cpuinfo; then ACCEL=kvm; fi
 fi
 if [ "$ACCEL" = tcg ]; then ACCEL_OPTS="-accel tcg,thread=multi -cpu max"; else ACCEL_OPTS="-accel kvm -cpu host"; fi
+
+# The NIC: none, or one on a wire.
+NET=(-nic none)
+APPEND=""
+if [ -n "${SELSIG_VM_WIRE:-}" ] || [ -n "${SELSIG_VM_ADDR:-}" ]; then
+  port='([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])'
+  [[ "${SELSIG_VM_WIRE:-}" =~ ^$port:$port$ ]] \
+    || { echo "run.sh: SELSIG_VM_WIRE='${SELSIG_VM_WIRE:-}': expected PORT:PEER_PORT (UDP ports on 127.0.0.1)" >&2; exit 2; }
+  lport=${SELSIG_VM_WIRE%%:*} rport=${SELSIG_VM_WIRE##*:}
+  [ "$lport" != "$rport" ] || { echo "run.sh: SELSIG_VM_WIRE=$SELSIG_VM_WIRE: the two ports must differ" >&2; exit 2; }
+  byte='(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])'
+  [[ "${SELSIG_VM_ADDR:-}" =~ ^$byte\.$byte\.$byte\.$byte/([0-9]|[12][0-9]|3[0-2])$ ]] \
+    || { echo "run.sh: SELSIG_VM_ADDR='${SELSIG_VM_ADDR:-}': expected an IPv4 address and prefix length, e.g. 10.79.0.1/24" >&2; exit 2; }
+  IFS=./ read -r a b c d _ <<< "$SELSIG_VM_ADDR"
+  mac=$(printf '52:54:%02x:%02x:%02x:%02x' "$a" "$b" "$c" "$d")
+  NET=(-netdev "dgram,id=wire,local.type=inet,local.host=127.0.0.1,local.port=$lport,remote.type=inet,remote.host=127.0.0.1,remote.port=$rport"
+       -device "virtio-net-pci,netdev=wire,mac=$mac")
+  APPEND=" selsig.addr=$SELSIG_VM_ADDR"
+fi
 
 # Per-run dir: holds the command script, exit code and console log; shared read-write with the VM.
 mkdir -p "$CACHE/runs"
@@ -71,9 +95,9 @@ set +e
 # shellcheck disable=SC2086
 timeout -k 10 "$TIMEOUT" qemu-system-x86_64 $ACCEL_OPTS -machine pc \
   -smp "${SELSIG_VM_SMP:-$(nproc)}" -m "${SELSIG_VM_MEM:-2048}" \
-  -nodefaults -nic none -display none -no-reboot ${SELSIG_VM_QEMU_EXTRA:-} \
+  -nodefaults "${NET[@]}" -display none -no-reboot ${SELSIG_VM_QEMU_EXTRA:-} \
   -kernel "$CACHE/vmlinuz" -initrd "$CACHE/initramfs.cpio.gz" \
-  -append "console=ttyS0 quiet panic=-1 selsig.run=$RUN" \
+  -append "console=ttyS0 quiet panic=-1 selsig.run=$RUN$APPEND" \
   -serial "file:$RUN/console.log" \
   -serial stdio \
   "${VIRTFS[@]}" < /dev/null &
