@@ -124,6 +124,8 @@ if [ $qrc -eq 124 ] || [ $qrc -eq 137 ]; then
 fi
 if [ ! -s "$RUN/rc" ]; then
   echo "run.sh: VM ended (qemu rc=$qrc) without the command finishing; console tail:" >&2
-  tail -n 40 "$RUN/console.log" | tr -d '\r' >&2; exit 125
+  # (no console log when qemu itself failed to start, its error above)
+  if [ -e "$RUN/console.log" ]; then tail -n 40 "$RUN/console.log" | tr -d '\r' >&2; fi
+  exit 125
 fi
 exit "$(cat "$RUN/rc")"
