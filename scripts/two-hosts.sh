@@ -43,8 +43,7 @@ work=$(mktemp -d "$(dirname "$sel")/two-hosts.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 rw=$work
 case "$sel" in "$PWD"/*) ;; *) rw="$(dirname "$sel")" ;; esac
-od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$work/secret"
-chmod 600 "$work/secret"
+(umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$work/secret")
 
 # What both sides run, in their VM: the GID index of rxe0's IPv4-mapped RoCE v2 address.
 cat > "$work/common.sh" <<'EOF'
