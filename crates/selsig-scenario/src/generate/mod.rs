@@ -411,7 +411,9 @@ impl<'a> Gen<'a> {
             1 => "last",
             _ => "auto",
         };
-        if p.count >= 2 && p.count <= depth && self.rng.chance(12) {
+        // A batch waits for room for all of it: within the queue and a shared CQ's credits.
+        let room = depth.min(self.shared.unwrap_or(depth));
+        if p.count >= 2 && p.count <= room && self.rng.chance(12) {
             p.batch = true;
         }
         p
