@@ -17,6 +17,7 @@ macro_rules! say {
 }
 
 mod bench;
+mod campaign;
 mod common;
 mod demo;
 mod limits;
@@ -48,6 +49,10 @@ enum Command {
     /// Measure throughput, completions, CPU time and confirmation lag against the signal
     /// interval and message size; with --cq-mod, what perftest's ib_write_bw measures.
     Bench(bench::BenchArgs),
+    /// Generate scenarios from a seed, run them on a device and check each: one outcome
+    /// per work request, memory as the outcomes say, no hang, the same trace as the
+    /// software NIC's (--against).
+    Campaign(campaign::CampaignArgs),
 }
 
 /// Run a scenario file (see docs/scenarios.md) and print its canonical trace.
@@ -91,6 +96,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => run_demo(&args),
         Command::Run(args) => run_scenario(&args),
         Command::Bench(args) => run_bench(&args),
+        Command::Campaign(args) => run_campaign(&args),
         Command::Serve(args) => remote::validate(&args)
             .map_err(Failure::Input)
             .and_then(|()| common::with_device(&args.provider, &args).map_err(Failure::of_run))
@@ -636,6 +642,16 @@ impl common::OnDevice for RunOn<'_> {
     }
 }
 
+fn run_campaign(args: &campaign::CampaignArgs) -> Result<ExitCode, Failure> {
+    let (passed, text) = campaign::run(args).map_err(Failure::of_run)?;
+    print_out(&text)?;
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     // `--trace -`: standard output, as without --trace, but even when quiet.
     let trace_to_stdout = args.trace.as_deref() == Some(Path::new("-"));
@@ -669,6 +685,15 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     };
     if !args.quiet {
         say!("scenario {}: {}", scenario.name(), scenario.description());
+    }
+    for r in scenario.races() {
+        say!(
+            "warning: scenario {}: step {} races the NIC ({}): {}; its trace may differ between runs",
+            scenario.name(),
+            r.step,
+            r.class,
+            r.why
+        );
     }
     let mut provider = args.provider.clone();
     // The scenario's personality, unless the command line names one; the verbs provider

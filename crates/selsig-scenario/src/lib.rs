@@ -49,17 +49,23 @@
 #![warn(missing_docs)]
 
 mod bytes;
+mod campaign;
 mod check;
 mod error;
 mod format;
+mod generate;
 mod model;
+mod races;
 mod run;
 mod trace;
 
 pub use bytes::{fill_pattern, fnv1a64};
+pub use campaign::{Violation, check_run, compare_traces, shrink};
 pub use check::{load, parse};
 pub use error::{RunError, ScenarioError};
+pub use generate::{GenOptions, Generated, generate};
 pub use model::Scenario;
+pub use races::Race;
 pub use run::{InjectFatal, RunOptions, RunResult, run};
 /// The software NIC's personality a scenario names (`[device] personality`).
 pub use selsig_soft::Personality;

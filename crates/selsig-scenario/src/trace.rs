@@ -9,6 +9,13 @@ use serde::Serialize;
 #[serde(tag = "event", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Event {
+    /// The first line of the trace of a scenario that races the NIC: the steps whose
+    /// outcome depends on timing, so that two traces may legitimately differ
+    /// ([`Scenario::races`](crate::Scenario::races)). A race-free scenario's trace has none.
+    Races {
+        /// The steps, each with its class and why.
+        races: Vec<crate::Race>,
+    },
     /// A step begins.
     Step {
         /// The step's number in the file, from 1.

@@ -243,3 +243,76 @@ fn a_lost_device_retires_the_outstanding_work_as_device_lost() {
         "{error}"
     );
 }
+
+/// A batch waits for room for all of it: behind a signaled work request it polls until
+/// the batch fits, and behind an unsignaled tail only, which no completion will retire, it
+/// fails at once, saying to confirm first (it used to spin for ever, past the 20 s bound).
+#[test]
+fn a_batch_waits_for_room_for_the_whole_batch() {
+    let file = |policy: &str, count: u32| {
+        r#"description = "a batch after a long post"
+[[qp]]
+name = "q"
+depth = 16
+policy = "POLICY"
+[[region]]
+name = "src"
+size = 4096
+fill = "pattern"
+[[region]]
+name = "dst"
+size = 4096
+access = ["local_write", "remote_write"]
+[[step]]
+post = { qp = "q", op = "write", local = "src", remote = "dst", size = 8, count = COUNT }
+[[step]]
+post = { qp = "q", op = "write", local = "src", remote = "dst", size = 8, count = 6, batch = true }
+[[step]]
+confirm = "q"
+[[step]]
+poll = "idle"
+"#
+        .replace("POLICY", policy)
+        .replace("COUNT", &count.to_string())
+    };
+    for personality in [Personality::Mlx5, Personality::Rxe] {
+        // 38 WRITEs: WR32 signaled and WR33-38 unsignaled may be outstanding, 2 slots
+        // free: the batch of 6 polls CQE32, then fits.
+        let (device, options) = soft(personality);
+        let text = file("every:8", 38);
+        let sc = selsig_scenario::parse("b.toml", "b", &text).expect("it parses");
+        let start = std::time::Instant::now();
+        let result = selsig_scenario::run(&sc, &device, &options).expect("it runs");
+        assert_passed(&result);
+        assert!(start.elapsed() < std::time::Duration::from_secs(10));
+        // 12 WRITEs signaled by hand, none of them: a tail of 12 of 16 slots, which no
+        // completion will give back, and the batch of 6 never fits.
+        let text = file("manual", 12);
+        let sc = selsig_scenario::parse("b.toml", "b", &text).expect("it parses");
+        let start = std::time::Instant::now();
+        let result = selsig_scenario::run(&sc, &device, &options).expect("it runs");
+        let error = format!(
+            "{:#}",
+            anyhow_chain(result.error.as_ref().expect("the batch fails"))
+        );
+        assert!(
+            error.contains("unsignaled tail") && error.contains("confirm"),
+            "{error}"
+        );
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+}
+
+fn anyhow_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    s
+}

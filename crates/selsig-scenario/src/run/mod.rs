@@ -51,6 +51,8 @@ pub struct RunOptions {
     /// What makes the device fail, for a `device_fatal` step (`None`: the step fails,
     /// naming the software NIC as the device that can).
     pub inject_fatal: Option<InjectFatal>,
+    /// How long a step may wait without a completion before it fails (`None`: 20 s).
+    pub wait: Option<std::time::Duration>,
 }
 
 impl fmt::Debug for RunOptions {
@@ -60,6 +62,7 @@ impl fmt::Debug for RunOptions {
             .field("gid_index", &self.gid_index)
             .field("port", &self.port)
             .field("inject_fatal", &self.inject_fatal.as_ref().map(|_| "..."))
+            .field("wait", &self.wait)
             .finish()
     }
 }
@@ -85,6 +88,12 @@ impl RunOptions {
     /// Sets [`port`](Self::port).
     pub fn port(mut self, port: Option<u8>) -> Self {
         self.port = port;
+        self
+    }
+
+    /// Sets [`wait`](Self::wait).
+    pub fn wait(mut self, wait: Option<std::time::Duration>) -> Self {
+        self.wait = wait;
         self
     }
 
@@ -153,6 +162,9 @@ pub fn run<D: Device>(
     let mut result = Runner::new(scenario, device, &connect)
         .and_then(|mut runner| {
             runner.inject_fatal = options.inject_fatal.clone();
+            if let Some(wait) = options.wait {
+                runner.wait = wait;
+            }
             runner.run(expect)
         })
         .map_err(RunError::new)?;
@@ -163,6 +175,10 @@ pub fn run<D: Device>(
 impl<D: Device> Runner<'_, D> {
     /// Runs the steps in order, then reads the regions' digests and checks `expect`.
     fn run(mut self, expect: &Expect) -> Result<RunResult> {
+        let races = self.sc.races();
+        if !races.is_empty() {
+            self.trace.push(Event::Races { races });
+        }
         for (n, action) in self.sc.steps.iter().enumerate() {
             self.trace.push(Event::Step {
                 n: n + 1,

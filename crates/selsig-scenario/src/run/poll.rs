@@ -9,21 +9,22 @@ use selsig::{AsyncEvent, CompletionQueue, Device, Outcome, WcOpcode, WorkComplet
 use crate::model::QpRef;
 use crate::trace::Event;
 
-use super::runner::{Runner, WAIT, canonical};
+use super::runner::{Runner, canonical};
 use super::wait::Sleeper;
 
 impl<D: Device> Runner<'_, D> {
-    /// Polls the CQ of queue `qp` one completion at a time until the queue has room. The
+    /// Polls the CQ of queue `qp` one completion at a time until the queue has room for
+    /// `need` work requests. The
     /// queue's own completions go into the trace in place (they made the room); those of
     /// other endpoints sharing the CQ, how many of which come first depends on timing,
     /// wait unhandled until their endpoint needs room or a step polls.
-    pub fn poll_one_for_room(&mut self, qp: usize) -> Result<()> {
+    pub fn poll_one_for_room(&mut self, qp: usize, need: u32) -> Result<()> {
         let cq = self.sc.qps[qp].send_cq;
         let own = QpRef {
             index: qp,
             peer: false,
         };
-        self.poll_one_until(cq, own, |r| r.sides[qp].queue.available() > 0)
+        self.poll_one_until(cq, own, |r| r.sides[qp].queue.available() >= need)
     }
 
     /// Polls `cq` one completion at a time until `room` holds (see
@@ -71,7 +72,7 @@ impl<D: Device> Runner<'_, D> {
                 continue;
             }
             ensure!(
-                start.elapsed() < WAIT,
+                start.elapsed() < self.wait,
                 "{:?} stayed full{}",
                 self.sc.qp_name(own),
                 match own.peer {
@@ -80,7 +81,11 @@ impl<D: Device> Runner<'_, D> {
                 }
             );
             // Only a completion of this CQ makes room.
-            self.sleep_idle(&mut sleeper, &[cq], WAIT.saturating_sub(start.elapsed()))?;
+            self.sleep_idle(
+                &mut sleeper,
+                &[cq],
+                self.wait.saturating_sub(start.elapsed()),
+            )?;
         }
         Ok(())
     }
@@ -158,15 +163,16 @@ impl<D: Device> Runner<'_, D> {
             }
             if progress > 0 {
                 start = Instant::now();
-            } else if start.elapsed() > WAIT {
+            } else if start.elapsed() > self.wait {
                 let e = anyhow!(
-                    "not drained (no completion for {WAIT:?}): {}",
+                    "not drained (no completion for {:?}): {}",
+                    self.wait,
                     self.outstanding(Some(q)).join("; ")
                 );
                 return Err(self.failed(events, e));
             } else {
                 // Only completions of the queue's CQs make it idle.
-                let left = WAIT.saturating_sub(start.elapsed());
+                let left = self.wait.saturating_sub(start.elapsed());
                 let live = self.live_cqs(Some(q), &cqs);
                 if let Err(e) = self.sleep_idle(&mut sleeper, &live, left) {
                     return Err(self.failed(events, e));
@@ -183,7 +189,7 @@ impl<D: Device> Runner<'_, D> {
     /// the step's events are put in canonical order: completions by QP, then
     /// retirements by QP, then asynchronous events.
     pub fn poll_until(&mut self, n: Option<u64>) -> Result<()> {
-        // The time of the last completion: the step fails after WAIT without one.
+        // The time of the last completion: the step fails after `wait` without one.
         let mut start = Instant::now();
         let mut events = std::mem::take(&mut self.deferred);
         if let Err(e) = self.handle_stash(&mut events) {
@@ -233,12 +239,12 @@ impl<D: Device> Runner<'_, D> {
                         return Err(self.failed(events, e));
                     }
                 }
-                if start.elapsed() > WAIT {
+                if start.elapsed() > self.wait {
                     let e = anyhow!("{}", self.stuck(n, got));
                     return Err(self.failed(events, e));
                 }
                 // Only completions end the step (asynchronous events are read at its end).
-                let left = WAIT.saturating_sub(start.elapsed());
+                let left = self.wait.saturating_sub(start.elapsed());
                 let live = self.live_cqs(None, &all);
                 if let Err(e) = self.sleep_idle(&mut sleeper, &live, left) {
                     return Err(self.failed(events, e));

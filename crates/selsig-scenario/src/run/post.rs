@@ -200,7 +200,7 @@ impl<D: Device> Runner<'_, D> {
                 Err(QueuePostError::Refused(e)) if e.is_full() => {
                     // Poll one completion of this queue's CQ at a time until there is room:
                     // the same completions, in the same order, on every run.
-                    self.poll_one_for_room(p.qp)?;
+                    self.poll_one_for_room(p.qp, 1)?;
                 }
                 Err(QueuePostError::Refused(
                     e @ (PostError::QueueError { .. } | PostError::Draining { .. }),
@@ -248,7 +248,19 @@ impl<D: Device> Runner<'_, D> {
                     queue.available()
                 );
             }
-            self.poll_one_for_room(p.qp)?;
+            // Room comes only from completions: an unsignaled tail that holds the slots
+            // the batch needs never completes.
+            let tracker = queue.tracker();
+            let slots = tracker.sq_capacity() - tracker.outstanding();
+            if slots < count as u32 && tracker.signaled_outstanding() == 0 {
+                bail!(
+                    "a batch of {count} waits for room on qp {name:?} that no completion will \
+                     make: its {} outstanding work requests are an unsignaled tail (`confirm` \
+                     it first)",
+                    tracker.outstanding()
+                );
+            }
+            self.poll_one_for_room(p.qp, count as u32)?;
         }
         let parts = (0..p.count)
             .map(|k| self.parts(p, k))

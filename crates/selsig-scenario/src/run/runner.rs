@@ -13,7 +13,8 @@ use crate::trace::Event;
 
 use super::side::{KeyedRegion, Side};
 
-/// How long a poll step may wait for the NIC.
+/// How long a step may wait for the NIC without a completion, unless
+/// [`RunOptions::wait`](crate::RunOptions::wait) says otherwise.
 pub(super) const WAIT: Duration = Duration::from_secs(20);
 
 /// A scenario's run on a device: what it made there, and what it saw so far.
@@ -41,6 +42,8 @@ pub(super) struct Runner<'a, D: Device> {
     pub inject_fatal: Option<super::InjectFatal>,
     /// A `device_fatal` step came: receives still outstanding get nothing.
     pub lost: bool,
+    /// How long a step may wait without a completion.
+    pub wait: Duration,
     pub _pds: (D::Pd, Option<D::Pd>),
 }
 
@@ -56,15 +59,20 @@ impl<D: Device> Runner<'_, D> {
             Some(n) => {
                 let waiting = self.outstanding(None);
                 match waiting.is_empty() {
-                    true => format!("only {got} of {n} completions arrived (none for {WAIT:?})"),
+                    true => format!(
+                        "only {got} of {n} completions arrived (none for {:?})",
+                        self.wait
+                    ),
                     false => format!(
-                        "only {got} of {n} completions arrived (none for {WAIT:?}): {}",
+                        "only {got} of {n} completions arrived (none for {:?}): {}",
+                        self.wait,
                         waiting.join("; ")
                     ),
                 }
             }
             None => format!(
-                "not idle (no completion for {WAIT:?}): {}",
+                "not idle (no completion for {:?}): {}",
+                self.wait,
                 self.outstanding(None).join("; ")
             ),
         }

@@ -69,6 +69,7 @@ impl<'a, D: Device> Runner<'a, D> {
             deferred: Vec::new(),
             inject_fatal: None,
             lost: false,
+            wait: super::runner::WAIT,
             _pds: (pd, other),
         })
     }

@@ -18,7 +18,7 @@ impl<D: Device> Runner<'_, D> {
                 Ok(Some(seq)) => break marker_event(name, seq.0),
                 Ok(None) => break Event::ConfirmNotNeeded { qp: name },
                 // A full queue or CQ: make room, as a post does.
-                Err(QueuePostError::Refused(e)) if e.is_full() => self.poll_one_for_room(q)?,
+                Err(QueuePostError::Refused(e)) if e.is_full() => self.poll_one_for_room(q, 1)?,
                 Err(QueuePostError::Refused(e)) => {
                     break Event::Refused {
                         qp: name,
@@ -85,7 +85,7 @@ impl<D: Device> Runner<'_, D> {
                     break;
                 }
                 Ok(DrainMarker::NotNeeded) => break,
-                Ok(DrainMarker::NoRoom) => self.poll_one_for_room(q)?,
+                Ok(DrainMarker::NoRoom) => self.poll_one_for_room(q, 1)?,
                 Err(e) => bail!("cannot post the drain marker of qp {name:?}: {e}"),
             }
         }
