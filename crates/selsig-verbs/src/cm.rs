@@ -157,18 +157,9 @@ impl fmt::Display for CmError {
     }
 }
 
-impl std::error::Error for CmError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            CmError::Os { source, .. }
-            | CmError::NoAddress { source, .. }
-            | CmError::NoRoute { source, .. }
-            | CmError::Unreachable { source, .. } => Some(source),
-            CmError::Qp(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+// The message tells the errno and the provider's error: no `source`, so that a chain of
+// errors printed whole does not tell them twice.
+impl std::error::Error for CmError {}
 
 /// The error of a librdmacm call that returned -1 with `errno` set.
 fn failed(call: &'static str) -> CmError {

@@ -17,12 +17,12 @@ use std::io::BufReader;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use selsig::{ConnectOptions, Device, MemoryRegion, QueuePair, RemoteAddr};
 use selsig_cli::cm_data::{self, Region, Token};
 use selsig_cli::handshake::{Hello, Limits, PROTOCOL, Rendezvous};
 use selsig_verbs::VerbsQp;
-use selsig_verbs::cm::{self as rdma_cm, CmConnection, CmListener};
+use selsig_verbs::cm::{self as rdma_cm, CmConnection, CmError, CmListener};
 
 use super::{RemotePeer, Timed, create, finish, refuse, send};
 use crate::common::BadOption;
@@ -42,6 +42,24 @@ pub enum Cm {
 const CONNECT_WAIT: Duration = Duration::from_secs(20);
 /// How long either side waits for the other to answer its disconnection.
 const DISCONNECT_WAIT: Duration = Duration::from_secs(5);
+
+/// How long the server waits for a connection request before it looks whether the
+/// client is still there.
+const REQUEST_POLL: Duration = Duration::from_millis(200);
+
+/// Whether the client closed its TCP connection (or it broke), without reading from it.
+fn gone(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    let peeked = stream.peek(&mut byte);
+    let _ = stream.set_nonblocking(false);
+    match peeked {
+        Ok(n) => n == 0,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
 
 /// The queue pair as selsig-verbs' (rdma_cm connects only that provider's).
 fn verbs_qp<Q: QueuePair>(qp: &Q) -> Result<&VerbsQp> {
@@ -143,11 +161,18 @@ pub(super) fn serve<D: Device>(
     )?;
     let deadline = Instant::now() + CONNECT_WAIT;
     let request = loop {
+        // Waited for a moment at a time: a client that gave up (its TCP connection closed)
+        // does not hold the server (one session at a time) for the rest of the wait.
         let left = deadline.saturating_duration_since(Instant::now());
-        let request = listener
-            .request(left)
-            .context("the client's rdma_cm connection request did not come")
-            .map_err(|e| refuse(writer, e))?;
+        let request = match listener.request(left.min(REQUEST_POLL)) {
+            Err(CmError::TimedOut { .. }) if !left.is_zero() && !gone(writer) => continue,
+            Err(CmError::TimedOut { .. }) if !left.is_zero() => {
+                bail!("the client closed the connection before its rdma_cm connection request")
+            }
+            other => other
+                .context("the client's rdma_cm connection request did not come")
+                .map_err(|e| refuse(writer, e))?,
+        };
         if token.shown_in(request.private_data()) {
             break request;
         }
@@ -176,6 +201,12 @@ pub(super) fn serve<D: Device>(
                 .context("cannot accept the client's rdma_cm connection")
         })
         .map_err(|e| refuse(writer, e))?;
+    say!(
+        "selsig serve: rdma_cm connection established (QP {:#x}, {} bytes at {:#x})",
+        p.qp.qp_num(),
+        region.len,
+        region.addr
+    );
     let result = finish(p, hello, limits, reader, writer);
     match conn.disconnect(DISCONNECT_WAIT) {
         Ok(()) => say!("selsig serve: rdma_cm connection closed (RDMA_CM_EVENT_DISCONNECTED)"),
