@@ -303,8 +303,8 @@ impl RemotePeer {
         Self::connect_cm(host, local, sizes, secret, Cm::Tcp)
     }
 
-    /// [`connect_with`](Self::connect_with), asking, with `Cm::Rdma`, for the server's
-    /// rdma_cm rendezvous instead of its QP.
+    /// [`connect`](Self::connect) with the secret from `secret`, asking, with `Cm::Rdma`,
+    /// for the server's rdma_cm rendezvous instead of its QP.
     fn connect_cm(
         host: &str,
         local: &Endpoint,
@@ -425,16 +425,15 @@ impl RemotePeer {
                 verify: true,
             },
         )?;
+        // The run is over: the queue pairs are disconnected before the server's check.
+        rdma::hang_up(self.cm.take(), &self.address);
         let checked = match receive_within::<CheckReply>(
             &mut self.reader,
             "server's check",
             REPLY_WAIT,
             MAX_LINE,
         )? {
-            CheckReply::Checked(checked) => {
-                rdma::hang_up(self.cm.take(), &self.address);
-                checked
-            }
+            CheckReply::Checked(checked) => checked,
             CheckReply::Refusal(r) => bail!(
                 "selsig serve refused the outcomes: {}",
                 printable(&r.error, MAX_REFUSAL)
@@ -462,16 +461,14 @@ impl RemotePeer {
                 verify: false,
             },
         )?;
+        rdma::hang_up(self.cm.take(), &self.address);
         match receive_within::<CheckReply>(
             &mut self.reader,
             "server's reply",
             REPLY_WAIT,
             MAX_SHORT,
         )? {
-            CheckReply::Checked(_) => {
-                rdma::hang_up(self.cm.take(), &self.address);
-                Ok(())
-            }
+            CheckReply::Checked(_) => Ok(()),
             CheckReply::Refusal(r) => bail!(
                 "selsig serve refused the end of the session: {}",
                 printable(&r.error, MAX_REFUSAL)
@@ -990,7 +987,14 @@ fn serve_one<D: Device>(
                     device: dev.name().to_string(),
                 },
             )?;
-            finish(prepared, &hello, &gate.limits, &mut reader, &mut writer)
+            finish(
+                prepared,
+                &hello,
+                &gate.limits,
+                &mut reader,
+                &mut writer,
+                &mut || (),
+            )
         }
         Err(e) => Err(refuse(&mut writer, e)),
     }
@@ -1065,20 +1069,22 @@ fn create<D: Device>(dev: &D, hello: &Hello) -> Result<Prepared<D>> {
     })
 }
 
-/// The rest of a session, the client told where to write: its outcomes, the check of the
-/// region, the answer.
+/// The rest of a session, the client told where to write: its outcomes (then
+/// `outcomes_read`), the check of the region, the answer.
 fn finish<D: Device>(
     p: Prepared<D>,
     hello: &Hello,
     limits: &Limits,
     reader: &mut BufReader<Timed>,
     writer: &mut TcpStream,
+    outcomes_read: &mut dyn FnMut(),
 ) -> Result<(u32, Vec<u32>)> {
     let Prepared { qp, region, .. } = p;
     let slot = hello.size.max(1);
     let wait = limits.idle + Duration::from_secs(hello.run_s);
     let mut check: Check = receive_within(reader, "client's outcomes", wait, MAX_LINE)
         .map_err(|e| refuse(writer, e))?;
+    outcomes_read();
     check.completed.sort_unstable();
     handshake::posted_once(&check.completed, hello.wrs).map_err(|e| refuse(writer, e))?;
     let checked = if check.verify { hello.wrs } else { 0 };

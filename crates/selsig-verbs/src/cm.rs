@@ -3,7 +3,7 @@
 //! data, and the disconnection, for a [`VerbsQp`] that selsig created itself.
 //!
 //! The queue pair is not librdmacm's (`rdma_create_qp` would make it on librdmacm's own
-//! device context, and the QP selsig's driver posts to is made on the [`VerbsDevice`]'s):
+//! device context, and the QP selsig's driver posts to is made on the [`VerbsDevice`](crate::VerbsDevice)'s):
 //! it is moved through INIT, RTR and RTS with the attributes `rdma_init_qp_attr` gives,
 //! which is what librdmacm does to a QP of its own (`ucma_modify_qp_rtr`/`_rts` in
 //! rdma-core's `librdmacm/cma.c`), and the active side completes the connection with

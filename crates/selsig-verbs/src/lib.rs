@@ -21,7 +21,7 @@
 
 pub mod sys;
 
-/// Connections through rdma_cm (librdmacm).
+// Connections through rdma_cm (librdmacm), for the QPs of this crate.
 pub mod cm;
 
 // One module per verbs object. Each uses only modules below it, in this order from the

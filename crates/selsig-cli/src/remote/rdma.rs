@@ -10,7 +10,8 @@
 //! rejects every request that does not carry it, before it creates anything for it, then
 //! creates the QP and the region and accepts with the region's address, key and length
 //! in the accept's private data ([`cm_data`]). At the end each side calls
-//! `rdma_disconnect` and waits for `RDMA_CM_EVENT_DISCONNECTED`.
+//! `rdma_disconnect` and waits for `RDMA_CM_EVENT_DISCONNECTED`: the client as it sends
+//! its outcomes, the server once it read them, before it answers with its check.
 
 use std::any::Any;
 use std::io::BufReader;
@@ -115,8 +116,8 @@ pub(super) fn connect<Q: QueuePair>(
     Ok(())
 }
 
-/// The client's end of the session: disconnects, and says so if the server did not
-/// answer (the check already passed or failed: this changes nothing of it).
+/// The client's end of the session, its outcomes sent: disconnects, and says so if the
+/// server did not answer (the check is the server's: this changes nothing of it).
 pub(super) fn hang_up(conn: Option<CmConnection>, address: &str) {
     if let Some(conn) = conn
         && let Err(e) = conn.disconnect(DISCONNECT_WAIT)
@@ -207,10 +208,22 @@ pub(super) fn serve<D: Device>(
         region.len,
         region.addr
     );
-    let result = finish(p, hello, limits, reader, writer);
-    match conn.disconnect(DISCONNECT_WAIT) {
-        Ok(()) => say!("selsig serve: rdma_cm connection closed (RDMA_CM_EVENT_DISCONNECTED)"),
-        Err(e) => say!("selsig serve: rdma_cm disconnection: {e}"),
-    }
+    // Disconnected once the outcomes came (the client disconnects as it sends them), before
+    // the check is answered: when the client has the answer, the session is over here
+    // too, and its next session (a bench's next point) finds the server free.
+    let mut conn = Some(conn);
+    let mut hang_up = || {
+        if let Some(conn) = conn.take() {
+            match conn.disconnect(DISCONNECT_WAIT) {
+                Ok(()) => {
+                    say!("selsig serve: rdma_cm connection closed (RDMA_CM_EVENT_DISCONNECTED)")
+                }
+                Err(e) => say!("selsig serve: rdma_cm disconnection: {e}"),
+            }
+        }
+    };
+    let result = finish(p, hello, limits, reader, writer, &mut hang_up);
+    // A session that ended before the outcomes.
+    hang_up();
     result
 }
