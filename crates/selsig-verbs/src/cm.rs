@@ -633,17 +633,15 @@ impl CmListener {
         wait: Duration,
     ) -> Result<CmConnection, CmError> {
         let deadline = Instant::now() + wait;
-        let CmListener {
-            id: listen,
-            channel,
-        } = self;
+        // (Until the accept is sent, an early return drops `request`, then `self`: every
+        // id before the channel it is on.)
         let CmRequest {
-            id,
+            ref id,
             responder_resources,
             initiator_depth,
             ..
         } = request;
-        same_device(&id, qp)?;
+        same_device(id, qp)?;
         let cap = |max: Option<u32>, asked: u8| {
             max.map_or(asked, |m| asked.min(u8::try_from(m).unwrap_or(u8::MAX)))
         };
@@ -671,10 +669,15 @@ impl CmListener {
         if unsafe { (id.cm.fns.accept)(id.id.as_ptr(), &mut param) } != 0 {
             return Err(failed("rdma_accept"));
         }
-        // No other request is taken from here.
+        // No other request is taken from here: the listening id is destroyed, its channel
+        // becomes the connection's.
+        let CmListener {
+            id: listen,
+            channel,
+        } = self;
         drop(listen);
         let conn = CmConnection {
-            id,
+            id: request.id,
             channel,
             disconnected: AtomicBool::new(false),
         };
