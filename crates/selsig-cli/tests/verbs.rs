@@ -531,8 +531,16 @@ fn cm_rdma_to_an_address_rdma_cm_cannot_reach_is_named() {
     let (server, target) = serve("18642", &[]);
     let o = verbs(&["demo", "--connect", "127.0.0.1:18642", "--cm", "rdma"]);
     let err = text(&o.stderr);
-    // The same server, reached where rdma_cm routes: served.
-    let ok = verbs(&["demo", "--connect", &target, "--cm", "rdma", "--wrs", "2"]);
+    // The same server, reached where rdma_cm routes: served, once it saw the first client
+    // go (it looks every 200 ms while it waits for a connection request).
+    let mut ok = verbs(&["demo", "--connect", &target, "--cm", "rdma", "--wrs", "2"]);
+    for _ in 0..20 {
+        if !text(&ok.stderr).contains("busy: this server serves one client at a time") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        ok = verbs(&["demo", "--connect", &target, "--cm", "rdma", "--wrs", "2"]);
+    }
     let (_, log) = server.finish(true);
     assert_eq!(o.status.code(), Some(1), "{err}\nserver: {log}");
     // (Linux 6.1: the route's resolution fails, ENODEV.)
@@ -543,6 +551,12 @@ fn cm_rdma_to_an_address_rdma_cm_cannot_reach_is_named() {
         "{err}"
     );
     assert!(ok.status.success(), "{}\nserver: {log}", text(&ok.stderr));
+    assert!(
+        log.contains(
+            "error: the client closed the connection before its rdma_cm connection request"
+        ),
+        "{log}"
+    );
 }
 
 /// The TCP half of a `--cm rdma` session, as a client does it: hello, proof; the server's
