@@ -3,7 +3,8 @@
 //! two exchange what RDMA needs over a small TCP handshake (JSON lines, [`handshake`]): QP
 //! number, PSN, LID, GID, and the target region's address and key, given only to a client
 //! that proves it knows the server's secret. After the run the client sends the outcome of
-//! every WRITE and the server checks its memory.
+//! every WRITE and the server checks its memory. With `--cm rdma` the queue pairs meet
+//! through rdma_cm instead, past the same handshake (`remote/rdma.rs`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -1137,7 +1138,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn wire(gid: &str) -> Wire {
+    pub(crate) fn wire(gid: &str) -> Wire {
         Wire {
             qp_num: 1,
             psn: 0,
