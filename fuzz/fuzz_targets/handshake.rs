@@ -1,12 +1,14 @@
 //! Arbitrary lines against what `selsig serve` makes of its clients' messages
 //! (`selsig_cli::handshake`): a hello, then its proof, then outcomes. Whatever a peer
 //! sends, the answer is a message or an error, never a panic; a hello is admitted only
-//! within the limits; no proof the fuzzer makes passes for the secret.
+//! within the limits; no proof the fuzzer makes passes for the secret. Each line is also
+//! rdma_cm private data from a peer (`selsig_cli::cm_data`): a region or an error.
 #![no_main]
 
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
+use selsig_cli::cm_data::{self, Token};
 use selsig_cli::handshake::{self, Check, Hello, Limits, Proof, Reply, Secret};
 
 const LIMITS: Limits = Limits {
@@ -45,6 +47,11 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         let _ = handshake::parse::<Reply>(line, "server's reply");
+        if let Ok(region) = cm_data::region(line) {
+            assert_eq!(cm_data::region(&cm_data::accept(&region)).ok(), Some(region));
+        }
+        let token = Token::parse(&"ab".repeat(cm_data::TOKEN_LEN)).expect("a token");
+        let _ = token.shown_in(line);
         let shown = handshake::printable(&String::from_utf8_lossy(line), 1000);
         assert!(!shown.chars().any(char::is_control), "{shown:?}");
     }

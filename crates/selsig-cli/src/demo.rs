@@ -16,7 +16,7 @@ use crate::common::{
     DeviceInfo, OnDevice, ProviderArgs, ProviderKind, parse_size, pattern, span, with_device,
 };
 use crate::limits::MAX_WRS;
-use crate::remote::Peer;
+use crate::remote::{Cm, Peer};
 
 /// Largest memory the demo registers on each side.
 const MAX_BYTES: u64 = 1 << 30;
@@ -65,6 +65,11 @@ pub struct DemoArgs {
     /// provider) instead of a peer QP in this process.
     #[arg(long, value_name = "HOST", value_parser = crate::common::parse_host)]
     pub connect: Option<String>,
+    /// How --connect connects the queue pairs: tcp (their numbers, PSNs and GIDs over
+    /// selsig's TCP exchange) or rdma (rdma_cm: librdmacm resolves the address and the
+    /// route, the region comes in the connection's private data; see docs/verbs.md).
+    #[arg(long, value_enum, default_value_t = Cm::Tcp, requires = "connect", value_name = "HOW")]
+    pub cm: Cm,
     #[command(flatten)]
     pub provider: ProviderArgs,
 }
@@ -296,7 +301,7 @@ fn run_demo<D: Device>(args: &DemoArgs, dev: &D, info: &DeviceInfo) -> Result<Re
         &pd,
         &qp,
         &options,
-        args.connect.as_deref(),
+        args.connect.as_deref().map(|host| (host, args.cm)),
         args.wrs,
         args.size,
         None,
@@ -1052,12 +1057,12 @@ mod tests {
             let server = s.spawn(|| serve_on(&listener, &dev, &info, &open_gate(), true));
             let (qp, _) = hello_from(&dev, &pd, &cq, 2, 64, 0);
             let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
-            let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
+            let peer = RemotePeer::connect(&at, &mine, 2, 64, None, Cm::Tcp).unwrap();
             assert_eq!(peer.check(vec![1]).unwrap(), [1]);
             assert!(!server.join().unwrap().unwrap(), "the server's check");
             // A session ended unchecked passes (nothing to check).
             let server = s.spawn(|| serve_on(&listener, &dev, &info, &open_gate(), true));
-            let peer = RemotePeer::connect(&at, &mine, 2, 64, None).unwrap();
+            let peer = RemotePeer::connect(&at, &mine, 2, 64, None, Cm::Tcp).unwrap();
             peer.finish_unchecked().unwrap();
             assert!(server.join().unwrap().unwrap(), "a session ended unchecked");
             // A client that breaks off: the session fails.

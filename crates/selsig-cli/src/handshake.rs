@@ -16,6 +16,15 @@
 //!    [`Refusal`]. Nothing is registered for a client before its proof checked out and
 //!    its hello is within the server's [`Limits`];
 //! 5. after the run, [`Check`] and [`Checked`], as in version 1.
+//!
+//! A client that connects its queue pair through rdma_cm (`--cm rdma`) says so in its
+//! hello ([`Hello::rdma_cm`]); at step 4 the server then answers a [`Rendezvous`]
+//! instead of a [`Welcome`]: the port its rdma_cm listener took for this session and a
+//! one-time token, which the client's connection request must carry (see [`cm_data`]:
+//! the region's address, key and length come back in the accept's private data). A server
+//! of before rdma_cm ignores the field and welcomes the client, who then stops.
+//!
+//! [`cm_data`]: crate::cm_data
 
 use std::time::Duration;
 
@@ -91,6 +100,10 @@ pub struct Hello {
     /// the server waits that long, and its idle timeout more, for the outcomes.
     #[serde(default)]
     pub run_s: u64,
+    /// The client connects its QP through rdma_cm: the server answers a [`Rendezvous`].
+    /// (Left out when false, so that a TCP client's hello is as before.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rdma_cm: bool,
 }
 
 /// server → client, after the hello: prove you know the secret, for this nonce.
@@ -118,6 +131,19 @@ pub struct Welcome {
     pub device: String,
 }
 
+/// server → client, to a client whose hello asked for rdma_cm: where to connect, and the
+/// token to show.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Rendezvous {
+    #[serde(default)]
+    pub version: u32,
+    /// The port of the server's rdma_cm listener, at the address the client reached.
+    pub cm_port: u16,
+    /// The session's one-time token, 32 hex digits ([`crate::cm_data::Token`]).
+    pub token: String,
+    pub device: String,
+}
+
 /// server → client when it cannot serve.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Refusal {
@@ -130,6 +156,7 @@ pub struct Refusal {
 pub enum Reply {
     Challenge(Challenge),
     Welcome(Welcome),
+    Rendezvous(Rendezvous),
     Refusal(Refusal),
 }
 
@@ -315,12 +342,12 @@ pub fn verify(secret: &Secret, challenge: &str, hello_line: &[u8], proof: &Proof
 }
 
 /// Lower-case hex digits of `bytes`.
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `N` bytes from exactly `2N` hex digits.
-fn unhex<const N: usize>(text: &str) -> Result<[u8; N]> {
+pub(crate) fn unhex<const N: usize>(text: &str) -> Result<[u8; N]> {
     ensure!(
         text.len() == 2 * N && text.bytes().all(|b| b.is_ascii_hexdigit()),
         "not {} hex digits",

@@ -3,7 +3,8 @@
 //! two exchange what RDMA needs over a small TCP handshake (JSON lines, [`handshake`]): QP
 //! number, PSN, LID, GID, and the target region's address and key, given only to a client
 //! that proves it knows the server's secret. After the run the client sends the outcome of
-//! every WRITE and the server checks its memory.
+//! every WRITE and the server checks its memory. With `--cm rdma` the queue pairs meet
+//! through rdma_cm instead, past the same handshake (`remote/rdma.rs`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -22,9 +23,13 @@ use selsig::{
 use serde::{Deserialize, Serialize};
 
 use selsig_cli::handshake::{
-    self, Challenge, Check, CheckReply, Checked, Hello, Limits, PROTOCOL, Proof, Refusal, Reply,
-    Secret, Welcome, Wire, printable,
+    self, Challenge, Check, CheckReply, Checked, Hello, Limits, PROTOCOL, Proof, Refusal,
+    Rendezvous, Reply, Secret, Welcome, Wire, printable,
 };
+use selsig_verbs::cm::CmConnection;
+
+mod rdma;
+pub use rdma::Cm;
 
 use crate::common::{DeviceInfo, OnDevice, Pattern, ProviderArgs, parse_size};
 use crate::limits::{MAX_REGION, MAX_RUN, MAX_WRS};
@@ -232,7 +237,11 @@ pub struct RemotePeer {
     /// The slots asked for: the server's check names WRITEs among them.
     slots: u32,
     pub target: RemoteAddr,
-    pub endpoint: Endpoint,
+    /// The server's QP (`None`: it answered a [`Rendezvous`] for rdma_cm, in `rendezvous`).
+    pub endpoint: Option<Endpoint>,
+    rendezvous: Option<Rendezvous>,
+    /// The rdma_cm connection, once `rendezvous` led to one.
+    cm: Option<CmConnection>,
     pub device: String,
     pub address: String,
 }
@@ -278,17 +287,31 @@ impl RemotePeer {
         wrs: u32,
         size: u64,
         run: Option<Duration>,
+        cm: Cm,
     ) -> Result<RemotePeer> {
-        Self::connect_with(host, local, (wrs, size, run), &client_secret)
+        Self::connect_cm(host, local, (wrs, size, run), &client_secret, cm)
     }
 
     /// [`connect`](Self::connect), with the secret from `secret`, asked only if the server
-    /// challenges.
+    /// challenges (a TCP client, as the tests make them).
+    #[cfg(test)]
     pub fn connect_with(
+        host: &str,
+        local: &Endpoint,
+        sizes: (u32, u64, Option<Duration>),
+        secret: &dyn Fn() -> Result<Secret>,
+    ) -> Result<RemotePeer> {
+        Self::connect_cm(host, local, sizes, secret, Cm::Tcp)
+    }
+
+    /// [`connect`](Self::connect) with the secret from `secret`, asking, with `Cm::Rdma`,
+    /// for the server's rdma_cm rendezvous instead of its QP.
+    fn connect_cm(
         host: &str,
         local: &Endpoint,
         (wrs, size, run): (u32, u64, Option<Duration>),
         secret: &dyn Fn() -> Result<Secret>,
+        cm: Cm,
     ) -> Result<RemotePeer> {
         let (name, port) = host_and_port(host)?;
         let address = show_address(&name, port);
@@ -316,6 +339,7 @@ impl RemotePeer {
             wrs,
             size,
             run_s: run.map_or(0, |d| d.as_secs().saturating_add(1)),
+            rdma_cm: cm == Cm::Rdma,
         })?;
         send_line(&mut writer, hello.clone())?;
         let reply = |reader: &mut BufReader<Timed>| {
@@ -334,7 +358,36 @@ impl RemotePeer {
             answer = reply(&mut reader)?;
         }
         let welcome = match answer {
+            Reply::Welcome(_) if cm == Cm::Rdma => bail!(
+                "selsig serve at {address} does not connect through rdma_cm (a selsig from \
+                 before --cm): use --cm tcp"
+            ),
             Reply::Welcome(w) => w,
+            Reply::Rendezvous(r) if cm == Cm::Rdma => {
+                ensure!(
+                    r.version == PROTOCOL,
+                    "selsig serve at {address} speaks version {} of the exchange, this \
+                     selsig {PROTOCOL}: run the same selsig on both sides",
+                    r.version
+                );
+                return Ok(RemotePeer {
+                    endpoint: None,
+                    // Until the rdma_cm accept gives it.
+                    target: RemoteAddr { addr: 0, rkey: 0 },
+                    device: printable(&r.device, 64),
+                    rendezvous: Some(r),
+                    cm: None,
+                    reader,
+                    writer,
+                    slots: wrs,
+                    address,
+                });
+            }
+            Reply::Rendezvous(_) => {
+                bail!(
+                    "selsig serve at {address} answered with an rdma_cm rendezvous, not asked for"
+                )
+            }
             Reply::Refusal(r) => bail!(
                 "selsig serve at {address} refused: {}",
                 printable(&r.error, MAX_REFUSAL)
@@ -348,7 +401,9 @@ impl RemotePeer {
             welcome.version
         );
         Ok(RemotePeer {
-            endpoint: welcome.qp.endpoint()?,
+            endpoint: Some(welcome.qp.endpoint()?),
+            rendezvous: None,
+            cm: None,
             target: RemoteAddr {
                 addr: welcome.addr,
                 rkey: welcome.rkey,
@@ -371,6 +426,8 @@ impl RemotePeer {
                 verify: true,
             },
         )?;
+        // The run is over: the queue pairs are disconnected before the server's check.
+        rdma::hang_up(self.cm.take(), &self.address);
         let checked = match receive_within::<CheckReply>(
             &mut self.reader,
             "server's check",
@@ -405,6 +462,7 @@ impl RemotePeer {
                 verify: false,
             },
         )?;
+        rdma::hang_up(self.cm.take(), &self.address);
         match receive_within::<CheckReply>(
             &mut self.reader,
             "server's reply",
@@ -429,7 +487,7 @@ pub enum Peer<D: Device> {
         _qp: D::Qp,
         _cq: D::Cq,
     },
-    Remote(RemotePeer),
+    Remote(Box<RemotePeer>),
 }
 
 impl<D: Device> Peer<D> {
@@ -442,21 +500,28 @@ impl<D: Device> Peer<D> {
         pd: &D::Pd,
         qp: &D::Qp,
         options: &ConnectOptions,
-        connect: Option<&str>,
+        connect: Option<(&str, Cm)>,
         slots: u32,
         slot: u64,
         run: Option<Duration>,
     ) -> Result<Peer<D>> {
-        if let Some(host) = connect {
+        if let Some((host, cm)) = connect {
             let mine = qp.endpoint(options)?;
-            let remote = RemotePeer::connect(host, &mine, slots, slot, run)?;
-            qp.connect(&remote.endpoint, options).with_context(|| {
-                format!(
-                    "cannot connect to the server's queue pair{}",
-                    gid_hint(&mine, &remote.endpoint, "server")
-                )
-            })?;
-            return Ok(Peer::Remote(remote));
+            let mut remote = RemotePeer::connect(host, &mine, slots, slot, run, cm)?;
+            match (&remote.endpoint, remote.rendezvous.take()) {
+                (Some(theirs), _) => qp.connect(theirs, options).with_context(|| {
+                    format!(
+                        "cannot connect to the server's queue pair{}",
+                        gid_hint(&mine, theirs, "server")
+                    )
+                })?,
+                (None, Some(r)) => {
+                    let want = u64::from(slots).saturating_mul(slot.max(1));
+                    rdma::connect(qp, &mut remote, &r, options, want)?;
+                }
+                (None, None) => bail!("selsig serve gave neither its queue pair nor a rendezvous"),
+            }
+            return Ok(Peer::Remote(Box::new(remote)));
         }
         let cq = dev
             .create_cq(2)
@@ -496,6 +561,11 @@ impl<D: Device> Peer<D> {
     /// empty otherwise.
     pub fn closed_note(&self) -> String {
         match self {
+            Peer::Remote(remote) if rdma::disconnected(remote) => format!(
+                " (selsig serve at {} disconnected the rdma_cm connection, \
+                 RDMA_CM_EVENT_DISCONNECTED: was it stopped?)",
+                remote.address
+            ),
             Peer::Remote(remote) => match remote.closed() {
                 None => String::new(),
                 Some(why) if why.is_empty() => format!(
@@ -903,35 +973,69 @@ fn serve_one<D: Device>(
         }
     }
     let theirs = handshake::admit(&hello, &gate.limits).map_err(|e| refuse(&mut writer, e))?;
+    if hello.rdma_cm {
+        return rdma::serve(dev, &hello, &gate.limits, &mut reader, &mut writer);
+    }
     match prepare(dev, info, &hello, &theirs) {
-        Ok(prepared) => finish(
-            prepared,
-            &hello,
-            dev,
-            &gate.limits,
-            &mut reader,
-            &mut writer,
-        ),
+        Ok((prepared, mine)) => {
+            send(
+                &mut writer,
+                &Welcome {
+                    version: PROTOCOL,
+                    qp: Wire::from_endpoint(&mine),
+                    addr: prepared.region.addr(),
+                    rkey: prepared.region.rkey(),
+                    device: dev.name().to_string(),
+                },
+            )?;
+            finish(
+                prepared,
+                &hello,
+                &gate.limits,
+                &mut reader,
+                &mut writer,
+                &mut || (),
+            )
+        }
         Err(e) => Err(refuse(&mut writer, e)),
     }
 }
 
-/// The server's QP and region for one client, connected to it.
+/// The server's QP and region for one client.
 struct Prepared<D: Device> {
     qp: D::Qp,
     region: D::Mr,
-    mine: Endpoint,
     _cq: Arc<D::Cq>,
     _pd: D::Pd,
 }
 
-/// The server's objects for a client whose hello [`handshake::admit`] took.
+/// The server's objects for a client whose hello [`handshake::admit`] took, connected to
+/// its QP; and the server QP's address.
 fn prepare<D: Device>(
     dev: &D,
     info: &DeviceInfo,
     hello: &Hello,
     theirs: &Endpoint,
-) -> Result<Prepared<D>> {
+) -> Result<(Prepared<D>, Endpoint)> {
+    let p = create(dev, hello)?;
+    let options = ConnectOptions {
+        gid_index: info.gid_index,
+        port: info.port,
+        ..ConnectOptions::default()
+    };
+    let mine = p.qp.endpoint(&options)?;
+    p.qp.connect(theirs, &options).with_context(|| {
+        format!(
+            "cannot connect to the client's QP{}",
+            gid_hint(&mine, theirs, "client")
+        )
+    })?;
+    Ok((p, mine))
+}
+
+/// The server's objects for a client whose hello [`handshake::admit`] took: a QP in the
+/// RESET state and the target region.
+fn create<D: Device>(dev: &D, hello: &Hello) -> Result<Prepared<D>> {
     let bytes = u64::from(hello.wrs).saturating_mul(hello.size.max(1));
     let pd = dev
         .alloc_pd()
@@ -958,52 +1062,30 @@ fn prepare<D: Device>(
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )
         .context("cannot register the target region")?;
-    let options = ConnectOptions {
-        gid_index: info.gid_index,
-        port: info.port,
-        ..ConnectOptions::default()
-    };
-    let mine = qp.endpoint(&options)?;
-    qp.connect(theirs, &options).with_context(|| {
-        format!(
-            "cannot connect to the client's QP{}",
-            gid_hint(&mine, theirs, "client")
-        )
-    })?;
     Ok(Prepared {
         qp,
         region,
-        mine,
         _cq: cq,
         _pd: pd,
     })
 }
 
+/// The rest of a session, the client told where to write: its outcomes (then
+/// `outcomes_read`), the check of the region, the answer.
 fn finish<D: Device>(
     p: Prepared<D>,
     hello: &Hello,
-    dev: &D,
     limits: &Limits,
     reader: &mut BufReader<Timed>,
     writer: &mut TcpStream,
+    outcomes_read: &mut dyn FnMut(),
 ) -> Result<(u32, Vec<u32>)> {
-    let Prepared {
-        qp, region, mine, ..
-    } = p;
+    let Prepared { qp, region, .. } = p;
     let slot = hello.size.max(1);
-    send(
-        writer,
-        &Welcome {
-            version: PROTOCOL,
-            qp: Wire::from_endpoint(&mine),
-            addr: region.addr(),
-            rkey: region.rkey(),
-            device: dev.name().to_string(),
-        },
-    )?;
     let wait = limits.idle + Duration::from_secs(hello.run_s);
     let mut check: Check = receive_within(reader, "client's outcomes", wait, MAX_LINE)
         .map_err(|e| refuse(writer, e))?;
+    outcomes_read();
     check.completed.sort_unstable();
     handshake::posted_once(&check.completed, hello.wrs).map_err(|e| refuse(writer, e))?;
     let checked = if check.verify { hello.wrs } else { 0 };
@@ -1056,7 +1138,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn wire(gid: &str) -> Wire {
+    pub(crate) fn wire(gid: &str) -> Wire {
         Wire {
             qp_num: 1,
             psn: 0,
@@ -1179,8 +1261,15 @@ pub(crate) mod tests {
             .unwrap();
         });
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
-        let peer =
-            RemotePeer::connect(&at, &mine, 4, 64, Some(Duration::from_millis(2500))).unwrap();
+        let peer = RemotePeer::connect(
+            &at,
+            &mine,
+            4,
+            64,
+            Some(Duration::from_millis(2500)),
+            Cm::Tcp,
+        )
+        .unwrap();
         assert_eq!(peer.device, "rxe0\\u{1b}[2J\\nfake line");
         let err = peer.check(vec![1, 2]).expect_err("WRITE 5").to_string();
         assert_eq!(
@@ -1217,7 +1306,7 @@ pub(crate) mod tests {
             stream.write_all(format!("{welcome}\n").as_bytes()).unwrap();
         });
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
-        let err = RemotePeer::connect(&at, &mine, 4, 64, None)
+        let err = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp)
             .err()
             .expect("refused")
             .to_string();
@@ -1281,6 +1370,7 @@ pub(crate) mod tests {
             wrs,
             size,
             run_s,
+            rdma_cm: false,
         };
         (qp, serde_json::to_string(&hello).unwrap() + "\n")
     }
@@ -1350,7 +1440,7 @@ pub(crate) mod tests {
         let (at, server) = fake_server(|mut reader, _| {
             let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
         });
-        let err = RemotePeer::connect(&at, &mine, 4, 64, None)
+        let err = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp)
             .err()
             .expect("no answer");
         assert_eq!(
@@ -1368,9 +1458,9 @@ pub(crate) mod tests {
             send(&mut writer, &welcome("rxe0")).unwrap();
             stopped.recv().unwrap();
         });
-        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp).unwrap();
         assert_eq!(peer.closed(), None);
-        let peer: Peer<selsig_soft::SoftDevice> = Peer::Remote(peer);
+        let peer: Peer<selsig_soft::SoftDevice> = Peer::Remote(Box::new(peer));
         assert_eq!(peer.closed_note(), "");
         stop.send(()).unwrap();
         server.join().unwrap();
@@ -1421,8 +1511,8 @@ pub(crate) mod tests {
                 let error = "no client's outcomes came within 300s\u{1b}".to_string();
                 send(&mut writer, &Refusal { error }).unwrap();
             });
-            let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
-            let peer: Peer<selsig_soft::SoftDevice> = Peer::Remote(peer);
+            let peer = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp).unwrap();
+            let peer: Peer<selsig_soft::SoftDevice> = Peer::Remote(Box::new(peer));
             if later {
                 assert_eq!(peer.closed_note(), "");
                 go.send(()).unwrap();
@@ -1451,7 +1541,7 @@ pub(crate) mod tests {
             send(&mut writer, &Refusal { error }).unwrap();
         });
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
-        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp).unwrap();
         let err = peer.finish_unchecked().expect_err("refused").to_string();
         assert_eq!(
             err,
@@ -1476,7 +1566,7 @@ pub(crate) mod tests {
             .unwrap();
         });
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
-        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp).unwrap();
         assert_eq!(peer.check(vec![1, 2, 3, 4]).unwrap(), [1, 3]);
         server.join().unwrap();
     }
@@ -1491,7 +1581,7 @@ pub(crate) mod tests {
             send(&mut writer, &Refusal { error }).unwrap();
         });
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
-        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp).unwrap();
         let err = peer.check(vec![3, 3]).expect_err("refused").to_string();
         assert_eq!(
             err,
@@ -1515,7 +1605,7 @@ pub(crate) mod tests {
             let _: Hello = receive(&mut reader, "client's hello", MAX_SHORT).unwrap();
             send(&mut writer, &Refusal { error: refusal }).unwrap();
         });
-        let err = RemotePeer::connect(&at, &mine, 4, 64, None)
+        let err = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp)
             .err()
             .expect("refused")
             .to_string();
@@ -1527,7 +1617,7 @@ pub(crate) mod tests {
             let _: Check = receive(&mut reader, "client's outcomes", MAX_LINE).unwrap();
             send(&mut writer, &Refusal { error }).unwrap();
         });
-        let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        let peer = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp).unwrap();
         let err = peer.check(vec![1]).expect_err("refused").to_string();
         assert_eq!(err, format!("selsig serve refused the outcomes: {shown}"));
         server.join().unwrap();
@@ -1688,7 +1778,7 @@ pub(crate) mod tests {
         });
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
         let wrs = MAX_WRS;
-        let peer = RemotePeer::connect(&at, &mine, wrs, 1, None).unwrap();
+        let peer = RemotePeer::connect(&at, &mine, wrs, 1, None, Cm::Tcp).unwrap();
         let start = Instant::now();
         let err = peer
             .check((1..=wrs).collect())
@@ -1710,7 +1800,7 @@ pub(crate) mod tests {
         let bound = rustix::net::getsockname(&held).unwrap();
         let at = std::net::SocketAddr::try_from(bound).unwrap().to_string();
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
-        let err = RemotePeer::connect(&at, &mine, 4, 64, None)
+        let err = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp)
             .err()
             .expect("nobody listens")
             .to_string();
@@ -1902,7 +1992,7 @@ pub(crate) mod tests {
                 let mismatches = vec![named];
                 send(&mut writer, &Checked { mismatches }).unwrap();
             });
-            let peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+            let peer = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp).unwrap();
             let got = peer.check(vec![1]).map_err(|e| e.to_string());
             assert_eq!(got, expected.map_err(str::to_string), "WRITE {named}");
             server.join().unwrap();
@@ -1940,6 +2030,7 @@ pub(crate) mod tests {
             wrs,
             size,
             run_s: 0,
+            rdma_cm: false,
         };
         let max_wrs = MAX_WRS;
         let limits = open_gate().limits;
@@ -1985,7 +2076,7 @@ pub(crate) mod tests {
                     listener.accept().unwrap().0,
                 )
             });
-            let peer = RemotePeer::connect(&at, &mine, 8, 64, None).unwrap();
+            let peer = RemotePeer::connect(&at, &mine, 8, 64, None, Cm::Tcp).unwrap();
             peer.finish_unchecked().unwrap();
             assert_eq!(server.join().unwrap().unwrap(), (0, Vec::new()));
         });
@@ -2001,7 +2092,7 @@ pub(crate) mod tests {
             stopped.recv().unwrap();
         });
         let mine = wire(&"0".repeat(32)).endpoint().unwrap();
-        let mut peer = RemotePeer::connect(&at, &mine, 4, 64, None).unwrap();
+        let mut peer = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp).unwrap();
         // A byte the server never reads: its close resets the connection.
         peer.writer.write_all(b"x").unwrap();
         std::thread::sleep(Duration::from_millis(100));

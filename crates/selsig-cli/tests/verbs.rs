@@ -445,3 +445,303 @@ fn bench_on_the_device_runs_several_queue_pairs() {
         "a perftest row of 2 x 100 iterations: {out}"
     );
 }
+
+/// `--cm rdma`: the same sessions, the queue pairs connected through rdma_cm (librdmacm,
+/// on 10.77.0.1 in the VM: rdma_cm does not route 127.0.0.1). The seed demo, the bad rkey
+/// on WRITE 3, then a short bench: every session checked by the server, which sees each
+/// client disconnect.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn cm_rdma_demo_bad_rkey_and_bench_through_serve() {
+    let (server, target) = serve("18641", &[]);
+    let seed = verbs(&["demo", "--connect", &target, "--cm", "rdma", "--json"]);
+    let bad = verbs(&[
+        "demo",
+        "--connect",
+        &target,
+        "--cm",
+        "rdma",
+        "--fail-at",
+        "3",
+        "--json",
+    ]);
+    let bench = verbs(&[
+        "bench",
+        "--connect",
+        &target,
+        "--cm",
+        "rdma",
+        "-n",
+        "200",
+        "-s",
+        "64",
+        "-e",
+        "4",
+    ]);
+    let (_, log) = server.finish(true);
+    for (name, o) in [("seed", &seed), ("bad rkey", &bad), ("bench", &bench)] {
+        assert!(
+            o.status.success(),
+            "{name}: {}\nserver: {log}",
+            text(&o.stderr)
+        );
+    }
+    let v: Value = serde_json::from_slice(&seed.stdout).unwrap();
+    assert_eq!(v["remote_verified"], true);
+    assert_eq!(v["summary"]["completed"], 8);
+    assert_eq!(v["summary"]["cqes"], 2);
+    let v: Value = serde_json::from_slice(&bad.stdout).unwrap();
+    assert_eq!(v["remote_verified"], true);
+    assert_eq!(
+        (
+            &v["summary"]["completed"],
+            &v["summary"]["failed"],
+            &v["summary"]["flushed"]
+        ),
+        (&Value::from(2), &Value::from(1), &Value::from(5)),
+        "{v}"
+    );
+    assert!(text(&bench.stdout).contains("-> selsig serve at"));
+    // Seed, bad rkey, the bench's warm-up and its point: each connected, checked and
+    // disconnected through rdma_cm.
+    assert_eq!(
+        log.matches("rdma_cm connection established").count(),
+        4,
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("rdma_cm connection closed (RDMA_CM_EVENT_DISCONNECTED)")
+            .count(),
+        4,
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("memory as the outcomes say").count(),
+        4,
+        "{log}"
+    );
+    assert!(!log.contains("error"), "{log}");
+}
+
+/// A `--cm rdma` client whose server's address rdma_cm cannot reach (127.0.0.1: no RDMA
+/// device routes it in the VM) fails, named, exit code 1, and the server goes on serving.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn cm_rdma_to_an_address_rdma_cm_cannot_reach_is_named() {
+    let (server, target) = serve("18642", &[]);
+    let o = verbs(&["demo", "--connect", "127.0.0.1:18642", "--cm", "rdma"]);
+    let err = text(&o.stderr);
+    // The same server, reached where rdma_cm routes: served, once it saw the first client
+    // go (it looks every 200 ms while it waits for a connection request).
+    let mut ok = verbs(&["demo", "--connect", &target, "--cm", "rdma", "--wrs", "2"]);
+    for _ in 0..20 {
+        if !text(&ok.stderr).contains("busy: this server serves one client at a time") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        ok = verbs(&["demo", "--connect", &target, "--cm", "rdma", "--wrs", "2"]);
+    }
+    let (_, log) = server.finish(true);
+    assert_eq!(o.status.code(), Some(1), "{err}\nserver: {log}");
+    // (Linux 6.1: the route's resolution fails, ENODEV.)
+    assert!(
+        err.contains("through rdma_cm (127.0.0.1:")
+            && (err.contains("RDMA_CM_EVENT_ROUTE_ERROR")
+                || err.contains("RDMA_CM_EVENT_ADDR_ERROR")),
+        "{err}"
+    );
+    assert!(ok.status.success(), "{}\nserver: {log}", text(&ok.stderr));
+    assert!(
+        log.contains(
+            "error: the client closed the connection before its rdma_cm connection request"
+        ),
+        "{log}"
+    );
+}
+
+/// The TCP half of a `--cm rdma` session, as a client does it: hello, proof; the server's
+/// rendezvous.
+fn rendezvous(target: &str) -> (std::net::TcpStream, selsig_cli::handshake::Rendezvous) {
+    use selsig_cli::handshake::{Hello, PROTOCOL, Reply, Secret, Wire, proof};
+    use std::io::Write as _;
+    let mut stream = std::net::TcpStream::connect(target).unwrap();
+    let hello = serde_json::to_string(&Hello {
+        version: PROTOCOL,
+        qp: Wire {
+            qp_num: 1,
+            psn: 1,
+            lid: 0,
+            gid: "0".repeat(32),
+            mtu: 0,
+            rd_atomic: 0,
+        },
+        wrs: 1,
+        size: 64,
+        run_s: 0,
+        rdma_cm: true,
+    })
+    .unwrap();
+    writeln!(stream, "{hello}").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let Reply::Challenge(c) = serde_json::from_str(&line).unwrap() else {
+        panic!("no challenge: {line}");
+    };
+    let secret = Secret::parse(SECRET).unwrap();
+    let p = proof(&secret, &c.challenge, hello.as_bytes()).unwrap();
+    writeln!(stream, "{}", serde_json::to_string(&p).unwrap()).unwrap();
+    line.clear();
+    reader.read_line(&mut line).unwrap();
+    let Reply::Rendezvous(r) = serde_json::from_str(&line).unwrap() else {
+        panic!("no rendezvous: {line}");
+    };
+    (stream, r)
+}
+
+/// A queue pair of its own on the VM's device, for a test that speaks rdma_cm itself.
+fn own_qp() -> (
+    selsig_verbs::VerbsDevice,
+    selsig_verbs::VerbsPd,
+    selsig_verbs::VerbsCq,
+    selsig_verbs::VerbsQp,
+) {
+    use selsig::{Device as _, QpCaps, QpInit};
+    let dev = selsig_verbs::VerbsDevice::open(&selsig_verbs::VerbsOptions::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let init = QpInit {
+        caps: QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let qp = dev.create_qp(&pd, &cq, &cq, &init).unwrap();
+    (dev, pd, cq, qp)
+}
+
+/// The rdma_cm errors a client meets, each named: a request without the session's token
+/// is rejected by `selsig serve` (which says so, and created nothing for it); a port
+/// where nobody listens is rejected by the CM; a listener that never answers is a timeout.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn cm_rdma_rejections_and_timeouts_are_named() {
+    use selsig_cli::cm_data::{Token, request};
+    use selsig_verbs::cm::{CmError, CmListener, connect};
+    use std::time::Duration;
+    let address = std::env::var("SELSIG_SERVE_ADDR").unwrap_or_else(|_| "127.0.0.1".to_string());
+    let ip: std::net::IpAddr = address.parse().unwrap();
+    let (server, target) = serve("18643", &[]);
+    let (stream, r) = rendezvous(&target);
+    let (_dev, _pd, _cq, qp) = own_qp();
+    let wrong = request(&Token::generate().unwrap());
+    let to = std::net::SocketAddr::new(ip, r.cm_port);
+    let e = connect(&qp, to, &wrong, (7, 7), Duration::from_secs(20)).unwrap_err();
+    drop(stream);
+    let (_, log) = server.finish(true);
+    assert!(
+        matches!(&e, CmError::Rejected { reason: 28, message, .. } if message.contains("no valid session token")),
+        "{e}\nserver: {log}"
+    );
+    assert!(
+        e.to_string().contains("rejected the rdma_cm connection"),
+        "{e}"
+    );
+    assert!(
+        log.contains(
+            "rejected an rdma_cm connection request that does not carry this session's token"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains("rdma_cm connection established"), "{log}");
+
+    // Nobody listens on the port: the CM rejects (invalid service ID).
+    let (_dev, _pd, _cq, qp) = own_qp();
+    let nobody = std::net::SocketAddr::new(ip, 18649);
+    let e = connect(&qp, nobody, &wrong, (7, 7), Duration::from_secs(20)).unwrap_err();
+    assert!(matches!(&e, CmError::Rejected { reason: 8, .. }), "{e}");
+    assert!(e.to_string().contains("nobody listens on that port"), "{e}");
+
+    // A listener that never takes the request: the client's wait ends, named.
+    let listener = CmListener::bind(std::net::SocketAddr::new(ip, 0)).unwrap();
+    let (_dev, _pd, _cq, qp) = own_qp();
+    let silent = std::net::SocketAddr::new(ip, listener.port());
+    let e = connect(&qp, silent, &wrong, (7, 7), Duration::from_secs(3)).unwrap_err();
+    assert!(matches!(&e, CmError::TimedOut { .. }), "{e}");
+    assert!(e.to_string().contains("within 3s"), "{e}");
+}
+
+/// A `--cm rdma` client whose server is killed in the middle of the run fails, exit code
+/// 1, and says the server disconnected (its kernel disconnects the rdma_cm connection of
+/// a process that ends).
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn cm_rdma_client_says_when_the_server_is_gone_mid_run() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let (server, target) = serve("18644", &[]);
+    let mut args = vec![
+        "bench",
+        "--connect",
+        &target,
+        "--cm",
+        "rdma",
+        "-D",
+        "120s",
+        "-s",
+        "64",
+        "-e",
+        "1",
+        "--provider",
+        "verbs",
+    ];
+    let g = gid();
+    args.extend(g.iter().map(String::as_str));
+    let client = Command::new(env!("CARGO_BIN_EXE_selsig"))
+        .args(&args)
+        .env("SELSIG_SECRET", SECRET)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The warm-up's session, then the point's: killed once the second is established.
+    let (lines, seen) = mpsc::channel();
+    let Server {
+        mut child,
+        mut stderr,
+        ..
+    } = server;
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while stderr.read_line(&mut line).unwrap_or(0) > 0 {
+            if lines.send(std::mem::take(&mut line)).is_err() {
+                break;
+            }
+        }
+    });
+    let mut log = String::new();
+    while log.matches("rdma_cm connection established").count() < 2 {
+        match seen.recv_timeout(Duration::from_secs(120)) {
+            Ok(line) => log.push_str(&line),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let o = client.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    // (Shown with --nocapture: how the run ended.)
+    println!("{err}");
+    assert_eq!(
+        log.matches("rdma_cm connection established").count(),
+        2,
+        "{log}\nclient: {err}"
+    );
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("disconnected the rdma_cm connection, RDMA_CM_EVENT_DISCONNECTED"),
+        "{err}"
+    );
+}

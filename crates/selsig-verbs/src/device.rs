@@ -17,7 +17,7 @@ use crate::error::{no_device_list, os, report};
 use crate::sys::{self, Verbs};
 
 /// libibverbs, loaded once per process.
-fn verbs() -> Result<&'static Verbs, ProviderError> {
+pub(crate) fn verbs() -> Result<&'static Verbs, ProviderError> {
     static VERBS: OnceLock<Result<Verbs, String>> = OnceLock::new();
     VERBS.get_or_init(Verbs::load).as_ref().map_err(|e| {
         ProviderError::Unavailable(format!(
@@ -165,7 +165,7 @@ pub struct VerbsDevice {
     pub(crate) gid: [u8; 16],
     pub(crate) lid: u16,
     pub(crate) active_mtu: u32,
-    ethernet: bool,
+    pub(crate) ethernet: bool,
     /// Destroying a QP removes its unpolled completions from its CQs (mlx4, mlx5).
     pub(crate) cleans_cq: bool,
     /// The kernel driver is mlx5's (`mlx5_core`): libmlx5 sizes its queues.

@@ -21,6 +21,9 @@
 
 pub mod sys;
 
+// Connections through rdma_cm (librdmacm), for the QPs of this crate.
+pub mod cm;
+
 // One module per verbs object. Each uses only modules below it, in this order from the
 // bottom: sys, error, device, pd, then mr and cq (each on pd or device), qp, and provider
 // (`impl selsig::Device for VerbsDevice`, which creates every object).

@@ -381,7 +381,7 @@ impl VerbsQp {
         }
     }
 
-    fn modify(
+    pub(crate) fn modify(
         &self,
         attr: &mut sys::ibv_qp_attr,
         mask: c_int,

@@ -120,6 +120,11 @@ pub struct BenchArgs {
     /// server. The server checks the bytes of a sweep's WRITEs.
     #[arg(long, value_name = "HOST", value_parser = crate::common::parse_host)]
     pub connect: Option<String>,
+    /// How --connect connects the queue pairs: tcp (their numbers, PSNs and GIDs over
+    /// selsig's TCP exchange) or rdma (rdma_cm: librdmacm resolves the address and the
+    /// route, the region comes in the connection's private data; see docs/verbs.md).
+    #[arg(long, value_enum, default_value_t = crate::remote::Cm::Tcp, requires = "connect", value_name = "HOW")]
+    pub cm: crate::remote::Cm,
     /// Run nothing: read a report that --json wrote (FILE, or standard input with `-`)
     /// and print its table, or write it with --json and draw it with --svg, as after that
     /// run (a past run's chart, drawn again).

@@ -61,6 +61,8 @@ pub struct Plan {
     pub perftest: bool,
     /// `selsig serve`'s `HOST[:PORT]`, with `--connect`.
     pub connect: Option<String>,
+    /// How `connect` connects the queue pairs.
+    pub cm: crate::remote::Cm,
 }
 
 /// Checks the options (errors here are the user's input) and plans the sweep.
@@ -129,6 +131,7 @@ pub fn plan(args: &BenchArgs) -> Result<Plan> {
         nic_times: !args.no_nic_times && !perftest,
         perftest,
         connect: args.connect.clone(),
+        cm: args.cm,
     })
 }
 

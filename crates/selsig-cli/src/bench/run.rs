@@ -288,7 +288,7 @@ fn run_point<D: Device>(
         pd,
         &qp,
         &options,
-        plan.connect.as_deref(),
+        plan.connect.as_deref().map(|host| (host, plan.cm)),
         slots,
         slot,
         run,

@@ -16,6 +16,7 @@ fn hello(wrs: u32, size: u64, run_s: u64) -> Hello {
         wrs,
         size,
         run_s,
+        rdma_cm: false,
     }
 }
 

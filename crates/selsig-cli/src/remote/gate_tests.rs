@@ -292,3 +292,98 @@ fn a_client_that_comes_while_another_is_served_is_told_the_server_is_busy() {
         drop(held);
     });
 }
+
+/// A client that asks for rdma_cm gets, past its proof, the server's rendezvous or, where
+/// the server cannot listen with rdma_cm (this host: no RDMA device, or no librdmacm),
+/// a refusal that says so: either way nothing is created for it before its connection
+/// request comes with the token (and a soft QP cannot make one: the client says so).
+#[test]
+fn an_rdma_cm_client_gets_nothing_before_its_connection_request() {
+    let server_dev = Counting::new();
+    let secret = Secret::generate().unwrap();
+    let (qp, _pd, _cq, _) = server_dev.client();
+    let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
+    let (listener, at) = local_listener();
+    std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let stream = listener.accept().unwrap().0;
+            serve_one(&server_dev, &soft_info(), &gate(&secret), stream)
+        });
+        let take = || Ok(secret.clone());
+        match RemotePeer::connect_cm(&at, &mine, (4, 64, None), &take, Cm::Rdma) {
+            Err(e) => {
+                let e = format!("{e:#}");
+                assert!(
+                    e.contains("refused: cannot listen with rdma_cm on 127.0.0.1"),
+                    "{e}"
+                );
+            }
+            Ok(mut peer) => {
+                let r = peer.rendezvous.take().expect("a rendezvous");
+                assert!(peer.endpoint.is_none());
+                let options = ConnectOptions::default();
+                let e = rdma::connect(&qp, &mut peer, &r, &options, 256).unwrap_err();
+                assert!(
+                    e.downcast_ref::<crate::common::BadOption>().is_some(),
+                    "{e:#}"
+                );
+            }
+        }
+        // The server ends the session (its client is gone, or it refused).
+        assert!(server.join().unwrap().is_err());
+    });
+    assert_eq!(server_dev.created(), 0, "nothing created for it");
+}
+
+/// A `--cm rdma` client of a server from before rdma_cm (which ignores the field and
+/// welcomes it) stops and says so; a `--cm tcp` hello is as before (no `rdma_cm` field).
+#[test]
+fn an_rdma_cm_client_of_an_older_server_stops_and_a_tcp_hello_is_unchanged() {
+    let hello = Hello {
+        version: PROTOCOL,
+        qp: Wire::from_endpoint(&super::tests::wire(&"0".repeat(32)).endpoint().unwrap()),
+        wrs: 1,
+        size: 64,
+        run_s: 0,
+        rdma_cm: false,
+    };
+    assert!(!serde_json::to_string(&hello).unwrap().contains("rdma_cm"));
+    let reply: Reply = handshake::parse(
+        br#"{"version":2,"cm_port":4791,"token":"00112233445566778899aabbccddeeff","device":"rxe0"}"#,
+        "server's reply",
+    )
+    .unwrap();
+    assert!(
+        matches!(reply, Reply::Rendezvous(ref r) if r.cm_port == 4791),
+        "{reply:?}"
+    );
+    // An older server: a welcome to an rdma_cm hello.
+    let (listener, at) = local_listener();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let mut writer = stream;
+            let welcome = Welcome {
+                version: PROTOCOL,
+                qp: super::tests::wire(&"0".repeat(32)),
+                addr: 0,
+                rkey: 0,
+                device: "old".into(),
+            };
+            send(&mut writer, &welcome).unwrap();
+        });
+        let mine = super::tests::wire(&"0".repeat(32)).endpoint().unwrap();
+        let e = RemotePeer::connect_cm(&at, &mine, (1, 64, None), &|| bail!("no secret"), Cm::Rdma)
+            .err()
+            .expect("stopped");
+        assert!(
+            format!("{e:#}").contains(
+                "does not connect through rdma_cm (a selsig from before --cm): use --cm tcp"
+            ),
+            "{e:#}"
+        );
+    });
+}
