@@ -758,7 +758,9 @@ impl OnDevice for &ServeArgs {
 
 /// Serves the clients that connect to `listener`, one at a time, for ever or, `once`, one
 /// session: then whether its check passed. A client that connects while another is
-/// served is told the server is busy.
+/// served waits up to [`BUSY_GRACE`] for that session to end (one such client at a time: a
+/// client that starts its next session as soon as it has the last one's result comes while
+/// the server still takes the last one's objects down), then is told the server is busy.
 pub(crate) fn serve_on<D: Device>(
     listener: &TcpListener,
     dev: &D,
@@ -775,6 +777,13 @@ pub(crate) fn serve_on<D: Device>(
     // for a moment): no thread for them, so a peer that connects again and again costs
     // the server nothing but this list.
     let mut closing: Vec<(TcpStream, Instant)> = Vec::new();
+    let tell = |stream: TcpStream, closing: &mut Vec<(TcpStream, Instant)>| {
+        if closing.len() < MAX_CLOSING && tell_busy(&stream) {
+            closing.push((stream, Instant::now() + BUSY_LINGER));
+        }
+    };
+    // The one client that waits for the session to end.
+    let mut next: Option<(TcpStream, SocketAddr, Instant)> = None;
     std::thread::scope(|scope| {
         let served = scope.spawn(|| {
             let mut ok = true;
@@ -788,17 +797,30 @@ pub(crate) fn serve_on<D: Device>(
             ok
         });
         while !served.is_finished() {
-            match listener.accept() {
-                Ok((stream, from)) => {
-                    if busy.swap(true, Ordering::AcqRel) {
-                        if closing.len() < MAX_CLOSING && tell_busy(&stream) {
-                            closing.push((stream, Instant::now() + BUSY_LINGER));
-                        }
-                    } else {
+            if let Some((_, _, until)) = &next {
+                let late = Instant::now() >= *until;
+                if !busy.swap(true, Ordering::AcqRel) {
+                    if let Some((stream, from, _)) = next.take() {
                         let _ = stream.set_nonblocking(false);
                         if to_session.send((stream, from)).is_err() {
                             break;
                         }
+                    }
+                } else if late && let Some((stream, _, _)) = next.take() {
+                    tell(stream, &mut closing);
+                }
+            }
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    if !busy.swap(true, Ordering::AcqRel) {
+                        let _ = stream.set_nonblocking(false);
+                        if to_session.send((stream, from)).is_err() {
+                            break;
+                        }
+                    } else if next.is_none() {
+                        next = Some((stream, from, Instant::now() + BUSY_GRACE));
+                    } else {
+                        tell(stream, &mut closing);
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -813,12 +835,20 @@ pub(crate) fn serve_on<D: Device>(
                 }
             }
         }
+        // A `--once` server that served its session: the one waiting is not served.
+        if let Some((stream, _, _)) = next.take() {
+            tell(stream, &mut closing);
+        }
         drop(to_session);
         served
             .join()
             .map_err(|_| anyhow::anyhow!("the session's thread panicked"))
     })
 }
+
+/// How long a client that connects while another is served waits for that session to end
+/// before it is told the server is busy.
+const BUSY_GRACE: Duration = Duration::from_secs(2);
 
 /// How often a server looks for a new client, and for the end of a `--once` session.
 const ACCEPT_POLL: Duration = Duration::from_millis(20);

@@ -387,3 +387,28 @@ fn an_rdma_cm_client_of_an_older_server_stops_and_a_tcp_hello_is_unchanged() {
         );
     });
 }
+
+/// A client that connects while the last session ends (a bench's next point, as soon as
+/// it has the last one's result) waits for it and is served, not told the server is busy.
+#[test]
+fn a_client_that_comes_as_the_session_ends_is_served() {
+    // The server serves for ever: its thread outlives the test's scope, so what it uses
+    // lives as long.
+    let (dev, pd, cq) = soft_device();
+    let (_qp, hello) = hello_from(&dev, &pd, &cq, 4, 64, 0);
+    let dev: &'static SoftDevice = Box::leak(Box::new(dev));
+    let secret = Secret::generate().unwrap();
+    let (listener, at) = local_listener();
+    let g = gate(&secret);
+    std::thread::spawn(move || serve_on(&listener, dev, &soft_info(), &g, false));
+    let (first_reader, first_writer, reply) = hello_and_challenge(&at, &hello);
+    assert!(matches!(reply, Reply::Challenge(_)), "{reply:?}");
+    std::thread::scope(|s| {
+        let second = s.spawn(|| hello_and_challenge(&at, &hello).2);
+        // The second is in; then the first leaves, well within the grace.
+        std::thread::sleep(Duration::from_millis(300));
+        drop((first_reader, first_writer));
+        let reply = second.join().unwrap();
+        assert!(matches!(reply, Reply::Challenge(_)), "{reply:?}");
+    });
+}
