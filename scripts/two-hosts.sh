@@ -4,8 +4,8 @@
 # machine's loopback only (scripts/rxe-vm, SELSIG_VM_WIRE), on a private subnet. From B,
 # against A's address: the seed demo, the bad-rkey demo, a bench sweep, and a scenario with
 # a remote side where `selsig run` takes --connect; each client's result is checked, and so
-# is the server's check of its memory after every session. Where `selsig serve` takes
-# --cm, all of it runs once per connection manager (tcp, rdma).
+# is the server's check of its memory after every session. Where the clients take --cm,
+# all of it runs once per connection manager (tcp, rdma).
 #
 # Knobs (environment): TWO_HOSTS_TIMEOUT (s, default 480) bounds each VM, and each wait and
 # client inside; TWO_HOSTS_WIRE_PORT (default from this script's process id) is the first of
@@ -30,7 +30,8 @@ sel=$(sed -n 's/.*"executable":"\([^"]*\/selsig\)".*/\1/p' <<< "$json" | tail -n
 # pipeline then fails with SIGPIPE.)
 takes() { grep -qE -- "^ +(-[a-zA-Z], )?$2( |=|\$)" <<< "$("$sel" "$1" --help)"; }
 # The connection managers: today's exchange over TCP, or each that --cm names.
-if takes serve --cm; then modes="tcp rdma"; else modes="exchange"; fi
+# (`serve` answers both: the client's hello says which.)
+if takes demo --cm; then modes="tcp rdma"; else modes="exchange"; fi
 if takes run --connect; then remote_run=1; else remote_run=""; fi
 
 TIMEOUT=${TWO_HOSTS_TIMEOUT:-480}
@@ -74,7 +75,6 @@ wait_for() {
     sleep 0.3
   done
 }
-cm_args() { if [ "$1" = exchange ]; then echo ""; else echo "--cm $1"; fi; }
 cm_name() { if [ "$1" = exchange ]; then echo "the TCP exchange (this selsig has no --cm)"; else echo "--cm $1"; fi; }
 EOF
 
@@ -91,9 +91,8 @@ for mode in $MODES; do
   # (On the VM's own tmpfs: a line written through the share takes a while under TCG, and
   # the server writes each session's line before it takes the next client.)
   log=/tmp/serve-$mode.log
-  # shellcheck disable=SC2046
   "$SEL" serve --provider verbs -d rxe0 -x "$gid" --bind "$ADDR_A" --port "$port" \
-    --secret-file "$WORK/secret" $(cm_args "$mode") > "$log" 2>&1 &
+    --secret-file "$WORK/secret" > "$log" 2>&1 &
   pid=$!
   end=$((SECONDS + TWO_HOSTS_TIMEOUT))
   until grep -q 'listening' "$log"; do
