@@ -58,7 +58,7 @@ echo '== examples/sideway'; $(printf '%q' "$swseed") --device rxe0 --gid-index 1
 $(printf '%q' "$swseed") --device rxe0 --gid-index 1 --fail-at 3"
 # Generated scenarios on rxe0, each race-free one's trace the same as the software NIC's
 # rxe personality's (docs/campaign.md); a failure's files are shown.
-cmd="$cmd; echo '== selsig campaign on rxe0'; $(printf '%q' "$sel") campaign --provider verbs -d rxe0 -x 1 -q -n ${SELSIG_CAMPAIGN_RXE:-500} --seed 1 --against soft:rxe --keep-failures /tmp/campaign || { cat /tmp/campaign/*.txt; exit 1; }"
+cmd="$cmd; echo '== selsig campaign on rxe0'; $(printf '%q' "$sel") campaign --provider verbs -d rxe0 -x 1 -q -n ${SELSIG_CAMPAIGN_RXE:-2000} --seed 1 --against soft:rxe --keep-failures /tmp/campaign || { cat /tmp/campaign/*.txt; exit 1; }"
 # Last, as it takes rxe0's link down: a port that is not ACTIVE is the host's state (exit
 # code 1), named, not a bad option.
 cmd="$cmd; echo '== a port whose link is down'; ip link set dummy0 down; rc=0

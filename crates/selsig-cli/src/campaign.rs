@@ -367,7 +367,8 @@ fn shape(detail: &str) -> String {
 /// The scenario shrunk while it fails the same check on the device under test (a
 /// difference from `--against` is not shrunk: the file comes back whole).
 fn shrink<D: Device>(g: &Generated, check: &str, dev: &D, options: &RunOptions) -> String {
-    if matches!(check, "identity" | "invalid") {
+    // A device that failed on purpose stays failed: tries on it would all fail alike.
+    if matches!(check, "identity" | "invalid") || g.text.contains("device_fatal = true") {
         return g.text.clone();
     }
     // A step the shrinker breaks may wait for a completion that never comes: such tries
@@ -421,8 +422,16 @@ fn keep(
     }
     write(format!("{}.min.toml", g.name), min)?;
     let again = format!(
-        "selsig campaign --seed {} -n 1 --provider {}{}{}{}",
+        "selsig campaign --seed {} -n 1 --qps {} --steps {} --racy {}{} --wait {} --provider {}{}{}{}",
         g.seed,
+        args.qps,
+        args.steps,
+        args.racy,
+        match args.provider.post_api {
+            Some(selsig::PostApi::Extended) => " --post-api extended",
+            _ => "",
+        },
+        humantime::format_duration(args.wait),
         args.provider.provider.as_str(),
         args.provider.personality.map_or(String::new(), |p| format!(
             " --personality {}",
@@ -440,7 +449,7 @@ fn keep(
     write(
         format!("{}.txt", g.name),
         &format!(
-            "{} failed the {check} check:\n{detail}\n\nAgain: {again}\nShrunk: {}.min.toml (selsig run {}.min.toml)\n",
+            "{} failed the {check} check:\n{detail}\n\nAgain: {again}\nShrunk: {}.min.toml (selsig run {}.min.toml; the whole file where nothing could go: a difference from --against, or a device failed on purpose)\n",
             g.name, g.name, g.name
         ),
     )?;

@@ -789,10 +789,12 @@ pub(crate) fn serve_on<D: Device>(
             let mut ok = true;
             for (stream, from) in sessions {
                 ok = serve_client(dev, info, gate, stream, from);
-                busy.store(false, Ordering::Release);
+                // A `--once` server stays busy to its end: a client waiting for this
+                // session to end is told so, not handed to a session that never comes.
                 if once {
                     break;
                 }
+                busy.store(false, Ordering::Release);
             }
             ok
         });

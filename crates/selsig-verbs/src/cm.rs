@@ -413,7 +413,7 @@ fn same_device(id: &Id, qp: &VerbsQp) -> Result<(), CmError> {
     }
 }
 
-/// A `sockaddr` for `addr`, and its length.
+/// A `sockaddr` for `addr`.
 fn sockaddr(addr: &SocketAddr) -> libc::sockaddr_storage {
     // SAFETY: plain data, all zeros is a valid value.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };

@@ -85,7 +85,8 @@ pub(super) fn connect<Q: QueuePair>(
         .writer
         .peer_addr()
         .context("cannot read the server's address")?
-        .ip();
+        .ip()
+        .to_canonical();
     let to = SocketAddr::new(ip, rendezvous.cm_port);
     let (conn, private) = rdma_cm::connect(
         vqp,
@@ -146,7 +147,10 @@ pub(super) fn serve<D: Device>(
     let at = writer
         .local_addr()
         .context("cannot read the address the client reached")?
-        .ip();
+        .ip()
+        // A dual-stack socket (`--bind ::`) sees an IPv4 client as ::ffff:a.b.c.d, which
+        // rdma_cm cannot bind: the IPv4 address itself.
+        .to_canonical();
     let listener = CmListener::bind(SocketAddr::new(at, 0))
         .with_context(|| format!("cannot listen with rdma_cm on {at}"))
         .map_err(|e| refuse(writer, e))?;
