@@ -251,7 +251,8 @@ impl One<'_> {
             Ok(sc) => sc,
             Err(e) => return self.failed("invalid", e.to_string(), None, None, args, dev),
         };
-        for r in sc.races() {
+        let races = sc.races();
+        for r in &races {
             *self.s.races.entry(r.class).or_default() += 1;
         }
         let result = match selsig_scenario::run(&sc, dev, self.options) {
@@ -264,18 +265,13 @@ impl One<'_> {
             .filter(|e| matches!(e, Event::Post { marker: false, .. }))
             .count() as u64;
         if let Some(e) = &result.error {
-            let mut detail = e.to_string();
-            let mut source = std::error::Error::source(e);
-            while let Some(cause) = source {
-                detail.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
+            let detail = format!("{e:#}");
             return self.failed("run", detail, Some(&result), None, args, dev);
         }
         if let Some(v) = check_run(&sc, &result).into_iter().next() {
             return self.failed(v.check, v.detail, Some(&result), None, args, dev);
         }
-        if racy || !sc.races().is_empty() {
+        if racy || !races.is_empty() {
             return Ok(());
         }
         self.s.memory_checked += 1;

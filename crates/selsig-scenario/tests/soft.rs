@@ -291,10 +291,7 @@ poll = "idle"
         let sc = selsig_scenario::parse("b.toml", "b", &text).expect("it parses");
         let start = std::time::Instant::now();
         let result = selsig_scenario::run(&sc, &device, &options).expect("it runs");
-        let error = format!(
-            "{:#}",
-            anyhow_chain(result.error.as_ref().expect("the batch fails"))
-        );
+        let error = format!("{:#}", result.error.as_ref().expect("the batch fails"));
         assert!(
             error.contains("unsignaled tail") && error.contains("confirm"),
             "{error}"
@@ -305,14 +302,4 @@ poll = "idle"
             start.elapsed()
         );
     }
-}
-
-fn anyhow_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    s
 }
