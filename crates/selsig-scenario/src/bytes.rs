@@ -22,12 +22,42 @@ pub fn fill_pattern(len: usize) -> Vec<u8> {
 /// assert_eq!(digest.len(), 16);
 /// ```
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
+    let mut h = Fnv1a64::default();
+    h.update(bytes);
+    h.finish()
+}
+
+/// [`fnv1a64`] of bytes given a piece at a time (a large region, read in chunks).
+///
+/// ```
+/// use selsig_scenario::{Fnv1a64, fnv1a64};
+/// let mut h = Fnv1a64::default();
+/// h.update(b"sel");
+/// h.update(b"sig");
+/// assert_eq!(h.finish(), fnv1a64(b"selsig"));
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv1a64(u64);
+
+impl Default for Fnv1a64 {
+    fn default() -> Self {
+        Fnv1a64(0xcbf2_9ce4_8422_2325)
     }
-    h
+}
+
+impl Fnv1a64 {
+    /// Takes in the next bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    /// The digest of every byte taken in.
+    pub fn finish(self) -> u64 {
+        self.0
+    }
 }
 
 #[cfg(test)]

@@ -56,17 +56,19 @@ mod format;
 mod generate;
 mod model;
 mod races;
+mod remote;
 mod run;
 mod trace;
 
-pub use bytes::{fill_pattern, fnv1a64};
+pub use bytes::{Fnv1a64, fill_pattern, fnv1a64};
 pub use campaign::{Violation, check_run, compare_traces, shrink};
 pub use check::{load, parse};
 pub use error::{RunError, ScenarioError};
 pub use generate::{GenOptions, Generated, generate};
 pub use model::Scenario;
 pub use races::Race;
-pub use run::{InjectFatal, RunOptions, RunResult, run};
+pub use remote::RemoteSide;
+pub use run::{InjectFatal, RunOptions, RunResult, run, run_remote};
 /// The software NIC's personality a scenario names (`[device] personality`).
 pub use selsig_soft::Personality;
 pub use trace::Event;

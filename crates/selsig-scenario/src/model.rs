@@ -65,7 +65,7 @@ impl Scenario {
 }
 
 /// What a run must show; each field is checked when given.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Expect {
     /// Every completion of the run, in trace order.
     pub cqes: Option<Vec<ExpectCqe>>,

@@ -16,6 +16,7 @@ use selsig::{ConnectOptions, Device, MemoryRegion, QueuePair};
 use crate::bytes::fnv1a64;
 use crate::error::RunError;
 use crate::model::{Action, Expect, Scenario};
+use crate::remote::RemoteSide;
 use crate::trace::Event;
 
 mod expect;
@@ -150,25 +151,70 @@ pub fn run<D: Device>(
     device: &D,
     options: &RunOptions,
 ) -> Result<RunResult, RunError> {
+    run_with(scenario, device, options, None)
+}
+
+/// Runs `scenario` as [`run`] does, with its queue pair's peer and the region its WRITEs go
+/// to on `remote`, another host: the region's digest in the trace is the remote side's.
+///
+/// The scenario must be one that [`Scenario::remote_region`] takes; one it refuses is an
+/// `Err` saying why, before anything is made. The peer's asynchronous events happen on
+/// the remote side: `[expect] events` items that name the peer are not checked (the
+/// result's [`checked`](RunResult::checked) says so).
+pub fn run_remote<D: Device>(
+    scenario: &Scenario,
+    device: &D,
+    options: &RunOptions,
+    remote: &mut dyn RemoteSide<D>,
+) -> Result<RunResult, RunError> {
+    let region = scenario.remote_index().map_err(|why| {
+        RunError::new(anyhow!(
+            "scenario {} cannot run with a remote side: {why}",
+            scenario.name()
+        ))
+    })?;
+    run_with(scenario, device, options, Some((region, remote)))
+}
+
+/// [`run`], or [`run_remote`] with `remote`.
+fn run_with<'a, D: Device>(
+    scenario: &'a Scenario,
+    device: &'a D,
+    options: &RunOptions,
+    remote: Option<setup::Remote<'a, D>>,
+) -> Result<RunResult, RunError> {
     let (expect, differs) = match (&scenario.expect_rxe, options.rxe) {
         (Some(rxe), true) => (rxe, scenario.differs.get("rxe").cloned()),
         _ => (&scenario.expect, None),
     };
+    let mut not_here = Vec::new();
+    let mut here = expect.clone();
+    if remote.is_some()
+        && let Some(events) = &mut here.events
+    {
+        let peer = format!(":{}.peer", scenario.qps[0].name);
+        not_here = events.extract_if(.., |e| e.ends_with(&peer)).collect();
+    }
     let connect = ConnectOptions {
         gid_index: options.gid_index,
         port: options.port.unwrap_or(1),
         ..ConnectOptions::default()
     };
-    let mut result = Runner::new(scenario, device, &connect)
+    let mut result = Runner::new(scenario, device, &connect, remote)
         .and_then(|mut runner| {
             runner.inject_fatal = options.inject_fatal.clone();
             if let Some(wait) = options.wait {
                 runner.wait = wait;
             }
-            runner.run(expect)
+            runner.run(&here)
         })
         .map_err(RunError::new)?;
     result.differs = differs;
+    if !not_here.is_empty() && result.error.is_none() {
+        result.checked.push(format!(
+            "not the peer's events {not_here:?}: on the remote side"
+        ));
+    }
     Ok(result)
 }
 
@@ -209,15 +255,26 @@ impl<D: Device> Runner<'_, D> {
             );
             return Ok(self.stopped(e));
         }
-        for (r, k) in self.sc.regions.iter().zip(&self.regions) {
-            if let Some(mr) = &k.mr {
-                let mut bytes = vec![0u8; k.len];
-                mr.read(0, &mut bytes)?;
-                self.trace.push(Event::Digest {
-                    region: r.name.clone(),
-                    fnv1a64: format!("{:016x}", fnv1a64(&bytes)),
-                });
-            }
+        for (i, (r, k)) in self.sc.regions.iter().zip(&self.regions).enumerate() {
+            let digest = match (&k.mr, &mut self.remote) {
+                (_, Some((held, remote))) if *held == i => match remote.digest() {
+                    Ok(digest) => digest,
+                    Err(e) => {
+                        let e = e.context(format!("cannot read region {:?}", r.name));
+                        return Ok(self.stopped(e));
+                    }
+                },
+                (Some(mr), _) => {
+                    let mut bytes = vec![0u8; k.len];
+                    mr.read(0, &mut bytes)?;
+                    fnv1a64(&bytes)
+                }
+                (None, _) => continue,
+            };
+            self.trace.push(Event::Digest {
+                region: r.name.clone(),
+                fnv1a64: format!("{digest:016x}"),
+            });
         }
         let (failures, checked) = check(expect, &self.trace);
         Ok(RunResult {
@@ -266,7 +323,7 @@ impl<D: Device> Runner<'_, D> {
             Action::ToError(r) => {
                 let side = &mut self.sides[r.index];
                 if r.peer {
-                    side.peer.to_error()?;
+                    side.local_peer()?.to_error()?;
                     side.peer_flushable = true;
                 } else {
                     side.queue.qp().to_error()?;

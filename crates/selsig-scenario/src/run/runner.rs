@@ -44,6 +44,8 @@ pub(super) struct Runner<'a, D: Device> {
     pub lost: bool,
     /// How long a step may wait without a completion.
     pub wait: Duration,
+    /// The remote side and the region it holds, when the queue pair's peer is there.
+    pub remote: Option<super::setup::Remote<'a, D>>,
     pub _pds: (D::Pd, Option<D::Pd>),
 }
 

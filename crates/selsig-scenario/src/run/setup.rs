@@ -8,28 +8,39 @@ use std::sync::Arc;
 use anyhow::{Context, Result, ensure};
 use selsig::{
     Access, CompletionQueue, ConnectOptions, CqBudget, CqCredits, Device, MemoryRegion, QpCaps,
-    QpInit, QueueConfig, QueuePair, SignaledQueue, WcStatus, WorkCompletion,
+    QpInit, QueueConfig, QueuePair, RemoteAddr, SignaledQueue, WcStatus, WorkCompletion,
 };
 
 use crate::bytes::fill_pattern;
 use crate::model::{Action, Fill, QpRef, Scenario};
+use crate::remote::RemoteSide;
 
 use super::runner::Runner;
 use super::side::{KeyedRegion, Side};
 
-/// Each queue pair of a scenario and its peer, connected.
+/// Each queue pair of a scenario and its peer (`None`: on the remote side), connected.
 struct Pairs<D: Device> {
-    pairs: Vec<(D::Qp, D::Qp)>,
+    pairs: Vec<(D::Qp, Option<D::Qp>)>,
+    /// The remote side's region, with one.
+    target: Option<RemoteAddr>,
     /// QP number → endpoint.
     qpns: BTreeMap<u32, QpRef>,
     /// Receive slots of the peers reporting to each CQ.
     recv_slots: Vec<u32>,
 }
 
+/// A remote side, and the index of the region it holds.
+pub(super) type Remote<'a, D> = (usize, &'a mut dyn RemoteSide<D>);
+
 impl<'a, D: Device> Runner<'a, D> {
-    /// Makes what `sc` names on `dev`; `connect` says the port and GID index to connect
-    /// with.
-    pub fn new(sc: &'a Scenario, dev: &'a D, connect: &ConnectOptions) -> Result<Self> {
+    /// Makes what `sc` names on `dev`, with its queue pair's peer and `remote.0`'s region
+    /// on `remote.1` if given; `connect` says the port and GID index to connect with.
+    pub fn new(
+        sc: &'a Scenario,
+        dev: &'a D,
+        connect: &ConnectOptions,
+        mut remote: Option<Remote<'a, D>>,
+    ) -> Result<Self> {
         let pd = dev
             .alloc_pd()
             .context("cannot allocate a protection domain")?;
@@ -50,12 +61,14 @@ impl<'a, D: Device> Runner<'a, D> {
         }
         let Pairs {
             pairs,
+            target,
             qpns,
             recv_slots,
-        } = connect_pairs(sc, dev, &pd, &cqs, connect)?;
+        } = connect_pairs(sc, dev, &pd, &cqs, connect, remote.as_mut())?;
         let room = send_room::<D>(sc, &cqs, &recv_slots)?;
         let sides = queues(sc, &cqs, pairs, &room)?;
-        let regions = register(sc, dev, &pd, other.as_ref())?;
+        let held = remote.as_ref().map(|(r, _)| *r).zip(target);
+        let regions = register(sc, dev, &pd, other.as_ref(), held)?;
         Ok(Runner {
             sc,
             dev,
@@ -70,6 +83,7 @@ impl<'a, D: Device> Runner<'a, D> {
             inject_fatal: None,
             lost: false,
             wait: super::runner::WAIT,
+            remote,
             _pds: (pd, other),
         })
     }
@@ -101,15 +115,18 @@ fn sges_of(sc: &Scenario, index: usize) -> u32 {
         .max(1)
 }
 
-/// Every queue pair and its peer, connected.
+/// Every queue pair and its peer, connected; with a `remote` side, the queue pair (the
+/// scenario's one) to the remote side's.
 fn connect_pairs<D: Device>(
     sc: &Scenario,
     dev: &D,
     pd: &D::Pd,
     cqs: &[Arc<D::Cq>],
     connect: &ConnectOptions,
+    mut remote: Option<&mut Remote<'_, D>>,
 ) -> Result<Pairs<D>> {
     let mut pairs = Vec::new();
+    let mut target = None;
     let mut qpns = BTreeMap::new();
     // Receive slots of the peers reporting to each CQ: every receive completes there
     // (if only flushed), so their entries are not the senders'.
@@ -144,14 +161,24 @@ fn connect_pairs<D: Device>(
         let qp = dev
             .create_qp(pd, send_cq, send_cq, &init)
             .with_context(|| format!("cannot create qp {:?}", q.name))?;
-        let peer = dev
-            .create_qp(pd, peer_cq, peer_cq, &peer_init)
-            .with_context(|| format!("cannot create qp {:?}.peer", q.name))?;
         let options = ConnectOptions {
             rnr_retry: q.rnr_retry,
             retry_cnt: q.retry_cnt,
             ..*connect
         };
+        if let Some((r, side)) = remote.as_mut() {
+            let len = sc.regions[*r].size as u64;
+            let at = side
+                .connect(&qp, &options, len)
+                .with_context(|| format!("cannot connect qp {:?} to the remote side", q.name))?;
+            target = Some(at);
+            qpns.insert(qp.qp_num(), QpRef { index, peer: false });
+            pairs.push((qp, None));
+            continue;
+        }
+        let peer = dev
+            .create_qp(pd, peer_cq, peer_cq, &peer_init)
+            .with_context(|| format!("cannot create qp {:?}.peer", q.name))?;
         let peer_options = ConnectOptions {
             access: q.peer_access | Access::LOCAL_WRITE,
             ..options
@@ -165,10 +192,11 @@ fn connect_pairs<D: Device>(
         qpns.insert(qp.qp_num(), QpRef { index, peer: false });
         qpns.insert(peer.qp_num(), QpRef { index, peer: true });
         recv_slots[q.peer_cq] = recv_slots[q.peer_cq].saturating_add(peer.caps().max_recv_wr);
-        pairs.push((qp, peer));
+        pairs.push((qp, Some(peer)));
     }
     Ok(Pairs {
         pairs,
+        target,
         qpns,
         recv_slots,
     })
@@ -203,7 +231,7 @@ fn send_room<D: Device>(sc: &Scenario, cqs: &[Arc<D::Cq>], recv_slots: &[u32]) -
 fn queues<D: Device>(
     sc: &Scenario,
     cqs: &[Arc<D::Cq>],
-    pairs: Vec<(D::Qp, D::Qp)>,
+    pairs: Vec<(D::Qp, Option<D::Qp>)>,
     room: &[u32],
 ) -> Result<Vec<Side<D>>> {
     // A CQ several send queues report to gets one pool of credits.
@@ -238,15 +266,27 @@ fn queues<D: Device>(
     Ok(sides)
 }
 
-/// The regions, registered in `pd` (or `other`, the second protection domain) and filled.
+/// The regions, registered in `pd` (or `other`, the second protection domain) and filled;
+/// the one a remote side holds (`held`: its index, and where it is) only named.
 fn register<D: Device>(
     sc: &Scenario,
     dev: &D,
     pd: &D::Pd,
     other: Option<&D::Pd>,
+    held: Option<(usize, RemoteAddr)>,
 ) -> Result<Vec<KeyedRegion<D::Mr>>> {
     let mut regions = Vec::new();
-    for r in &sc.regions {
+    for (i, r) in sc.regions.iter().enumerate() {
+        if let Some((_, at)) = held.filter(|(h, _)| *h == i) {
+            regions.push(KeyedRegion {
+                mr: None,
+                addr: at.addr,
+                len: r.size,
+                key_l: 0,
+                key_r: at.rkey,
+            });
+            continue;
+        }
         let on = if r.other_pd { other.unwrap_or(pd) } else { pd };
         let mr = dev
             .reg_mr(on, r.size, r.access)

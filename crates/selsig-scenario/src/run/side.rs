@@ -1,6 +1,7 @@
 //! What the runner keeps per queue pair (its queue, its peer, the receives posted there)
 //! and per region, and what a queue that waits may be waiting for.
 
+use anyhow::{Result, anyhow};
 use selsig::{Device, QueueState, SignaledQueue};
 
 use crate::model::Qp;
@@ -11,7 +12,8 @@ pub(super) type Rec = u64;
 /// A queue pair of the scenario: its queue, and its peer with the receives posted there.
 pub(super) struct Side<D: Device> {
     pub queue: SignaledQueue<D, Rec>,
-    pub peer: D::Qp,
+    /// Its peer (`None`: the remote side's, which this side cannot post to).
+    pub peer: Option<D::Qp>,
     /// Receives posted on the peer (its wr_ids count from 1).
     pub peer_recvs: u64,
     pub peer_recv_done: u64,
@@ -23,6 +25,13 @@ pub(super) struct Side<D: Device> {
 }
 
 impl<D: Device> Side<D> {
+    /// Its peer, in this process.
+    pub fn local_peer(&self) -> Result<&D::Qp> {
+        self.peer
+            .as_ref()
+            .ok_or_else(|| anyhow!("the peer is on the remote side"))
+    }
+
     /// What this queue's work requests may wait for: when the peer may be in the error
     /// state (it answers nothing) and this queue is not, rxe retransmitting them for ever
     /// at `retry_cnt` 7; when this queue posted more SENDs and WRITEs with immediate than

@@ -38,7 +38,7 @@ impl<D: Device> Runner<'_, D> {
         let name = self.sc.qp_name(r.qp);
         let q = r.qp.index;
         let own = r.qp;
-        let depth = u64::from(self.sides[q].peer.caps().max_recv_wr);
+        let depth = u64::from(self.sides[q].local_peer()?.caps().max_recv_wr);
         for k in 0..r.count {
             // A receive holds its slot until its completion is polled (mlx5 frees it only
             // then; rxe sooner): with the queue full, poll the peer's CQ one completion at
@@ -61,7 +61,7 @@ impl<D: Device> Runner<'_, D> {
                 }
             });
             let wr_id = side.peer_recvs + 1;
-            side.peer
+            side.local_peer()?
                 .post_recv(&[RecvWr { wr_id, sge }])
                 .with_context(|| format!("cannot post a receive on {name:?}"))?;
             side.peer_recvs += 1;
