@@ -108,16 +108,18 @@ for mode in $MODES; do
   echo "== host A, $(cm_name "$mode"): selsig serve's log"
   cat "$log"
   [ -n "$ok" ] || exit 1
-  # Every session the server saw is one of B's, checked and found right; as many as B's
-  # clients made.
+  # Every session the server saw is one of B's, checked and found right (or, a scenario's,
+  # its region's digest sent for B to compare); as many as B's clients made.
+  from="^selsig serve: client ${ADDR_B//./\\.}:[0-9]*: "
   sessions=$(grep -c 'selsig serve: client ' "$log" || true)
-  checked=$(grep -c "^selsig serve: client ${ADDR_B//./\\.}:[0-9]*: [0-9]* slots checked (each holds the last WRITE to it), memory as the outcomes say$" "$log" || true)
+  checked=$(grep -c "$from[0-9]* slots checked (each holds the last WRITE to it), memory as the outcomes say$" "$log" || true)
+  digests=$(grep -c "${from}the digest of its [0-9]*-byte region sent ([0-9a-f]\{16\})$" "$log" || true)
   read -r least most < "$WORK/done-$mode"
-  if [ "$checked" != "$sessions" ] || [ "$sessions" -lt "$least" ] || [ "$sessions" -gt "$most" ]; then
-    echo "two-hosts: host A, $(cm_name "$mode"): $checked of $sessions sessions from $ADDR_B checked and found right, expected $(if [ "$least" = "$most" ]; then echo "$least"; else echo "$least to $most"; fi), all right"
+  if [ $((checked + digests)) != "$sessions" ] || [ "$sessions" -lt "$least" ] || [ "$sessions" -gt "$most" ]; then
+    echo "two-hosts: host A, $(cm_name "$mode"): of $sessions sessions from $ADDR_B, $checked checked and found right and $digests digests sent, expected $(if [ "$least" = "$most" ]; then echo "$least"; else echo "$least to $most"; fi) sessions, all right"
     exit 1
   fi
-  echo "host A, $(cm_name "$mode"): $checked sessions from $ADDR_B, each one's memory as its outcomes say"
+  echo "host A, $(cm_name "$mode"): $sessions sessions from $ADDR_B: $checked with memory as their outcomes say, $digests scenarios' digests sent"
 done
 EOF
 
@@ -175,10 +177,15 @@ for mode in $MODES; do
 
   # A scenario with a remote side, where `selsig run` takes --connect.
   if [ -n "$REMOTE_RUN" ]; then
-    # Its trace: the same as the software NIC's rxe personality gives in one process.
-    name="scenario"; client "$name" 1 run scenarios/seed.toml
-    [ "$out" = "$("$SEL" run scenarios/seed.toml --personality rxe)" ] \
-      || { echo "two-hosts: scenario: the trace differs from the soft NIC's rxe personality's"; exit 1; }
+    # Its trace: the same as the software NIC's rxe personality gives in one process, the
+    # region's digest read on A. The seed, and the bad rkey.
+    for story in seed error-mid; do
+      name="scenario $story"; client "$name" 1 run "scenarios/$story.toml"
+      [ "$out" = "$("$SEL" run "scenarios/$story.toml" --personality rxe)" ] \
+        || { echo "two-hosts: $name: the trace differs from the software NIC's rxe personality's"; exit 1; }
+      grep -qF "are selsig serve's, rxe0 at $target" "$WORK/B.err" \
+        || { echo "two-hosts: $name: no line naming the server at $target"; exit 1; }
+    done
   else
     echo "== host B, $(cm_name "$mode"): scenario: not run, this selsig's run has no --connect"
   fi

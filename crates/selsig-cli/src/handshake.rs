@@ -169,6 +169,10 @@ pub struct Check {
     /// mode, inline data): nothing is checked.
     #[serde(default = "yes")]
     pub verify: bool,
+    /// The client asks for its region's digest ([`selsig_scenario::fnv1a64`]), to compare
+    /// with a scenario's (`selsig run --connect`). (Left out when false.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub digest: bool,
 }
 
 fn yes() -> bool {
@@ -179,6 +183,9 @@ fn yes() -> bool {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Checked {
     pub mismatches: Vec<u32>,
+    /// The region's digest, 16 hex digits, when the client asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// What the server answers the outcomes.

@@ -67,6 +67,14 @@ struct RunArgs {
     /// Print only the summary line (and the failures).
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// The queue pair's peer and the region its WRITEs go to are those of `selsig serve`
+    /// on HOST or HOST:PORT (verbs provider): a scenario of one queue pair that WRITEs to
+    /// one region (see docs/scenarios.md).
+    #[arg(long, value_name = "HOST", value_parser = common::parse_host)]
+    connect: Option<String>,
+    /// How --connect connects the queue pairs: tcp or rdma (rdma_cm), as for demo.
+    #[arg(long, value_enum, default_value_t = remote::Cm::Tcp, requires = "connect", value_name = "HOW")]
+    cm: remote::Cm,
     #[command(flatten)]
     provider: common::ProviderArgs,
 }
@@ -621,16 +629,18 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 /// A scenario to run on the device the options open (`selsig_scenario::run`, with what
 /// the device is).
-struct RunOn<'a>(&'a selsig_scenario::Scenario);
+/// A scenario, and the server that is its remote side, if any.
+struct RunOn<'a>(&'a selsig_scenario::Scenario, Option<(&'a str, remote::Cm)>);
 
 impl common::OnDevice for RunOn<'_> {
-    type Output = selsig_scenario::RunResult;
+    /// The result, and the server's device and address with a remote side.
+    type Output = (selsig_scenario::RunResult, Option<String>);
 
     fn run<D: selsig::Device>(
         self,
         dev: &D,
         info: &common::DeviceInfo,
-    ) -> anyhow::Result<selsig_scenario::RunResult> {
+    ) -> anyhow::Result<Self::Output> {
         let mut options = selsig_scenario::RunOptions::new()
             .rxe(info.rxe)
             .gid_index(info.gid_index)
@@ -638,7 +648,12 @@ impl common::OnDevice for RunOn<'_> {
         if let Some(faults) = info.faults.clone() {
             options = options.inject_fatal(move || faults.inject_fatal());
         }
-        Ok(selsig_scenario::run(self.0, dev, &options)?)
+        let Some((host, cm)) = self.1 else {
+            return Ok((selsig_scenario::run(self.0, dev, &options)?, None));
+        };
+        let mut server = remote::ScenarioPeer::new(host, cm);
+        let result = selsig_scenario::run_remote(self.0, dev, &options, &mut server)?;
+        Ok((result, server.server().map(str::to_string)))
     }
 }
 
@@ -649,6 +664,27 @@ fn run_campaign(args: &campaign::CampaignArgs) -> Result<ExitCode, Failure> {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    })
+}
+
+/// Whether `scenario` can run with `selsig serve` at `host` as its remote side: bad input
+/// if not.
+fn remote_check(
+    scenario: &selsig_scenario::Scenario,
+    host: &str,
+    provider: &common::ProviderArgs,
+) -> Result<(), Failure> {
+    if provider.provider != common::ProviderKind::Verbs {
+        return Err(Failure::Input(anyhow::anyhow!(
+            "--connect {host}: needs --provider verbs (the soft NIC connects queue pairs of \
+             one process only)"
+        )));
+    }
+    scenario.remote_region().map(drop).map_err(|why| {
+        Failure::Input(anyhow::anyhow!(
+            "--connect {host}: scenario {} cannot run with a remote side: {why}",
+            scenario.name()
+        ))
     })
 }
 
@@ -679,6 +715,9 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         }
     }
     let scenario = selsig_scenario::load(&args.file).map_err(|e| Failure::Input(e.into()))?;
+    if let Some(host) = &args.connect {
+        remote_check(&scenario, host, &args.provider)?;
+    }
     let trace_file = match trace_path {
         Some(path) => Some(OutputFile::open("--trace", path)?),
         None => None,
@@ -708,8 +747,16 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     if provider.post_api.is_none() {
         provider.post_api = scenario.post_api();
     }
-    let result = common::with_device(&provider, RunOn(&scenario))
+    let connect = args.connect.as_deref().map(|host| (host, args.cm));
+    let (result, server) = common::with_device(&provider, RunOn(&scenario, connect))
         .map_err(|e| Failure::of_run(e.context(format!("scenario {shown}"))))?;
+    if let Some(server) = server.filter(|_| !args.quiet) {
+        say!(
+            "scenario {}: the peer and region {:?} are selsig serve's, {server}",
+            scenario.name(),
+            scenario.remote_region().unwrap_or_default()
+        );
+    }
     let text = result.trace_text();
     if let Some(e) = result.error {
         // The trace up to the failed step goes where the trace goes, unless that is a

@@ -417,6 +417,80 @@ impl RemotePeer {
         })
     }
 
+    /// Connects `qp` to the queue pair of the server at `host` (through `cm`), which holds
+    /// `slots` slots of `slot` bytes (at least 1) for it; `run` is how long the run takes at
+    /// most, when known.
+    pub fn open<Q: QueuePair>(
+        qp: &Q,
+        options: &ConnectOptions,
+        (host, cm): (&str, Cm),
+        slots: u32,
+        slot: u64,
+        run: Option<Duration>,
+    ) -> Result<RemotePeer> {
+        let mine = qp.endpoint(options)?;
+        let mut remote = RemotePeer::connect(host, &mine, slots, slot, run, cm)?;
+        match (&remote.endpoint, remote.rendezvous.take()) {
+            (Some(theirs), _) => qp.connect(theirs, options).with_context(|| {
+                format!(
+                    "cannot connect to the server's queue pair{}",
+                    gid_hint(&mine, theirs, "server")
+                )
+            })?,
+            (None, Some(r)) => {
+                let want = u64::from(slots).saturating_mul(slot.max(1));
+                rdma::connect(qp, &mut remote, &r, options, want)?;
+            }
+            (None, None) => bail!("selsig serve gave neither its queue pair nor a rendezvous"),
+        }
+        Ok(remote)
+    }
+
+    /// Ends the session with the digest of the server's region
+    /// ([`selsig_scenario::fnv1a64`]), asked for once the client's work is done.
+    pub fn digest(mut self) -> Result<u64> {
+        send(
+            &mut self.writer,
+            &Check {
+                completed: Vec::new(),
+                verify: false,
+                digest: true,
+            },
+        )?;
+        rdma::hang_up(self.cm.take(), &self.address);
+        let checked = match receive_within::<CheckReply>(
+            &mut self.reader,
+            "server's digest",
+            REPLY_WAIT,
+            MAX_SHORT,
+        )? {
+            CheckReply::Checked(checked) => checked,
+            CheckReply::Refusal(r) => bail!(
+                "selsig serve at {} refused to give its region's digest: {}",
+                self.address,
+                printable(&r.error, MAX_REFUSAL)
+            ),
+        };
+        let digest = checked.digest.with_context(|| {
+            format!(
+                "selsig serve at {} sent no digest of its region (a selsig from before \
+                 `selsig run --connect`): run the same selsig on both sides",
+                self.address
+            )
+        })?;
+        match digest.len() == 16 && digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            true => u64::from_str_radix(&digest, 16).ok(),
+            false => None,
+        }
+        .with_context(|| {
+            format!(
+                "selsig serve at {} sent a digest that is not 16 hex digits: {:?}",
+                self.address,
+                printable(&digest, 64)
+            )
+        })
+    }
+
     /// Tells the server which WRITEs completed; returns those whose bytes differ.
     pub fn check(mut self, completed: Vec<u32>) -> Result<Vec<u32>> {
         send(
@@ -424,6 +498,7 @@ impl RemotePeer {
             &Check {
                 completed,
                 verify: true,
+                digest: false,
             },
         )?;
         // The run is over: the queue pairs are disconnected before the server's check.
@@ -460,6 +535,7 @@ impl RemotePeer {
             &Check {
                 completed: Vec::new(),
                 verify: false,
+                digest: false,
             },
         )?;
         rdma::hang_up(self.cm.take(), &self.address);
@@ -506,21 +582,7 @@ impl<D: Device> Peer<D> {
         run: Option<Duration>,
     ) -> Result<Peer<D>> {
         if let Some((host, cm)) = connect {
-            let mine = qp.endpoint(options)?;
-            let mut remote = RemotePeer::connect(host, &mine, slots, slot, run, cm)?;
-            match (&remote.endpoint, remote.rendezvous.take()) {
-                (Some(theirs), _) => qp.connect(theirs, options).with_context(|| {
-                    format!(
-                        "cannot connect to the server's queue pair{}",
-                        gid_hint(&mine, theirs, "server")
-                    )
-                })?,
-                (None, Some(r)) => {
-                    let want = u64::from(slots).saturating_mul(slot.max(1));
-                    rdma::connect(qp, &mut remote, &r, options, want)?;
-                }
-                (None, None) => bail!("selsig serve gave neither its queue pair nor a rendezvous"),
-            }
+            let remote = RemotePeer::open(qp, options, (host, cm), slots, slot, run)?;
             return Ok(Peer::Remote(Box::new(remote)));
         }
         let cq = dev
@@ -962,6 +1024,19 @@ fn mismatches<M: MemoryRegion>(
     Ok(bad)
 }
 
+/// The FNV-1a digest of `region`'s bytes ([`selsig_scenario::fnv1a64`]), read a piece at
+/// a time.
+fn digest<M: MemoryRegion>(region: &M) -> Result<u64> {
+    let mut h = selsig_scenario::Fnv1a64::default();
+    let mut piece = vec![0u8; region.len().min(CHECK_CHUNK)];
+    for from in (0..region.len()).step_by(CHECK_CHUNK) {
+        let piece = &mut piece[..CHECK_CHUNK.min(region.len() - from)];
+        region.read(from, piece)?;
+        h.update(piece);
+    }
+    Ok(h.finish())
+}
+
 /// Tells the client why it is not served (as far as it still listens); returns `e`.
 fn refuse(writer: &mut TcpStream, e: anyhow::Error) -> anyhow::Error {
     let _ = send(
@@ -1129,10 +1204,18 @@ fn finish<D: Device>(
         &check.completed,
     )
     .map_err(|e| refuse(writer, e))?;
+    let digest = match check.digest {
+        true => Some(format!(
+            "{:016x}",
+            digest(&region).map_err(|e| refuse(writer, e))?
+        )),
+        false => None,
+    };
     send(
         writer,
         &Checked {
             mismatches: mismatches.clone(),
+            digest,
         },
     )
     .with_context(|| {
@@ -1149,6 +1232,9 @@ fn finish<D: Device>(
     drop(qp);
     Ok((checked, mismatches))
 }
+
+mod scenario;
+pub use scenario::ScenarioPeer;
 
 #[cfg(test)]
 mod gate_tests;
@@ -1209,7 +1295,7 @@ pub(crate) mod tests {
 
     /// A server in a thread: `serve` gets the first connection (a reader and a writer);
     /// returns the address to connect to.
-    fn fake_server(
+    pub(crate) fn fake_server(
         serve: impl FnOnce(BufReader<TcpStream>, TcpStream) + Send + 'static,
     ) -> (String, std::thread::JoinHandle<()>) {
         let (listener, at) = local_listener();
@@ -1222,7 +1308,7 @@ pub(crate) mod tests {
     }
 
     /// A welcome to a client, from a server of `device`.
-    fn welcome(device: &str) -> Welcome {
+    pub(crate) fn welcome(device: &str) -> Welcome {
         Welcome {
             version: PROTOCOL,
             qp: wire(&"0".repeat(32)),
@@ -1288,6 +1374,7 @@ pub(crate) mod tests {
                 &mut writer,
                 &Checked {
                     mismatches: vec![2, 5],
+                    digest: None,
                 },
             )
             .unwrap();
@@ -1593,6 +1680,7 @@ pub(crate) mod tests {
                 &mut writer,
                 &Checked {
                     mismatches: vec![3, 1, 3, 3, 1],
+                    digest: None,
                 },
             )
             .unwrap();
@@ -1760,6 +1848,7 @@ pub(crate) mod tests {
         let check = serde_json::to_string(&Check {
             completed: (1..=wrs).collect(),
             verify: true,
+            digest: false,
         })
         .unwrap()
             + "\n";
@@ -2022,7 +2111,8 @@ pub(crate) mod tests {
                 send(&mut writer, &welcome("rxe0")).unwrap();
                 let _: Check = receive(&mut reader, "client's outcomes", MAX_LINE).unwrap();
                 let mismatches = vec![named];
-                send(&mut writer, &Checked { mismatches }).unwrap();
+                let digest = None;
+                send(&mut writer, &Checked { mismatches, digest }).unwrap();
             });
             let peer = RemotePeer::connect(&at, &mine, 4, 64, None, Cm::Tcp).unwrap();
             let got = peer.check(vec![1]).map_err(|e| e.to_string());

@@ -4923,3 +4923,46 @@ fn bench_from_json_refuses_what_is_not_a_report() {
         );
     }
 }
+
+/// `selsig run --connect` refuses, before it opens a device or connects, a provider that
+/// cannot reach another process and a scenario a remote side cannot hold, naming why.
+#[test]
+fn run_connect_refuses_what_a_remote_side_cannot_run() {
+    let root = scenarios();
+    let seed = root.join("seed.toml");
+    let o = selsig(&["run", seed.to_str().unwrap(), "--connect", "127.0.0.1:9"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--connect 127.0.0.1:9: needs --provider verbs"),
+        "{}",
+        stderr(&o)
+    );
+    for (file, why) in [
+        ("atomics.toml", "it has 2 queue pairs"),
+        ("fault-wrong-pd.toml", "protection domain"),
+    ] {
+        let path = root.join(file);
+        let o = selsig(&[
+            "run",
+            path.to_str().unwrap(),
+            "--provider",
+            "verbs",
+            "--connect",
+            "127.0.0.1:9",
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{file}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("cannot run with a remote side") && err.contains(why),
+            "{file}: {err}"
+        );
+        // Refused before anything: no trace, no device opened.
+        assert!(
+            stdout(&o).is_empty() && !err.contains("libibverbs"),
+            "{err}"
+        );
+    }
+    // --cm without --connect is a usage error.
+    let o = selsig(&["run", seed.to_str().unwrap(), "--cm", "rdma"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

@@ -366,6 +366,48 @@ fn every_scenario_gives_the_soft_rxe_trace_on_the_device() {
     }
 }
 
+/// Every shipped scenario a remote side can hold, run with `selsig serve` as its remote
+/// side over both connection managers, gives the soft NIC's rxe trace (the region's
+/// digest the server's); the server sent a digest for every session and saw no error.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
+fn scenarios_with_serve_as_their_remote_side_trace_as_on_one_host() {
+    let (server, target) = serve("18651", &[]);
+    let mut runs = 0;
+    for f in scenarios() {
+        let scenario = selsig_scenario::load(&f).unwrap();
+        if scenario.remote_region().is_err() {
+            continue;
+        }
+        let path = f.to_str().unwrap();
+        let soft = selsig(&["run", path, "--personality", "rxe"]);
+        assert!(soft.status.success(), "{path}: {}", text(&soft.stderr));
+        for cm in ["tcp", "rdma"] {
+            let far = verbs(&["run", path, "--connect", &target, "--cm", cm]);
+            runs += 1;
+            assert!(
+                far.status.success(),
+                "{path} --cm {cm}: {}",
+                text(&far.stderr)
+            );
+            assert_eq!(
+                text(&far.stdout),
+                text(&soft.stdout),
+                "{path} --cm {cm}: the trace with a remote side differs from one host's"
+            );
+            assert!(
+                text(&far.stderr).contains(&format!("are selsig serve's, rxe0 at {target}")),
+                "{path} --cm {cm}: {}",
+                text(&far.stderr)
+            );
+        }
+    }
+    let (_, log) = server.finish(true);
+    assert!(runs >= 20, "{runs} runs");
+    assert_eq!(log.matches(": the digest of its ").count(), runs, "{log}");
+    assert!(!log.contains("error"), "{log}");
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run scripts/verbs-tests.sh (Soft-RoCE in a VM)"]
 fn bench_on_the_device_counts_completions_and_prints_perftest_figures() {
