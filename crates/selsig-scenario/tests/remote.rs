@@ -233,7 +233,10 @@ fn scenarios_a_remote_side_cannot_hold_are_refused_before_anything_is_made() {
             "{file}: {text}"
         );
         assert_eq!(remote.connects, 0, "{file}");
-        assert!(scenario.remote_region().unwrap_err().contains(why), "{file}");
+        assert!(
+            scenario.remote_region().unwrap_err().contains(why),
+            "{file}"
+        );
     }
 }
 

@@ -38,6 +38,9 @@ const WAIT_SHARE_MIN_TIME: Duration = Duration::from_millis(100);
 /// A point that makes no progress for this long has failed, or for longer where one
 /// completion covers more bytes than a slow device moves in that time ([`stall_limit`]).
 const STALL: Duration = Duration::from_secs(30);
+/// How long a point goes without retiring a WRITE before it asks whether `selsig serve`
+/// went away, and how often it asks again.
+const PEER_CHECK: Duration = Duration::from_secs(1);
 /// The slowest rate [`stall_limit`] allows a healthy device: Soft-RoCE under emulation
 /// moves large WRITEs at 60 to 90 MB/s and small ones at 3 MB/s (where a completion
 /// covers few bytes).
@@ -514,6 +517,7 @@ fn drive<D: Device>(
     let mut loops = 0u32;
     let mut last_progress = Instant::now();
     let mut retired_at_check = 0u64;
+    let mut peer_checked = Instant::now();
 
     let waits0 = run_waits();
     let cpu0 = thread_cpu();
@@ -552,6 +556,19 @@ fn drive<D: Device>(
                     p.posted,
                     peer.closed_note()
                 );
+            } else if last_progress.elapsed() > PEER_CHECK && peer_checked.elapsed() > PEER_CHECK {
+                // A server that went away takes its queue pair with it: what is left
+                // never completes (rxe retransmits it for ever), so say so now.
+                peer_checked = Instant::now();
+                let gone = peer.closed_note();
+                if !gone.is_empty() {
+                    bail!(
+                        "no completion for {:.0} s ({} of {} WRITEs retired){gone}",
+                        last_progress.elapsed().as_secs_f64(),
+                        tally.retired,
+                        p.posted,
+                    );
+                }
             }
         }
     }
