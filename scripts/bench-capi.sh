@@ -15,5 +15,5 @@ cc -std=c11 -O2 -Wall -Wextra -Werror -I crates/selsig-capi/include \
 echo "== the C API (median of 15 runs)"
 "$out"
 echo "== the Rust tracker (criterion)"
-cargo bench -q -p selsig --bench tracker -- 'post_and_retire|post_batch_and_retire' 2>&1 \
-  | grep -E 'time:|and_retire' || true
+cargo bench -q -p selsig --bench tracker -- 'post_and_retire|post_batch_and_retire|post_batch_and_complete' 2>&1 \
+  | grep -E 'time:|and_retire|and_complete' || true

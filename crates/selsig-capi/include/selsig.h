@@ -331,6 +331,22 @@ enum selsig_result selsig_tracker_poll_retired(struct selsig_tracker *tracker,
                                                size_t max,
                                                size_t *n);
 
+// The fast path of `selsig_tracker_poll_retired` where every work request completed:
+// writes the cookies of up to `max` retired work requests that completed to `cookies`, in
+// posting order, and their number to `*n`, stopping before the first retired one that did
+// not (failed, flushed, lost). Call until `*n` is less than `max`, then
+// `selsig_tracker_poll_retired`, which hands back the ones that did not complete with
+// their outcomes (and finds none when none is left).
+//
+// # Safety
+//
+// `tracker` is a live tracker, `cookies` has room for `max` (NULL when `max` is 0), `n`
+// is writable.
+enum selsig_result selsig_tracker_poll_completed(struct selsig_tracker *tracker,
+                                                 uint64_t *cookies,
+                                                 size_t max,
+                                                 size_t *n);
+
 // Confirms the unsignaled tail: when work requests after the last signaled one are
 // outstanding, `*marker` is 1 and the caller posts a signaled zero-length RDMA WRITE with
 // `wr_id` `*wr_id` (its completion confirms them all); otherwise `*marker` is 0. Call

@@ -662,6 +662,39 @@ pub unsafe extern "C" fn selsig_tracker_poll_retired(
     })
 }
 
+/// The fast path of `selsig_tracker_poll_retired` where every work request completed:
+/// writes the cookies of up to `max` retired work requests that completed to `cookies`, in
+/// posting order, and their number to `*n`, stopping before the first retired one that did
+/// not (failed, flushed, lost). Call until `*n` is less than `max`, then
+/// `selsig_tracker_poll_retired`, which hands back the ones that did not complete with
+/// their outcomes (and finds none when none is left).
+///
+/// # Safety
+///
+/// `tracker` is a live tracker, `cookies` has room for `max` (NULL when `max` is 0), `n`
+/// is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn selsig_tracker_poll_completed(
+    tracker: *mut selsig_tracker,
+    cookies: *mut u64,
+    max: usize,
+    n: *mut usize,
+) -> selsig_result {
+    boundary(|| {
+        let t = arg!(tracker);
+        let out = slice_mut!(cookies, max);
+        let n = arg!(n);
+        let mut slots = out.iter_mut();
+        *n = t.inner.poll_completed_with(max, |cookie| {
+            // (At most `max` handed, and `out` has as many slots.)
+            if let Some(slot) = slots.next() {
+                *slot = cookie;
+            }
+        });
+        SELSIG_OK
+    })
+}
+
 fn retired_of(r: Retired<u64>) -> selsig_retired {
     let (outcome, status) = match r.outcome {
         Outcome::Completed => (SELSIG_COMPLETED, WcStatus::Success),

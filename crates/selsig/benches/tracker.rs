@@ -83,7 +83,24 @@ fn bench(c: &mut Criterion, name: &str, per_wr_instant: bool) {
 /// is full, every completion of the batch handed over, the retired ones collected in one
 /// pass. The C benchmark's figure less this one is what crossing the C boundary costs.
 fn post_batch_and_retire(c: &mut Criterion) {
-    let mut group = c.benchmark_group("post_batch_and_retire");
+    batch_stream(c, "post_batch_and_retire", |tracker, sum| {
+        tracker.poll_retired_with(|r| *sum = sum.wrapping_add(r.payload))
+    });
+}
+
+/// [`post_batch_and_retire`] collecting with `poll_completed_with`, the payloads of the
+/// work requests that completed (all of them here), as the C benchmark's
+/// `selsig_tracker_poll_completed` does.
+fn post_batch_and_complete(c: &mut Criterion) {
+    batch_stream(c, "post_batch_and_complete", |tracker, sum| {
+        tracker.poll_completed_with(usize::MAX, |p| *sum = sum.wrapping_add(p));
+    });
+}
+
+/// The stream of [`post_batch_and_retire`], its retired work requests collected by
+/// `collect` (which adds their payloads to the sum).
+fn batch_stream(c: &mut Criterion, name: &str, collect: fn(&mut SendTracker<u64>, &mut u64)) {
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(BATCH));
     for every in [1u32, 16, 64] {
         group.bench_with_input(BenchmarkId::new("every", every), &every, |b, &every| {
@@ -110,7 +127,7 @@ fn post_batch_and_retire(c: &mut Criterion) {
                         let _ = tracker.handle_completion(&wc, now);
                     }
                     signaled.clear();
-                    tracker.poll_retired_with(|r| sum = sum.wrapping_add(r.payload));
+                    collect(&mut tracker, &mut sum);
                 }
                 black_box(sum)
             });
@@ -123,6 +140,7 @@ criterion_group!(
     benches,
     post_and_retire,
     distinct_timestamps,
-    post_batch_and_retire
+    post_batch_and_retire,
+    post_batch_and_complete
 );
 criterion_main!(benches);

@@ -842,6 +842,34 @@ impl<T> SendTracker<T> {
         self.ring.drain(..n);
     }
 
+    /// Hands `f` the payloads of the retired work requests that completed, in posting
+    /// order, at most `max`, stopping before the first retired one that did not (failed,
+    /// flushed, lost), which [`poll_retired`](Self::poll_retired) then hands back with its
+    /// outcome; how many it handed. The fast path where only the payloads matter: a work
+    /// request handed here completed. If `f` panics, the work request it was handed is its
+    /// own, and the ones after it stay retired: none is dropped.
+    #[inline]
+    pub fn poll_completed_with(&mut self, max: usize, mut f: impl FnMut(T)) -> usize {
+        let mut handed = 0;
+        let mut passed = 0;
+        for entry in self.ring.range_mut(..self.retired) {
+            if entry.payload.is_some() {
+                if handed == max || entry.outcome != Outcome::Completed {
+                    break;
+                }
+                if let Some(payload) = entry.payload.take() {
+                    handed += 1;
+                    f(payload);
+                }
+            }
+            passed += 1;
+        }
+        self.retired -= passed;
+        self.head_seq += passed as u64;
+        self.ring.drain(..passed);
+        handed
+    }
+
     // ----- internals -----------------------------------------------------------------
 
     #[inline]

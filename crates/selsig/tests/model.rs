@@ -111,6 +111,8 @@ enum Expect {
     /// Per completion: (first, seq, retired, entered_error) of what it retired.
     Completions(Vec<Result<(u64, u64, u64, bool), CompletionError>>),
     Collected(Vec<(u64, u64, Outcome, bool)>),
+    /// The payloads `poll_completed_with` handed back.
+    Completed(Vec<u64>),
     Marker(Result<Option<u64>, PostErr>),
     /// How many work requests a lost device retired.
     Lost(u64),
@@ -156,6 +158,9 @@ enum Transition {
     /// Collect up to `n` retired work requests one by one; `COLLECT_ALL`: all of them in
     /// one pass (`poll_retired_with`).
     Collect(u8),
+    /// Collect the payloads of up to `n` retired work requests that completed, stopping
+    /// before the first that did not (`poll_completed_with`).
+    CollectCompleted(u8),
     Confirm,
     Drain,
     /// The device is lost (the driver polled the CQ dry first).
@@ -480,6 +485,26 @@ impl Model {
         out
     }
 
+    /// The payloads of up to `max` retired work requests that completed, up to the first
+    /// retired one that did not.
+    fn collect_completed(&mut self, max: usize) -> Vec<u64> {
+        let mut out = Vec::new();
+        for w in &mut self.wrs {
+            if w.delivered {
+                continue;
+            }
+            let Some(outcome) = w.outcome else { break };
+            if let Some(id) = w.id {
+                if out.len() == max || outcome != Outcome::Completed {
+                    break;
+                }
+                out.push(id);
+            }
+            w.delivered = true;
+        }
+        out
+    }
+
     /// Completions that the tracker must refuse in this state.
     fn bogus_candidates(&self) -> Vec<WorkCompletion> {
         let next = self.next_seq();
@@ -592,6 +617,7 @@ impl ReferenceStateMachine for Reference {
             1 => status_strategy().prop_map(Transition::FailNext),
             5 => (1u8..=8).prop_map(Transition::Poll),
             4 => (1u8..=COLLECT_ALL).prop_map(Transition::Collect),
+            2 => (0u8..=8).prop_map(Transition::CollectCompleted),
             1 => Just(Transition::Confirm),
         ];
         let rare = prop_oneof![
@@ -676,6 +702,7 @@ impl ReferenceStateMachine for Reference {
             }
             Transition::Collect(COLLECT_ALL) => Expect::Collected(s.collect(usize::MAX)),
             Transition::Collect(n) => Expect::Collected(s.collect(n as usize)),
+            Transition::CollectCompleted(n) => Expect::Completed(s.collect_completed(n as usize)),
             Transition::Confirm => {
                 let r = match s.error {
                     Some((first, _)) => Err(PostErr::QueueError(first)),
@@ -830,6 +857,12 @@ impl StateMachineTest for Sut {
                     );
                 }
                 Expect::Collected(out)
+            }
+            Transition::CollectCompleted(n) => {
+                let mut out = Vec::new();
+                let handed = sut.tracker.poll_completed_with(n as usize, |p| out.push(p));
+                assert_eq!(handed, out.len());
+                Expect::Completed(out)
             }
             Transition::Confirm => Expect::Marker(
                 sut.tracker

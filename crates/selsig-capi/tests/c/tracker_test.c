@@ -162,6 +162,7 @@ static void bad_input(void)
     CHECK(selsig_tracker_post(NULL, 1, 0, &p) == SELSIG_ERR_NULL);
     CHECK(selsig_tracker_handle_wcs(NULL, NULL, 0, &n) == SELSIG_ERR_NULL);
     CHECK(selsig_tracker_poll_retired(NULL, NULL, 0, &n) == SELSIG_ERR_NULL);
+    CHECK(selsig_tracker_poll_completed(NULL, NULL, 0, &n) == SELSIG_ERR_NULL);
     selsig_tracker_destroy(NULL);
     selsig_pool_destroy(NULL);
 
@@ -377,10 +378,48 @@ static void device_lost(void)
     selsig_tracker_destroy(t);
 }
 
+/* The fast path: the cookies of the work requests that completed, up to the first that
+ * did not, which poll_retired then gives with its outcome: of 12 WRITEs, CQE4 and CQE8
+ * confirm WR1-8, WR9-10 complete silently before WR11 fails, and WR12 is flushed. */
+static void completed_fast_path(void)
+{
+    selsig_tracker *t = tracker_of(16, 16, 4, 0);
+    selsig_posted p;
+    for (uint64_t wr = 1; wr <= 12; wr++)
+        OK(selsig_tracker_post(t, 100 + wr, 0, &p));
+    /* CQE4 and CQE8 succeed; WR11 fails, WR12 is flushed. */
+    struct ibv_wc cq[4] = {wc_of(4, IBV_WC_SUCCESS, 7), wc_of(8, IBV_WC_SUCCESS, 7),
+                           wc_of(11, IBV_WC_REM_ACCESS_ERR, 7), wc_of(12, IBV_WC_WR_FLUSH_ERR, 7)};
+    size_t handled = 0, n = 99;
+    OK(selsig_tracker_handle_wcs(t, cq, 4, &handled));
+    CHECK(handled == 4);
+    uint64_t cookies[16];
+    /* At most max at a time, in order. */
+    OK(selsig_tracker_poll_completed(t, cookies, 3, &n));
+    CHECK(n == 3 && cookies[0] == 101 && cookies[2] == 103);
+    OK(selsig_tracker_poll_completed(t, cookies, 16, &n));
+    CHECK(n == 7 && cookies[0] == 104 && cookies[6] == 110);
+    /* WR11 failed: the fast path stops before it, however often asked. */
+    OK(selsig_tracker_poll_completed(t, cookies, 16, &n));
+    CHECK(n == 0);
+    selsig_retired r[4];
+    OK(selsig_tracker_poll_retired(t, r, 4, &n));
+    CHECK(n == 2);
+    CHECK(r[0].cookie == 111 && r[0].outcome == SELSIG_FAILED && r[0].status == IBV_WC_REM_ACCESS_ERR);
+    CHECK(r[1].cookie == 112 && r[1].outcome == SELSIG_FLUSHED);
+    /* Nothing retired: nothing to hand back; max 0 hands back nothing. */
+    OK(selsig_tracker_poll_completed(t, cookies, 16, &n));
+    CHECK(n == 0);
+    OK(selsig_tracker_poll_completed(t, NULL, 0, &n));
+    CHECK(n == 0);
+    selsig_tracker_destroy(t);
+}
+
 int main(void)
 {
     seed();
     error_mid();
+    completed_fast_path();
     bad_input();
     full_queue_and_rollback();
     tagged_sends();
