@@ -2,9 +2,10 @@
 //! an old exchange is refused before the server creates anything for it; the limits; the
 //! idle timeout; a second client told the server is busy.
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use selsig::{AsyncEvent, ProviderError, QpInit};
+use selsig_cli::handshake::Welcome;
 use selsig_soft::{SoftCq, SoftDevice, SoftMr, SoftPd, SoftQp};
 
 use super::tests::{hello_from, local_listener, open_gate, soft_device, soft_info};
