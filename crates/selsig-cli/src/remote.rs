@@ -38,8 +38,8 @@ use crate::limits::{MAX_REGION, MAX_RUN, MAX_WRS};
 use crate::net::{DEFAULT_PORT, host_and_port, show_address};
 
 /// How long the server waits for a client's hello, and for its proof, which a client
-/// sends at once: short, as a client that does not send them holds the server (one
-/// session at a time) meanwhile.
+/// sends at once: short, as a client that does not send them holds one of the server's
+/// few handshakes meanwhile (`serve::MAX_HANDSHAKES`).
 const HELLO_WAIT: Duration = Duration::from_secs(10);
 const PROOF_WAIT: Duration = Duration::from_secs(5);
 /// How long a client waits for each of the server's replies.
