@@ -594,9 +594,10 @@ pub struct ServeArgs {
     /// The address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: String,
-    /// Serve one session, then exit: 0 if its check passed, 1 otherwise. A demo is one
-    /// session; a bench sweep opens one for its warm-up and one per point (serve it
-    /// without --once), a perftest-mode bench one.
+    /// Serve one session, then exit: 0 if its check passed, 1 otherwise (1 too if a
+    /// client is refused before one is admitted). A demo is one session; a bench sweep
+    /// opens one for its warm-up and one per point (serve it without --once), a
+    /// perftest-mode bench one.
     #[arg(long)]
     pub once: bool,
     /// The secret clients must prove they know, from this file (64 hex digits). Without
