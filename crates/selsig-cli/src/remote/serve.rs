@@ -49,7 +49,7 @@ pub(crate) fn serve_on<D: Device>(
         .context("cannot listen without blocking")?;
     let busy = AtomicBool::new(false);
     let (to_session, sessions) = mpsc::channel::<(Admitted, SocketAddr)>();
-    let (done, handshakes_ended) = mpsc::channel::<Ended>();
+    let (done, ended) = mpsc::channel::<Ended>();
     std::thread::scope(|scope| {
         let served = scope.spawn(|| {
             let mut ok = true;
@@ -70,12 +70,13 @@ pub(crate) fn serve_on<D: Device>(
             busy: &busy,
             to_session,
             done,
+            ended,
             handshakes: Vec::new(),
             next: None,
             closing: Vec::new(),
             claimed: false,
         };
-        let refused = door.run(listener, &handshakes_ended, || served.is_finished());
+        let refused = door.run(listener, || served.is_finished());
         door.close();
         let ok = served
             .join()
@@ -84,7 +85,7 @@ pub(crate) fn serve_on<D: Device>(
     })
 }
 
-/// How long a client that connects while another is served waits for that session to end
+/// How long a client admitted while another is served waits for that session to end
 /// before it is told the server is busy.
 const BUSY_GRACE: Duration = Duration::from_secs(2);
 
@@ -109,7 +110,7 @@ const CROWDED: &str = "too many clients are proving themselves to this server at
                        again in a moment";
 
 /// A client past its handshake: what its session needs.
-pub(super) struct Admitted {
+struct Admitted {
     reader: BufReader<Timed>,
     writer: TcpStream,
     hello: Hello,
@@ -137,6 +138,7 @@ struct Door<'a> {
     to_session: mpsc::Sender<(Admitted, SocketAddr)>,
     /// Each handshake's thread sends how it ended here.
     done: mpsc::Sender<Ended>,
+    ended: mpsc::Receiver<Ended>,
     handshakes: Vec<Handshake>,
     /// The one admitted client that waits for the session to end, until when.
     next: Option<(Admitted, SocketAddr, Instant)>,
@@ -152,14 +154,9 @@ impl Door<'_> {
     /// Accepts connections and settles their handshakes until `session_over` (a `--once`
     /// server's session ended); `Some(false)`: a `--once` server whose first handshake
     /// was refused.
-    fn run(
-        &mut self,
-        listener: &TcpListener,
-        ended: &mpsc::Receiver<Ended>,
-        session_over: impl Fn() -> bool,
-    ) -> Option<bool> {
+    fn run(&mut self, listener: &TcpListener, session_over: impl Fn() -> bool) -> Option<bool> {
         while !session_over() {
-            while let Ok((from, outcome)) = ended.try_recv() {
+            while let Ok((from, outcome)) = self.ended.try_recv() {
                 if self.settle(from, outcome) {
                     return Some(false);
                 }
@@ -171,7 +168,7 @@ impl Door<'_> {
                     self.closing
                         .retain(|(stream, until)| still_closing(stream, *until));
                     // Waits for a handshake's end, or the next look at the listener.
-                    if let Ok((from, outcome)) = ended.recv_timeout(ACCEPT_POLL)
+                    if let Ok((from, outcome)) = self.ended.recv_timeout(ACCEPT_POLL)
                         && self.settle(from, outcome)
                     {
                         return Some(false);
@@ -255,11 +252,17 @@ impl Door<'_> {
         }
     }
 
-    /// The server ends: the waiting client is told it is busy (a `--once` server that
-    /// served its session), the handshakes under way are cut off.
+    /// The server ends (a `--once` server): the clients admitted meanwhile are told it is
+    /// busy, the refused ones printed, the handshakes under way cut off.
     fn close(mut self) {
         if let Some((client, _, _)) = self.next.take() {
             self.tell(client.writer, BUSY);
+        }
+        while let Ok((from, outcome)) = self.ended.try_recv() {
+            match outcome {
+                Ok(client) => self.tell(client.writer, BUSY),
+                Err(e) => say!("selsig serve: client {from}: error: {e:#}"),
+            }
         }
         for handshake in &self.handshakes {
             let _ = handshake.stream.shutdown(Shutdown::Both);
