@@ -1,12 +1,15 @@
 //! Who `selsig serve` lets in: a client without the secret, with another one, or replaying
 //! an old exchange is refused before the server creates anything for it; the limits; the
-//! idle timeout; a second client told the server is busy.
+//! idle timeout; a second client told the server is busy; peers that do not prove
+//! themselves hold a handshake's thread (a few at most), never the session.
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use selsig::{AsyncEvent, ProviderError, QpInit};
+use selsig_cli::handshake::Welcome;
 use selsig_soft::{SoftCq, SoftDevice, SoftMr, SoftPd, SoftQp};
 
+use super::serve::MAX_HANDSHAKES;
 use super::tests::{hello_from, local_listener, open_gate, soft_device, soft_info};
 use super::*;
 
@@ -152,6 +155,19 @@ fn hello_and_challenge(at: &str, hello: &str) -> (BufReader<TcpStream>, TcpStrea
     (reader, writer, reply)
 }
 
+/// A client that says hello, proves it knows `secret`, and reads the server's answer to
+/// its proof.
+fn proven(at: &str, hello: &str, secret: &Secret) -> (BufReader<TcpStream>, TcpStream, Reply) {
+    let (mut reader, mut writer, reply) = hello_and_challenge(at, hello);
+    let Reply::Challenge(c) = reply else {
+        panic!("no challenge: {reply:?}")
+    };
+    let proof = handshake::proof(secret, &c.challenge, hello.as_bytes()).unwrap();
+    send(&mut writer, &proof).unwrap();
+    let reply = receive(&mut reader, "server's reply", MAX_SHORT).unwrap();
+    (reader, writer, reply)
+}
+
 #[test]
 fn a_replayed_exchange_fails() {
     let server_dev = Counting::new();
@@ -263,16 +279,17 @@ fn a_client_that_comes_while_another_is_served_is_told_the_server_is_busy() {
     let (listener, at) = local_listener();
     std::thread::scope(|s| {
         let server = s.spawn(|| serve_on(&listener, &dev, &soft_info(), &gate(&secret), true));
-        // The first client says hello and holds its session, challenged.
-        let (first_reader, first_writer, reply) = hello_and_challenge(&at, &hello);
-        assert!(matches!(reply, Reply::Challenge(_)), "{reply:?}");
-        let (_reader, _writer, reply) = hello_and_challenge(&at, &hello);
+        // The first client proves itself and holds its session, welcomed.
+        let (first_reader, first_writer, reply) = proven(&at, &hello, &secret);
+        assert!(matches!(reply, Reply::Welcome(_)), "{reply:?}");
+        // The second proves itself too, waits for the session to end, and is told.
+        let (_reader, _writer, reply) = proven(&at, &hello, &secret);
         assert!(
             matches!(&reply, Reply::Refusal(r) if r.error.starts_with("busy: this server serves one client at a time")),
             "{reply:?}"
         );
-        // Many more, which send their hello and hold their connections: each is told or
-        // dropped, none holds the server.
+        // Many more, which send their hello and hold their connections: each holds a
+        // handshake's thread or is told there are too many, none holds the server.
         let held: Vec<TcpStream> = (0..100)
             .map(|_| {
                 let mut c = TcpStream::connect(&at).unwrap();
@@ -401,14 +418,115 @@ fn a_client_that_comes_as_the_session_ends_is_served() {
     let (listener, at) = local_listener();
     let g = gate(&secret);
     std::thread::spawn(move || serve_on(&listener, dev, &soft_info(), &g, false));
-    let (first_reader, first_writer, reply) = hello_and_challenge(&at, &hello);
-    assert!(matches!(reply, Reply::Challenge(_)), "{reply:?}");
+    let (first_reader, first_writer, reply) = proven(&at, &hello, &secret);
+    assert!(matches!(reply, Reply::Welcome(_)), "{reply:?}");
     std::thread::scope(|s| {
-        let second = s.spawn(|| hello_and_challenge(&at, &hello).2);
+        let second = s.spawn(|| proven(&at, &hello, &secret).2);
         // The second is in; then the first leaves, well within the grace.
         std::thread::sleep(Duration::from_millis(300));
         drop((first_reader, first_writer));
         let reply = second.join().unwrap();
-        assert!(matches!(reply, Reply::Challenge(_)), "{reply:?}");
+        assert!(matches!(reply, Reply::Welcome(_)), "{reply:?}");
     });
+}
+
+/// A peer that connects and says nothing, and one that says hello and never sends its
+/// proof, each hold a handshake's thread, not the session: a client with the secret that
+/// comes after them is served at once, well before they run out of time, and its session
+/// is a `--once` server's one (a handshake refused meanwhile changes nothing).
+#[test]
+fn peers_that_do_not_prove_themselves_keep_no_client_waiting() {
+    let server_dev = Counting::new();
+    let secret = Secret::generate().unwrap();
+    let (qp, _pd, _cq, hello) = server_dev.client();
+    let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
+    let (listener, at) = local_listener();
+    std::thread::scope(|s| {
+        let server =
+            s.spawn(|| serve_on(&listener, &server_dev, &soft_info(), &gate(&secret), true));
+        let silent = TcpStream::connect(&at).unwrap();
+        let (mut reader, mut writer, reply) = hello_and_challenge(&at, &hello);
+        let Reply::Challenge(c) = reply else {
+            panic!("no challenge: {reply:?}")
+        };
+        let start = Instant::now();
+        let peer = connect(&at, &mine, Ok(secret.clone())).unwrap();
+        // The one that was challenged sends a wrong proof now: refused, and the server,
+        // which has its session, goes on.
+        let other = Secret::generate().unwrap();
+        let proof = handshake::proof(&other, &c.challenge, hello.as_bytes()).unwrap();
+        send(&mut writer, &proof).unwrap();
+        let refused: Reply = receive(&mut reader, "server's reply", MAX_SHORT).unwrap();
+        assert!(
+            matches!(&refused, Reply::Refusal(r) if r.error.contains("did not prove it knows")),
+            "{refused:?}"
+        );
+        // The server takes the refusal's end within its poll (20 ms).
+        std::thread::sleep(Duration::from_millis(200));
+        peer.finish_unchecked().unwrap();
+        assert!(
+            server.join().unwrap().unwrap(),
+            "the --once server's session is the admitted client's"
+        );
+        assert!(
+            start.elapsed() < HELLO_WAIT / 2,
+            "served in {:?}",
+            start.elapsed()
+        );
+        drop(silent);
+    });
+    assert!(server_dev.created() >= 4, "its PD, CQ, QP and region");
+}
+
+/// With [`MAX_HANDSHAKES`] silent connections open, the next one is told at once why it is
+/// not served; once they go, a client with the secret is.
+#[test]
+fn a_connection_beyond_the_handshakes_under_way_is_refused_at_once() {
+    // The server serves for ever: its thread outlives the test, so what it uses lives as
+    // long.
+    let dev: &'static Counting = Box::leak(Box::new(Counting::new()));
+    let (qp, _pd, _cq, _) = dev.client();
+    let mine = qp.endpoint(&ConnectOptions::default()).unwrap();
+    let secret = Secret::generate().unwrap();
+    let (listener, at) = local_listener();
+    let g = gate(&secret);
+    std::thread::spawn(move || serve_on(&listener, dev, &soft_info(), &g, false));
+    let silent: Vec<TcpStream> = (0..MAX_HANDSHAKES)
+        .map(|_| TcpStream::connect(&at).unwrap())
+        .collect();
+    let start = Instant::now();
+    let crowded = TcpStream::connect(&at).unwrap();
+    crowded
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let reply: Reply = receive(&mut BufReader::new(crowded), "server's reply", MAX_SHORT).unwrap();
+    assert!(
+        matches!(&reply, Reply::Refusal(r) if r.error.starts_with("too many clients are proving themselves")),
+        "{reply:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    // A client of the crowded server is told so too.
+    let err = connect(&at, &mine, Ok(secret.clone()))
+        .err()
+        .expect("refused");
+    assert!(
+        format!("{err:#}").contains("refused: too many clients are proving themselves"),
+        "{err:#}"
+    );
+    // They go: their handshakes end as soon as the server reads their end.
+    drop(silent);
+    let until = Instant::now() + Duration::from_secs(5);
+    let peer = loop {
+        match connect(&at, &mine, Ok(secret.clone())) {
+            Err(e) if format!("{e:#}").contains("too many") && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => break other.unwrap(),
+        }
+    };
+    peer.finish_unchecked().unwrap();
 }
