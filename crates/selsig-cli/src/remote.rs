@@ -949,6 +949,23 @@ fn create<D: Device>(dev: &D, hello: &Hello) -> Result<Prepared<D>> {
     })
 }
 
+/// What a session came to: the slots checked, those whose bytes are not as the outcomes
+/// say, and the region's digest (its length and digest) where the client asked for it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Session {
+    pub slots: u32,
+    pub mismatches: Vec<u32>,
+    pub digest: Option<(usize, u64)>,
+}
+
+impl Session {
+    /// The slots checked and the mismatches, as the tests compare them.
+    #[cfg(test)]
+    pub(crate) fn checked(self) -> (u32, Vec<u32>) {
+        (self.slots, self.mismatches)
+    }
+}
+
 /// The rest of a session, the client told where to write: its outcomes (then
 /// `outcomes_read`), the check of the region, the answer.
 fn finish<D: Device>(
@@ -958,7 +975,7 @@ fn finish<D: Device>(
     reader: &mut BufReader<Timed>,
     writer: &mut TcpStream,
     outcomes_read: &mut dyn FnMut(),
-) -> Result<(u32, Vec<u32>)> {
+) -> Result<Session> {
     let Prepared { qp, region, .. } = p;
     let slot = hello.size.max(1);
     let wait = limits.idle + Duration::from_secs(hello.run_s);
@@ -977,9 +994,9 @@ fn finish<D: Device>(
     )
     .map_err(|e| refuse(writer, e))?;
     let digest = match check.digest {
-        true => Some(format!(
-            "{:016x}",
-            digest(&region).map_err(|e| refuse(writer, e))?
+        true => Some((
+            region.len(),
+            digest(&region).map_err(|e| refuse(writer, e))?,
         )),
         false => None,
     };
@@ -987,7 +1004,7 @@ fn finish<D: Device>(
         writer,
         &Checked {
             mismatches: mismatches.clone(),
-            digest,
+            digest: digest.map(|(_, d)| format!("{d:016x}")),
         },
     )
     .with_context(|| {
@@ -1002,7 +1019,11 @@ fn finish<D: Device>(
         )
     })?;
     drop(qp);
-    Ok((checked, mismatches))
+    Ok(Session {
+        slots: checked,
+        mismatches,
+        digest,
+    })
 }
 
 mod scenario;
@@ -1276,7 +1297,7 @@ pub(crate) mod tests {
         cq: &D::Cq,
         wrs: u32,
         run_s: u64,
-    ) -> Result<(u32, Vec<u32>)> {
+    ) -> Result<Session> {
         let (_qp, hello) = hello_from(dev, pd, cq, wrs, 64, run_s);
         let (server, mut client) = tcp_pair();
         client
@@ -1321,7 +1342,7 @@ pub(crate) mod tests {
         }
         // Outcomes of WRITEs posted, each once, are checked.
         assert_eq!(
-            none_completed(&dev, &pd, &cq, 8, 0).unwrap(),
+            none_completed(&dev, &pd, &cq, 8, 0).unwrap().checked(),
             (8, Vec::new())
         );
     }
@@ -1573,7 +1594,7 @@ pub(crate) mod tests {
         // A day, which a client announces with the second it rounds up by, is served.
         let day = MAX_RUN.as_secs() + 1;
         assert_eq!(
-            none_completed(&dev, &pd, &cq, 1, day).unwrap(),
+            none_completed(&dev, &pd, &cq, 1, day).unwrap().checked(),
             (1, Vec::new())
         );
         for run_s in [MAX_RUN.as_secs() + 2, u64::MAX / 2, u64::MAX] {
@@ -1974,7 +1995,7 @@ pub(crate) mod tests {
             });
             let peer = RemotePeer::connect(&at, &mine, 8, 64, None, Cm::Tcp).unwrap();
             peer.finish_unchecked().unwrap();
-            assert_eq!(server.join().unwrap().unwrap(), (0, Vec::new()));
+            assert_eq!(server.join().unwrap().unwrap().checked(), (0, Vec::new()));
         });
     }
 

@@ -137,7 +137,7 @@ fn a_client_without_the_secret_or_with_another_gets_nothing_and_one_with_it_is_s
         });
         let peer = connect(&at, &mine, Ok(secret.clone())).unwrap();
         peer.finish_unchecked().unwrap();
-        assert_eq!(server.join().unwrap().unwrap(), (0, Vec::new()));
+        assert_eq!(server.join().unwrap().unwrap().checked(), (0, Vec::new()));
     });
     assert!(server_dev.created() >= 4, "its PD, CQ, QP and region");
 }

@@ -25,7 +25,7 @@ use selsig_cli::handshake::{Hello, Limits, PROTOCOL, Rendezvous};
 use selsig_verbs::VerbsQp;
 use selsig_verbs::cm::{self as rdma_cm, CmConnection, CmError, CmListener};
 
-use super::{RemotePeer, Timed, create, finish, refuse, send};
+use super::{RemotePeer, Session, Timed, create, finish, refuse, send};
 use crate::common::BadOption;
 
 /// How a client's queue pair is connected to `selsig serve`'s.
@@ -143,7 +143,7 @@ pub(super) fn serve<D: Device>(
     limits: &Limits,
     reader: &mut BufReader<Timed>,
     writer: &mut TcpStream,
-) -> Result<(u32, Vec<u32>)> {
+) -> Result<Session> {
     let at = writer
         .local_addr()
         .context("cannot read the address the client reached")?

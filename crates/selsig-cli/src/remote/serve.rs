@@ -13,8 +13,8 @@ use selsig::{Device, Endpoint, MemoryRegion};
 use selsig_cli::handshake::{self, Hello, Limits, PROTOCOL, Proof, Refusal, Welcome, Wire};
 
 use super::{
-    Gate, HELLO_WAIT, MAX_SHORT, PROOF_WAIT, SECRET_FILE_VAR, SECRET_VAR, Timed, finish, prepare,
-    rdma, receive_line_within, receive_within, refuse, send,
+    Gate, HELLO_WAIT, MAX_SHORT, PROOF_WAIT, SECRET_FILE_VAR, SECRET_VAR, Session, Timed, finish,
+    prepare, rdma, receive_line_within, receive_within, refuse, send,
 };
 use crate::common::DeviceInfo;
 
@@ -335,11 +335,25 @@ fn serve_client<D: Device>(
     from: SocketAddr,
 ) -> bool {
     match serve_admitted(dev, info, limits, client) {
-        Ok((0, _)) => {
+        Ok(Session {
+            digest: Some((bytes, digest)),
+            ..
+        }) => {
+            say!(
+                "selsig serve: client {from}: the digest of its {bytes}-byte region sent \
+                 ({digest:016x})"
+            );
+            true
+        }
+        Ok(Session { slots: 0, .. }) => {
             say!("selsig serve: client {from}: done (nothing to check)");
             true
         }
-        Ok((wrs, bad)) => {
+        Ok(Session {
+            slots: wrs,
+            mismatches: bad,
+            ..
+        }) => {
             say!(
                 "selsig serve: client {from}: {wrs} slots checked (each holds the last \
                  WRITE to it), {}",
@@ -365,7 +379,7 @@ pub(super) fn serve_one<D: Device>(
     info: &DeviceInfo,
     gate: &Gate,
     stream: TcpStream,
-) -> Result<(u32, Vec<u32>)> {
+) -> Result<Session> {
     serve_admitted(dev, info, &gate.limits, admit(gate, stream)?)
 }
 
@@ -410,7 +424,7 @@ fn serve_admitted<D: Device>(
     info: &DeviceInfo,
     limits: &Limits,
     client: Admitted,
-) -> Result<(u32, Vec<u32>)> {
+) -> Result<Session> {
     let Admitted {
         mut reader,
         mut writer,
