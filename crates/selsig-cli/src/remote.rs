@@ -451,28 +451,16 @@ impl RemotePeer {
     /// Ends the session with the digest of the server's region
     /// ([`selsig_scenario::fnv1a64`]), asked for once the client's work is done.
     pub fn digest(mut self) -> Result<u64> {
-        send(
-            &mut self.writer,
-            &Check {
-                completed: Vec::new(),
-                verify: false,
-                digest: true,
-            },
-        )?;
-        rdma::hang_up(self.cm.take(), &self.address);
-        let checked = match receive_within::<CheckReply>(
-            &mut self.reader,
-            "server's digest",
-            REPLY_WAIT,
-            MAX_SHORT,
-        )? {
-            CheckReply::Checked(checked) => checked,
-            CheckReply::Refusal(r) => bail!(
-                "selsig serve at {} refused to give its region's digest: {}",
-                self.address,
-                printable(&r.error, MAX_REFUSAL)
-            ),
+        let check = Check {
+            completed: Vec::new(),
+            verify: false,
+            digest: true,
         };
+        let checked = self.end(
+            &check,
+            ("server's digest", "to give its region's digest"),
+            MAX_SHORT,
+        )?;
         let digest = checked.digest.with_context(|| {
             format!(
                 "selsig serve at {} sent no digest of its region (a selsig from before \
@@ -495,28 +483,12 @@ impl RemotePeer {
 
     /// Tells the server which WRITEs completed; returns those whose bytes differ.
     pub fn check(mut self, completed: Vec<u32>) -> Result<Vec<u32>> {
-        send(
-            &mut self.writer,
-            &Check {
-                completed,
-                verify: true,
-                digest: false,
-            },
-        )?;
-        // The run is over: the queue pairs are disconnected before the server's check.
-        rdma::hang_up(self.cm.take(), &self.address);
-        let checked = match receive_within::<CheckReply>(
-            &mut self.reader,
-            "server's check",
-            REPLY_WAIT,
-            MAX_LINE,
-        )? {
-            CheckReply::Checked(checked) => checked,
-            CheckReply::Refusal(r) => bail!(
-                "selsig serve refused the outcomes: {}",
-                printable(&r.error, MAX_REFUSAL)
-            ),
+        let check = Check {
+            completed,
+            verify: true,
+            digest: false,
         };
+        let checked = self.end(&check, ("server's check", "the outcomes"), MAX_LINE)?;
         let mut mismatches = checked.mismatches;
         if let Some(wr) = mismatches.iter().find(|&&wr| wr == 0 || wr > self.slots) {
             bail!(
@@ -532,24 +504,30 @@ impl RemotePeer {
 
     /// Ends the session without a check (the client wrote bytes the server cannot know).
     pub fn finish_unchecked(mut self) -> Result<()> {
-        send(
-            &mut self.writer,
-            &Check {
-                completed: Vec::new(),
-                verify: false,
-                digest: false,
-            },
-        )?;
-        rdma::hang_up(self.cm.take(), &self.address);
-        match receive_within::<CheckReply>(
-            &mut self.reader,
-            "server's reply",
-            REPLY_WAIT,
+        let check = Check {
+            completed: Vec::new(),
+            verify: false,
+            digest: false,
+        };
+        self.end(
+            &check,
+            ("server's reply", "the end of the session"),
             MAX_SHORT,
-        )? {
-            CheckReply::Checked(_) => Ok(()),
+        )
+        .map(drop)
+    }
+
+    /// Ends the session: sends `check`, disconnects the queue pairs (the run is over), and
+    /// reads the server's answer (`what`: its name, and what a refusal refused; at most
+    /// `max` bytes); a refusal is an error.
+    fn end(&mut self, check: &Check, what: (&str, &str), max: u64) -> Result<Checked> {
+        send(&mut self.writer, check)?;
+        rdma::hang_up(self.cm.take(), &self.address);
+        match receive_within::<CheckReply>(&mut self.reader, what.0, REPLY_WAIT, max)? {
+            CheckReply::Checked(checked) => Ok(checked),
             CheckReply::Refusal(r) => bail!(
-                "selsig serve refused the end of the session: {}",
+                "selsig serve refused {}: {}",
+                what.1,
                 printable(&r.error, MAX_REFUSAL)
             ),
         }
