@@ -1035,6 +1035,7 @@ mod tests {
     #[test]
     fn serve_passes_a_demo_and_fails_a_client_whose_outcomes_are_not_its_memory() {
         use clap::Parser;
+        use std::io::Write as _;
         #[derive(Debug, Parser)]
         struct Options {
             #[command(flatten)]
@@ -1065,10 +1066,23 @@ mod tests {
             let peer = RemotePeer::connect(&at, &mine, 2, 64, None, Cm::Tcp).unwrap();
             peer.finish_unchecked().unwrap();
             assert!(server.join().unwrap().unwrap(), "a session ended unchecked");
-            // A client that breaks off: the session fails.
+            // Connections that break off before a hello, or say one that is not the
+            // exchange's (a port scan), decide nothing: the client after them does.
             let server = s.spawn(|| serve_on(&listener, &dev, &info, &open_gate(), true));
             drop(TcpStream::connect(&at).unwrap());
-            assert!(!server.join().unwrap().unwrap(), "a session with no hello");
+            let mut garbled = TcpStream::connect(&at).unwrap();
+            garbled.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+            drop(garbled);
+            let peer = RemotePeer::connect(&at, &mine, 2, 64, None, Cm::Tcp).unwrap();
+            peer.finish_unchecked().unwrap();
+            assert!(server.join().unwrap().unwrap(), "the client after a scan");
+            // A client that says hello and breaks off: the session fails.
+            let server = s.spawn(|| serve_on(&listener, &dev, &info, &open_gate(), true));
+            let mut quits = TcpStream::connect(&at).unwrap();
+            let (_, hello) = hello_from(&dev, &pd, &cq, 2, 64, 0);
+            quits.write_all(hello.as_bytes()).unwrap();
+            drop(quits);
+            assert!(!server.join().unwrap().unwrap(), "a session broken off");
         });
     }
 }

@@ -628,8 +628,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// A scenario to run on the device the options open (`selsig_scenario::run`, with what
-/// the device is).
-/// A scenario, and the server that is its remote side, if any.
+/// the device is), and the server that is its remote side, if any (`run_remote`).
 struct RunOn<'a>(&'a selsig_scenario::Scenario, Option<(&'a str, remote::Cm)>);
 
 impl common::OnDevice for RunOn<'_> {

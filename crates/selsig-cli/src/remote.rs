@@ -431,21 +431,38 @@ impl RemotePeer {
         run: Option<Duration>,
     ) -> Result<RemotePeer> {
         let mine = qp.endpoint(options)?;
+        let want = u64::from(slots).saturating_mul(slot.max(1));
         let mut remote = RemotePeer::connect(host, &mine, slots, slot, run, cm)?;
         match (&remote.endpoint, remote.rendezvous.take()) {
-            (Some(theirs), _) => qp.connect(theirs, options).with_context(|| {
-                format!(
-                    "cannot connect to the server's queue pair{}",
-                    gid_hint(&mine, theirs, "server")
-                )
-            })?,
+            (Some(theirs), _) => {
+                remote.fits(want)?;
+                qp.connect(theirs, options).with_context(|| {
+                    format!(
+                        "cannot connect to the server's queue pair{}",
+                        gid_hint(&mine, theirs, "server")
+                    )
+                })?
+            }
             (None, Some(r)) => {
-                let want = u64::from(slots).saturating_mul(slot.max(1));
                 rdma::connect(qp, &mut remote, &r, options, want)?;
+                remote.fits(want)?;
             }
             (None, None) => bail!("selsig serve gave neither its queue pair nor a rendezvous"),
         }
         Ok(remote)
+    }
+
+    /// The server's region holds `want` bytes below 2^64 (the client computes addresses in
+    /// it).
+    fn fits(&self, want: u64) -> Result<()> {
+        ensure!(
+            self.target.addr.checked_add(want).is_some(),
+            "selsig serve at {} gave a region at {:#x}, where {want} bytes do not fit below \
+             2^64",
+            self.address,
+            self.target.addr
+        );
+        Ok(())
     }
 
     /// Ends the session with the digest of the server's region
@@ -635,7 +652,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: String,
     /// Serve one session, then exit: 0 if its check passed, 1 otherwise (1 too if a
-    /// client is refused before one is admitted). A demo is one session; a bench sweep
+    /// client is refused before one is admitted; a connection without a hello is not a
+    /// client). A demo is one session; a bench sweep
     /// opens one for its warm-up and one per point (serve it without --once), a
     /// perftest-mode bench one.
     #[arg(long)]

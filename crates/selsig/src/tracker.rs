@@ -1261,6 +1261,34 @@ mod tests {
         assert_eq!(drain(&mut t), [(9, Outcome::Completed)]);
     }
 
+    /// The same for `poll_completed_with`: the payload the closure failed on is its own,
+    /// the rest come back from the next poll, with their sequence numbers.
+    #[test]
+    fn a_panic_in_poll_completed_with_leaves_the_rest_for_the_next_poll() {
+        let (mut t, now) = tracker(16, 16, Policy::Every(8));
+        post_n(&mut t, now, 8);
+        t.handle_completion(&wc(8, WcStatus::Success), now).unwrap();
+        let mut handed = Vec::new();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            t.poll_completed_with(usize::MAX, |p| {
+                assert!(p != 3, "the caller's closure fails on 3");
+                handed.push(p);
+            })
+        }))
+        .is_err();
+        assert!(panicked);
+        assert_eq!(handed, [1, 2]);
+        assert_eq!(t.poll_completed_with(2, |p| handed.push(p)), 2);
+        assert_eq!(handed, [1, 2, 4, 5]);
+        let rest: Vec<_> = std::iter::from_fn(|| t.poll_retired())
+            .map(|r| (r.seq.0, r.payload, r.outcome))
+            .collect();
+        let expected: Vec<_> = (6..=8).map(|s| (s, s, Outcome::Completed)).collect();
+        assert_eq!(rest, expected);
+        assert_eq!(t.pending_retired(), 0);
+        assert_eq!(t.poll_completed_with(usize::MAX, |_| unreachable!()), 0);
+    }
+
     #[test]
     fn handled_names_only_the_work_requests_this_completion_retired() {
         let (mut t, now) = tracker(16, 16, Policy::Every(4));

@@ -31,12 +31,12 @@ use crate::common::DeviceInfo;
 /// starts its next session as soon as it has the last one's result comes while the
 /// server still takes the last one's objects down), then is told the server is busy.
 ///
-/// `once`: the first handshake to end decides, as the first connection did when
-/// handshakes ran one at a time. An admitted client's session is the server's one, and
-/// its check the answer; a refused handshake before any client was admitted ends the
-/// server at once, failed (a client without the secret, or a peer that breaks off),
-/// and the handshakes still under way are cut off. A refused handshake after a client
-/// was admitted is printed and changes nothing.
+/// `once`: the first client that speaks the exchange (its hello parses) decides. An
+/// admitted client's session is the server's one, and its check the answer; a client
+/// refused before any was admitted (without the secret, of another version, asking too
+/// much) ends the server at once, failed, and the handshakes still under way are cut off.
+/// A connection that says no hello or a malformed one (a port scan, a health check) is
+/// printed and decides nothing, nor does a refusal after a client was admitted.
 pub(crate) fn serve_on<D: Device>(
     listener: &TcpListener,
     dev: &D,
@@ -118,8 +118,24 @@ struct Admitted {
     theirs: Endpoint,
 }
 
+/// A refused handshake: why, and whether the peer spoke the exchange (its hello parsed).
+struct Refused {
+    error: anyhow::Error,
+    spoke: bool,
+}
+
+impl Refused {
+    /// A refusal of a peer that said no hello that parses.
+    fn mute(error: anyhow::Error) -> Self {
+        Refused {
+            error,
+            spoke: false,
+        }
+    }
+}
+
 /// How one handshake ended, and whose it was.
-type Ended = (SocketAddr, Result<Admitted>);
+type Ended = (SocketAddr, Result<Admitted, Refused>);
 
 /// A handshake under way in its own thread, and its connection, to cut off if the server
 /// ends first.
@@ -156,6 +172,8 @@ impl Door<'_> {
     /// was refused.
     fn run(&mut self, listener: &TcpListener, session_over: impl Fn() -> bool) -> Option<bool> {
         while !session_over() {
+            // A finished handshake's connection is its session's now, or closed.
+            self.handshakes.retain(|h| !h.thread.is_finished());
             while let Ok((from, outcome)) = self.ended.try_recv() {
                 if self.settle(from, outcome) {
                     return Some(false);
@@ -200,8 +218,8 @@ impl Door<'_> {
 
     /// A handshake that ended: an admitted client claims the session, or waits for it,
     /// or is told the server is busy; a refused one is printed. Whether that ends a
-    /// `--once` server (its first handshake refused).
-    fn settle(&mut self, from: SocketAddr, outcome: Result<Admitted>) -> bool {
+    /// `--once` server (a client that spoke the exchange refused before any was admitted).
+    fn settle(&mut self, from: SocketAddr, outcome: Result<Admitted, Refused>) -> bool {
         match outcome {
             Ok(client) => {
                 if !self.busy.swap(true, Ordering::AcqRel) {
@@ -213,9 +231,9 @@ impl Door<'_> {
                 }
                 false
             }
-            Err(e) => {
-                say!("selsig serve: client {from}: error: {e:#}");
-                self.once && !self.claimed
+            Err(refused) => {
+                say!("selsig serve: client {from}: error: {:#}", refused.error);
+                self.once && !self.claimed && refused.spoke
             }
         }
     }
@@ -261,7 +279,7 @@ impl Door<'_> {
         while let Ok((from, outcome)) = self.ended.try_recv() {
             match outcome {
                 Ok(client) => self.tell(client.writer, BUSY),
-                Err(e) => say!("selsig serve: client {from}: error: {e:#}"),
+                Err(refused) => say!("selsig serve: client {from}: error: {:#}", refused.error),
             }
         }
         for handshake in &self.handshakes {
@@ -380,35 +398,41 @@ pub(super) fn serve_one<D: Device>(
     gate: &Gate,
     stream: TcpStream,
 ) -> Result<Session> {
-    serve_admitted(dev, info, &gate.limits, admit(gate, stream)?)
+    let client = admit(gate, stream).map_err(|r| r.error)?;
+    serve_admitted(dev, info, &gate.limits, client)
 }
 
 /// One client's handshake: its hello, the challenge and its proof (if the server has a
 /// secret), the limits. Nothing is created for a client here: that waits for its session.
-fn admit(gate: &Gate, stream: TcpStream) -> Result<Admitted> {
+fn admit(gate: &Gate, stream: TcpStream) -> Result<Admitted, Refused> {
     // A client says hello as it connects: one that does not must not hold a handshake's
     // thread long. Its outcomes come after its run: minutes.
-    let mut writer = stream.try_clone()?;
+    let mut writer = stream.try_clone().map_err(|e| Refused::mute(e.into()))?;
     let mut reader = BufReader::new(Timed::new(stream, HELLO_WAIT));
     let line = receive_line_within(&mut reader, "client's hello", HELLO_WAIT, MAX_SHORT)
-        .map_err(|e| refuse(&mut writer, e))?;
-    let hello: Hello =
-        handshake::parse(&line, "client's hello").map_err(|e| refuse(&mut writer, e))?;
-    handshake::version(&hello).map_err(|e| refuse(&mut writer, e))?;
+        .map_err(|e| Refused::mute(refuse(&mut writer, e)))?;
+    let hello: Hello = handshake::parse(&line, "client's hello")
+        .map_err(|e| Refused::mute(refuse(&mut writer, e)))?;
+    // From here on the peer speaks the exchange.
+    let refused = |writer: &mut TcpStream, e| Refused {
+        error: refuse(writer, e),
+        spoke: true,
+    };
+    handshake::version(&hello).map_err(|e| refused(&mut writer, e))?;
     if let Some(secret) = &gate.secret {
-        let challenge = handshake::challenge()?;
-        send(&mut writer, &challenge)?;
+        let challenge = handshake::challenge().map_err(|e| refused(&mut writer, e))?;
+        send(&mut writer, &challenge).map_err(|e| refused(&mut writer, e))?;
         let proof: Proof = receive_within(&mut reader, "client's proof", PROOF_WAIT, MAX_SHORT)
-            .map_err(|e| refuse(&mut writer, e))?;
+            .map_err(|e| refused(&mut writer, e))?;
         if !handshake::verify(secret, &challenge.challenge, &line, &proof) {
             let e = anyhow::anyhow!(
                 "the client did not prove it knows this server's secret (give it the one the \
                  server printed, in {SECRET_VAR} or a file named by {SECRET_FILE_VAR})"
             );
-            return Err(refuse(&mut writer, e));
+            return Err(refused(&mut writer, e));
         }
     }
-    let theirs = handshake::admit(&hello, &gate.limits).map_err(|e| refuse(&mut writer, e))?;
+    let theirs = handshake::admit(&hello, &gate.limits).map_err(|e| refused(&mut writer, e))?;
     Ok(Admitted {
         reader,
         writer,

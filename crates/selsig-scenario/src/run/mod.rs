@@ -7,6 +7,7 @@
 //! device), `expect` (the expectations checked against the trace), then here: the steps in
 //! order, and the public entry point.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -187,14 +188,28 @@ fn run_with<'a, D: Device>(
         (Some(rxe), true) => (rxe, scenario.differs.get("rxe").cloned()),
         _ => (&scenario.expect, None),
     };
+    // With a remote side, the peer's events are the remote side's.
     let mut not_here = Vec::new();
-    let mut here = expect.clone();
-    if remote.is_some()
-        && let Some(events) = &mut here.events
-    {
-        let peer = format!(":{}.peer", scenario.qps[0].name);
-        not_here = events.extract_if(.., |e| e.ends_with(&peer)).collect();
-    }
+    let here = match (&remote, &expect.events) {
+        (Some(_), Some(events)) => {
+            let peer = format!(":{}.peer", scenario.qps[0].name);
+            let mut here = expect.clone();
+            here.events = Some(
+                events
+                    .iter()
+                    .filter(|e| !e.ends_with(&peer))
+                    .cloned()
+                    .collect(),
+            );
+            not_here = events
+                .iter()
+                .filter(|e| e.ends_with(&peer))
+                .cloned()
+                .collect();
+            Cow::Owned(here)
+        }
+        _ => Cow::Borrowed(expect),
+    };
     let connect = ConnectOptions {
         gid_index: options.gid_index,
         port: options.port.unwrap_or(1),
