@@ -1261,6 +1261,15 @@ mod tests {
         assert_eq!(drain(&mut t), [(9, Outcome::Completed)]);
     }
 
+    /// What one outstanding work request holds in the tracker's ring (docs/performance.md
+    /// states it): the payload (an `Option` of it: markers have none), the post's
+    /// timestamp, the signal's reason, the outcome.
+    #[test]
+    fn an_outstanding_work_request_takes_32_bytes_with_a_u64_payload() {
+        assert_eq!(std::mem::size_of::<Entry<u64>>(), 32);
+        assert_eq!(std::mem::size_of::<Entry<()>>(), 16);
+    }
+
     /// The same for `poll_completed_with`: the payload the closure failed on is its own,
     /// the rest come back from the next poll, with their sequence numbers.
     #[test]
