@@ -83,7 +83,16 @@ fn bench(c: &mut Criterion, name: &str, per_wr_instant: bool) {
 /// is full, every completion of the batch handed over, the retired ones collected in one
 /// pass. The C benchmark's figure less this one is what crossing the C boundary costs.
 fn post_batch_and_retire(c: &mut Criterion) {
-    batch_stream(c, "post_batch_and_retire", |tracker, sum| {
+    batch_stream(c, "post_batch_and_retire", true, |tracker, sum| {
+        tracker.poll_retired_with(|r| *sum = sum.wrapping_add(r.payload))
+    });
+}
+
+/// [`post_batch_and_retire`] with the confirmation-lag histogram off
+/// (`TrackerConfig::measure_lag(false)`): the clock is not read, no lag is recorded. The
+/// difference is what the histogram costs.
+fn post_batch_no_lag(c: &mut Criterion) {
+    batch_stream(c, "post_batch_no_lag", false, |tracker, sum| {
         tracker.poll_retired_with(|r| *sum = sum.wrapping_add(r.payload))
     });
 }
@@ -92,19 +101,26 @@ fn post_batch_and_retire(c: &mut Criterion) {
 /// work requests that completed (all of them here), as the C benchmark's
 /// `selsig_tracker_poll_completed` does.
 fn post_batch_and_complete(c: &mut Criterion) {
-    batch_stream(c, "post_batch_and_complete", |tracker, sum| {
+    batch_stream(c, "post_batch_and_complete", true, |tracker, sum| {
         tracker.poll_completed_with(usize::MAX, |p| *sum = sum.wrapping_add(p));
     });
 }
 
-/// The stream of [`post_batch_and_retire`], its retired work requests collected by
-/// `collect` (which adds their payloads to the sum).
-fn batch_stream(c: &mut Criterion, name: &str, collect: fn(&mut SendTracker<u64>, &mut u64)) {
+/// The stream of [`post_batch_and_retire`], the lag measured or not (`lag`), its retired
+/// work requests collected by `collect` (which adds their payloads to the sum).
+fn batch_stream(
+    c: &mut Criterion,
+    name: &str,
+    lag: bool,
+    collect: fn(&mut SendTracker<u64>, &mut u64),
+) {
     let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(BATCH));
     for every in [1u32, 16, 64] {
         group.bench_with_input(BenchmarkId::new("every", every), &every, |b, &every| {
-            let config = TrackerConfig::new(DEPTH, DEPTH).policy(Policy::Every(every));
+            let config = TrackerConfig::new(DEPTH, DEPTH)
+                .policy(Policy::Every(every))
+                .measure_lag(lag);
             let mut tracker: SendTracker<u64> =
                 SendTracker::new(config, Instant::now()).expect("valid config");
             let mut signaled: Vec<u64> = Vec::with_capacity(DEPTH as usize);
@@ -141,6 +157,7 @@ criterion_group!(
     post_and_retire,
     distinct_timestamps,
     post_batch_and_retire,
-    post_batch_and_complete
+    post_batch_and_complete,
+    post_batch_no_lag
 );
 criterion_main!(benches);
