@@ -189,26 +189,12 @@ fn run_with<'a, D: Device>(
         _ => (&scenario.expect, None),
     };
     // With a remote side, the peer's events are the remote side's.
-    let mut not_here = Vec::new();
-    let here = match (&remote, &expect.events) {
-        (Some(_), Some(events)) => {
-            let peer = format!(":{}.peer", scenario.qps[0].name);
-            let mut here = expect.clone();
-            here.events = Some(
-                events
-                    .iter()
-                    .filter(|e| !e.ends_with(&peer))
-                    .cloned()
-                    .collect(),
-            );
-            not_here = events
-                .iter()
-                .filter(|e| e.ends_with(&peer))
-                .cloned()
-                .collect();
-            Cow::Owned(here)
+    let (here, not_here) = match (&remote, &expect.events) {
+        (Some(_), Some(_)) => {
+            let (here, not_here) = without_peer_events(expect, &scenario.qps[0].name);
+            (Cow::Owned(here), not_here)
         }
-        _ => Cow::Borrowed(expect),
+        _ => (Cow::Borrowed(expect), Vec::new()),
     };
     let connect = ConnectOptions {
         gid_index: options.gid_index,
@@ -231,6 +217,16 @@ fn run_with<'a, D: Device>(
         ));
     }
     Ok(result)
+}
+
+/// `expect` without the events of `qp`'s peer, and those events.
+fn without_peer_events(expect: &Expect, qp: &str) -> (Expect, Vec<String>) {
+    let peer = format!(":{qp}.peer");
+    let mut here = expect.clone();
+    let events = here.events.take().unwrap_or_default();
+    let (theirs, ours) = events.into_iter().partition(|e| e.ends_with(&peer));
+    here.events = Some(ours);
+    (here, theirs)
 }
 
 impl<D: Device> Runner<'_, D> {
