@@ -545,10 +545,12 @@ fn drive<D: Device>(
             bail!("WRITE {seq} ended {outcome:?}{}", peer.closed_note());
         }
         if loops.is_multiple_of(4096) {
-            // A stall check that reads the clock rarely.
+            // A stall check that reads the clock rarely, and once.
+            let now = Instant::now();
+            let idle = now.duration_since(last_progress);
             if tally.retired != retired_at_check {
-                (retired_at_check, last_progress) = (tally.retired, Instant::now());
-            } else if last_progress.elapsed() > stall {
+                (retired_at_check, last_progress) = (tally.retired, now);
+            } else if idle > stall {
                 bail!(
                     "no completion for {} s ({} of {} WRITEs retired){}",
                     stall.as_secs(),
@@ -556,15 +558,15 @@ fn drive<D: Device>(
                     p.posted,
                     peer.closed_note()
                 );
-            } else if last_progress.elapsed() > PEER_CHECK && peer_checked.elapsed() > PEER_CHECK {
+            } else if idle > PEER_CHECK && now.duration_since(peer_checked) > PEER_CHECK {
                 // A server that went away takes its queue pair with it: what is left
                 // never completes (rxe retransmits it for ever), so say so now.
-                peer_checked = Instant::now();
+                peer_checked = now;
                 let gone = peer.closed_note();
                 if !gone.is_empty() {
                     bail!(
                         "no completion for {:.0} s ({} of {} WRITEs retired){gone}",
-                        last_progress.elapsed().as_secs_f64(),
+                        idle.as_secs_f64(),
                         tally.retired,
                         p.posted,
                     );
