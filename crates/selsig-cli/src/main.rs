@@ -666,20 +666,20 @@ fn run_campaign(args: &campaign::CampaignArgs) -> Result<ExitCode, Failure> {
     })
 }
 
-/// Whether `scenario` can run with `selsig serve` at `host` as its remote side: bad input
-/// if not.
-fn remote_check(
-    scenario: &selsig_scenario::Scenario,
+/// Whether `scenario` can run with `selsig serve` at `host` as its remote side, and the
+/// region the server holds: bad input if not.
+fn remote_check<'a>(
+    scenario: &'a selsig_scenario::Scenario,
     host: &str,
     provider: &common::ProviderArgs,
-) -> Result<(), Failure> {
+) -> Result<&'a str, Failure> {
     if provider.provider != common::ProviderKind::Verbs {
         return Err(Failure::Input(anyhow::anyhow!(
             "--connect {host}: needs --provider verbs (the soft NIC connects queue pairs of \
              one process only)"
         )));
     }
-    scenario.remote_region().map(drop).map_err(|why| {
+    scenario.remote_region().map_err(|why| {
         Failure::Input(anyhow::anyhow!(
             "--connect {host}: scenario {} cannot run with a remote side: {why}",
             scenario.name()
@@ -714,9 +714,10 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
         }
     }
     let scenario = selsig_scenario::load(&args.file).map_err(|e| Failure::Input(e.into()))?;
-    if let Some(host) = &args.connect {
-        remote_check(&scenario, host, &args.provider)?;
-    }
+    let held = match &args.connect {
+        Some(host) => Some(remote_check(&scenario, host, &args.provider)?),
+        None => None,
+    };
     let trace_file = match trace_path {
         Some(path) => Some(OutputFile::open("--trace", path)?),
         None => None,
@@ -749,11 +750,10 @@ fn run_scenario(args: &RunArgs) -> Result<ExitCode, Failure> {
     let connect = args.connect.as_deref().map(|host| (host, args.cm));
     let (result, server) = common::with_device(&provider, RunOn(&scenario, connect))
         .map_err(|e| Failure::of_run(e.context(format!("scenario {shown}"))))?;
-    if let Some(server) = server.filter(|_| !args.quiet) {
+    if let (Some(server), Some(held), false) = (server, held, args.quiet) {
         say!(
-            "scenario {}: the peer and region {:?} are selsig serve's, {server}",
+            "scenario {}: the peer and region {held:?} are selsig serve's, {server}",
             scenario.name(),
-            scenario.remote_region().unwrap_or_default()
         );
     }
     let text = result.trace_text();
