@@ -2,7 +2,6 @@
 //!
 //! See the [crate documentation](crate) for the call order.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::credits::CqBudget;
@@ -13,7 +12,9 @@ use crate::stats::{MAX_LAG_NS, Stats};
 use crate::wc::{WcStatus, WorkCompletion};
 
 mod types;
+mod wrs;
 pub use types::{Outcome, Posted, QueueState, Retired, Signal, SignalReason};
+use wrs::Wrs;
 
 /// The settings of one tracker.
 #[derive(Debug, Clone)]
@@ -136,16 +137,6 @@ impl Refusal {
     }
 }
 
-#[derive(Debug)]
-struct Entry<T> {
-    /// `None` for markers.
-    payload: Option<T>,
-    posted_ns: u64,
-    signal: Option<SignalReason>,
-    /// Meaningful once the entry is retired.
-    outcome: Outcome,
-}
-
 /// Tracks every work request of one RC send queue with selective signaling.
 ///
 /// `T` is the caller's payload (a buffer, an id); the tracker holds it from
@@ -162,11 +153,11 @@ struct Entry<T> {
 ///   shared CQ pool, the work request that takes the pool's last credit is signaled;
 /// - impossible completions are refused with a [`CompletionError`] and change nothing.
 ///
-/// No allocation per work request in steady state: the ring is sized at creation and only
-/// grows if retired work requests are not collected with `poll_retired`.
+/// No allocation per work request in steady state: the store is sized at creation and
+/// only grows if retired work requests are not collected with `poll_retired`.
 #[derive(Debug)]
 pub struct SendTracker<T> {
-    ring: VecDeque<Entry<T>>,
+    wrs: Wrs<T>,
     first_seq: u64,
     /// Sequence numbers stay below this.
     seq_end: u64,
@@ -174,18 +165,9 @@ pub struct SendTracker<T> {
     wr_id_tag: u64,
     /// Outstanding credits stay taken when dropped ([`Self::keep_credits_on_drop`]).
     keep_credits: bool,
-    /// Sequence number of `ring[0]`.
-    head_seq: u64,
-    next_seq: u64,
-    /// Retired entries at the front of the ring, awaiting `poll_retired`.
-    retired: usize,
-    /// Markers among the entries not retired yet.
-    unretired_markers: u32,
-    /// Outstanding signaled sequence numbers, oldest first.
-    signaled_seqs: VecDeque<u64>,
     /// Unsignaled work requests posted since the last signaled one.
     run: u32,
-    /// `posted_ns` of the first work request of the run (when `run > 0`).
+    /// When the first work request of the run was posted (when `run > 0`).
     run_start_ns: u64,
     sq_capacity: u32,
     cq: CqBudget,
@@ -250,22 +232,15 @@ impl<T> SendTracker<T> {
             CqBudget::Shared(_) => config.sq_capacity,
         };
         let slots = config.sq_capacity as usize + 1;
-        let (mut ring, mut signaled_seqs) = (VecDeque::new(), VecDeque::new());
-        if ring.try_reserve_exact(slots).is_err() || signaled_seqs.try_reserve_exact(slots).is_err()
-        {
+        let Some(wrs) = Wrs::new(slots, config.first_seq) else {
             return Err(ConfigError::TooLarge(config.sq_capacity));
-        }
+        };
         Ok(SendTracker {
-            ring,
+            wrs,
             first_seq: config.first_seq,
             seq_end,
             wr_id_tag: config.wr_id_tag,
             keep_credits: false,
-            head_seq: config.first_seq,
-            next_seq: config.first_seq,
-            retired: 0,
-            unretired_markers: 0,
-            signaled_seqs,
             run: 0,
             run_start_ns: 0,
             sq_capacity: config.sq_capacity,
@@ -335,12 +310,12 @@ impl<T> SendTracker<T> {
     #[inline]
     pub fn outstanding(&self) -> u32 {
         // At most sq_capacity entries are outstanding, so this fits.
-        (self.ring.len() - self.retired) as u32
+        self.wrs.outstanding() as u32
     }
 
     /// Outstanding work requests that were posted signaled.
     pub fn signaled_outstanding(&self) -> u32 {
-        self.signaled_seqs.len() as u32
+        self.wrs.signaled_outstanding() as u32
     }
 
     /// Free send-queue slots.
@@ -370,20 +345,19 @@ impl<T> SendTracker<T> {
     }
 
     /// Retired work requests not yet collected with [`poll_retired`](Self::poll_retired)
-    /// (markers included, and, after a [`poll_retired_with`](Self::poll_retired_with) whose
-    /// closure panicked, the ones it had handed back: the next poll skips them).
+    /// (markers included).
     pub fn pending_retired(&self) -> usize {
-        self.retired
+        self.wrs.pending() as usize
     }
 
     /// The sequence number the next post will get.
     pub fn next_seq(&self) -> Seq {
-        Seq(self.next_seq)
+        Seq(self.wrs.next())
     }
 
     /// The first outstanding sequence number (equal to `next_seq` when idle).
     pub fn first_outstanding(&self) -> Seq {
-        Seq(self.head_seq + self.retired as u64)
+        Seq(self.wrs.retired_end())
     }
 
     /// Unsignaled work requests posted since the last signaled one: the tail a
@@ -518,8 +492,23 @@ impl<T> SendTracker<T> {
         };
         let room = (self.reserved_room() as usize).min(n);
         let now_ns = self.nanos(now);
-        for (i, payload) in payloads.by_ref().take(room).enumerate() {
+        let mut i = 0;
+        while i < room {
+            // Those surely unsignaled in one go (not the last: `signal` is its), then one.
+            let quiet = self.quiet_room((n - 1 - i).min(room - i));
+            if quiet > 0 {
+                let pushed = self.push_quiet(&mut payloads, quiet, now_ns, &mut f);
+                i += pushed;
+                if pushed < quiet {
+                    return Ok(());
+                }
+                continue;
+            }
+            let Some(payload) = payloads.next() else {
+                return Ok(());
+            };
             f(self.push_reserved(payload, signal_of(i), now_ns));
+            i += 1;
         }
         for (i, payload) in payloads.enumerate() {
             f(self.post(payload, signal_of(room + i), now)?);
@@ -556,7 +545,7 @@ impl<T> SendTracker<T> {
         self.reserve().map_err(|refusal| refusal.with(()))?;
         let now_ns = self.nanos(now);
         self.record_post(None, Some(SignalReason::Marker), now_ns);
-        Ok(Seq(self.next_seq - 1))
+        Ok(Seq(self.wrs.next() - 1))
     }
 
     /// Stops accepting posts; markers are still accepted. Outstanding work requests retire
@@ -581,15 +570,8 @@ impl<T> SendTracker<T> {
         self.lost = true;
         self.draining = true;
         let count = self.outstanding();
-        let mut user = 0u64;
-        for entry in self.ring.range_mut(self.retired..) {
-            entry.outcome = Outcome::DeviceLost;
-            user += u64::from(entry.payload.is_some());
-        }
+        let user = self.wrs.retire_all(Outcome::DeviceLost);
         self.stats.lost += user;
-        self.unretired_markers = 0;
-        self.retired = self.ring.len();
-        self.signaled_seqs.clear();
         self.run = 0;
         self.release_credits(count);
         user
@@ -599,52 +581,38 @@ impl<T> SendTracker<T> {
     /// partly failed batch: `bad_wr` and everything after it). They are forgotten as if
     /// never posted, and their payloads come back in posting order, markers left out.
     pub fn rollback(&mut self, from: Seq) -> Result<impl Iterator<Item = T> + '_, RollbackError> {
-        let first = self.head_seq + self.retired as u64;
-        if from.0 < first || from.0 > self.next_seq {
+        let (first, next) = (self.wrs.retired_end(), self.wrs.next());
+        if from.0 < first || from.0 > next {
             return Err(RollbackError::NotOutstanding {
                 from,
                 first: Seq(first),
-                next: Seq(self.next_seq),
+                next: Seq(next),
             });
         }
-        let idx = (from.0 - self.head_seq) as usize;
-        let removed = self.ring.len() - idx;
-        while self.signaled_seqs.back().is_some_and(|&s| s >= from.0) {
-            self.signaled_seqs.pop_back();
-        }
-        for entry in self.ring.range(idx..) {
-            match (entry.payload.is_some(), entry.signal) {
-                (false, _) => {
-                    self.stats.markers -= 1;
-                    self.unretired_markers -= 1;
-                }
-                (true, signal) => {
-                    self.stats.posted -= 1;
-                    if let Some(reason) = signal {
-                        self.stats.signaled -= 1;
-                        match reason {
-                            SignalReason::Requested => self.stats.requested -= 1,
-                            SignalReason::Deadlock | SignalReason::CqCredit => {
-                                self.stats.forced -= 1
-                            }
-                            _ => {}
-                        }
-                    }
+        let stats = &mut self.stats;
+        let user = self.wrs.truncate(from.0, |reason| match reason {
+            SignalReason::Marker => stats.markers -= 1,
+            reason => {
+                stats.signaled -= 1;
+                match reason {
+                    SignalReason::Requested => stats.requested -= 1,
+                    SignalReason::Deadlock | SignalReason::CqCredit => stats.forced -= 1,
+                    _ => {}
                 }
             }
+        });
+        self.stats.posted -= user as u64;
+        self.release_credits((next - from.0) as u32);
+        // The new run: the unsignaled outstanding work requests at the end of what stays.
+        let run_start = self
+            .wrs
+            .last_signaled()
+            .map_or(first, |s| (s + 1).max(first));
+        self.run = (from.0 - run_start) as u32;
+        if self.run > 0 {
+            self.run_start_ns = self.wrs.posted_ns(run_start);
         }
-        self.release_credits(removed as u32);
-        self.next_seq = from.0;
-        // The new run: the unsignaled outstanding entries at the end of what stays.
-        let mut run = 0usize;
-        while idx > self.retired + run && self.ring[idx - run - 1].signal.is_none() {
-            run += 1;
-        }
-        self.run = run as u32;
-        if run > 0 {
-            self.run_start_ns = self.ring[idx - run].posted_ns;
-        }
-        Ok(self.ring.drain(idx..).filter_map(|e| e.payload))
+        Ok(self.wrs.take_back(user))
     }
 
     /// Handles one completion of this send queue, retiring every work request it covers.
@@ -698,7 +666,6 @@ impl<T> SendTracker<T> {
                 return Err(e);
             }
         };
-        let idx = (seq - self.head_seq) as usize;
         let now_ns = self.nanos(now);
         let (before, this, entered_error) = match (wc.status, self.error) {
             (WcStatus::Success, _) => {
@@ -726,46 +693,19 @@ impl<T> SendTracker<T> {
         if entered_error {
             self.error = Some((Seq(seq), wc.status));
         }
-        let count = idx + 1 - self.retired;
-        // Every covered entry gets `before`, the completion's own entry gets `this`. Lags are
-        // recorded run-length encoded: a batch posted at one instant shares one lag.
-        let mut user = 0u64;
-        let (mut lag_value, mut lag_count) = (0u64, 0u64);
-        let measure_lag = self.measure_lag;
-        // The common case needs no pass over the covered entries: entries are posted
-        // `Completed`, no marker is among them, and no lag is recorded.
-        let covered = if before == Outcome::Completed && !measure_lag && self.unretired_markers == 0
-        {
-            user = count as u64;
-            self.ring.range_mut(idx..idx)
-        } else {
-            self.ring.range_mut(self.retired..=idx)
+        let first = self.wrs.retired_end();
+        let count = seq + 1 - first;
+        // Lags are recorded a run of work requests posted at one instant (a batch) at a
+        // time.
+        let lag_ns = &mut self.stats.lag_ns;
+        let record = |posted_ns: u64, n: u64| {
+            let lag = now_ns.saturating_sub(posted_ns).min(MAX_LAG_NS);
+            lag_ns.saturating_record_n(lag, n);
         };
-        for entry in covered {
-            entry.outcome = before;
-            if entry.payload.is_some() {
-                user += 1;
-                if !measure_lag {
-                    continue;
-                }
-                let lag = now_ns.saturating_sub(entry.posted_ns).min(MAX_LAG_NS);
-                if lag != lag_value {
-                    if lag_count > 0 {
-                        self.stats.lag_ns.saturating_record_n(lag_value, lag_count);
-                    }
-                    lag_value = lag;
-                    lag_count = 0;
-                }
-                lag_count += 1;
-            }
-        }
-        if lag_count > 0 {
-            self.stats.lag_ns.saturating_record_n(lag_value, lag_count);
-        }
-        self.unretired_markers -= (count as u64 - user) as u32;
-        let own = &mut self.ring[idx];
-        own.outcome = this;
-        let own_user = u64::from(own.payload.is_some());
+        let (user, own_user) = self
+            .wrs
+            .retire(seq, (before, this), self.measure_lag, record);
+        let own_user = u64::from(own_user);
         for (outcome, n) in [(before, user - own_user), (this, own_user)] {
             match outcome {
                 Outcome::Completed => self.stats.completed += n,
@@ -775,11 +715,6 @@ impl<T> SendTracker<T> {
             }
         }
         self.stats.wrs_per_cqe.saturating_record(user);
-        let first = self.head_seq + self.retired as u64;
-        self.retired = idx + 1;
-        while self.signaled_seqs.front().is_some_and(|&s| s <= seq) {
-            self.signaled_seqs.pop_front();
-        }
         self.release_credits(count as u32);
         Ok(Handled {
             first: Seq(first),
@@ -795,21 +730,17 @@ impl<T> SendTracker<T> {
     /// Call until `None` after handling completions.
     #[inline]
     pub fn poll_retired(&mut self) -> Option<Retired<T>> {
-        while self.retired > 0 {
-            let entry = self.ring.pop_front()?;
-            let seq = Seq(self.head_seq);
-            self.head_seq += 1;
-            self.retired -= 1;
-            if let Some(payload) = entry.payload {
+        loop {
+            let taken = self.wrs.take()?;
+            if let Some(payload) = taken.payload {
                 return Some(Retired {
-                    seq,
+                    seq: Seq(taken.seq),
                     payload,
-                    outcome: entry.outcome,
-                    signaled: entry.signal.is_some(),
+                    outcome: taken.outcome,
+                    signaled: taken.signaled,
                 });
             }
         }
-        None
     }
 
     /// Hands every retired work request to `f`, in posting order: what calling
@@ -818,28 +749,28 @@ impl<T> SendTracker<T> {
     /// own, and the ones after it stay retired for the next poll: none is dropped.
     #[inline]
     pub fn poll_retired_with(&mut self, mut f: impl FnMut(Retired<T>)) {
-        let n = self.retired;
-        if n == 0 {
-            return;
-        }
-        let first = self.head_seq;
-        // The payloads are taken in place and the entries removed after the pass: if `f`
-        // unwinds, the entries it was handed stay without a payload (the next poll skips
-        // them, as it skips markers) and the rest keep theirs. (Not `(first..).zip(..)`:
-        // that steps past the last sequence number, which can be u64::MAX - 1.)
-        for (i, entry) in self.ring.range_mut(..n).enumerate() {
-            if let Some(payload) = entry.payload.take() {
+        loop {
+            let (plain, outcome) = self.wrs.plain();
+            self.wrs.take_plain(plain, |seq, payload, signaled| {
                 f(Retired {
-                    seq: Seq(first + i as u64),
+                    seq: Seq(seq),
                     payload,
-                    outcome: entry.outcome,
-                    signaled: entry.signal.is_some(),
+                    outcome,
+                    signaled,
+                })
+            });
+            let Some(taken) = self.wrs.take() else {
+                return;
+            };
+            if let Some(payload) = taken.payload {
+                f(Retired {
+                    seq: Seq(taken.seq),
+                    payload,
+                    outcome: taken.outcome,
+                    signaled: taken.signaled,
                 });
             }
         }
-        self.retired = 0;
-        self.head_seq += n as u64;
-        self.ring.drain(..n);
     }
 
     /// Hands `f` the payloads of the retired work requests that completed, in posting
@@ -851,23 +782,32 @@ impl<T> SendTracker<T> {
     #[inline]
     pub fn poll_completed_with(&mut self, max: usize, mut f: impl FnMut(T)) -> usize {
         let mut handed = 0;
-        let mut passed = 0;
-        for entry in self.ring.range_mut(..self.retired) {
-            if entry.payload.is_some() {
-                if handed == max || entry.outcome != Outcome::Completed {
-                    break;
+        loop {
+            let (plain, outcome) = self.wrs.plain();
+            if plain > 0 {
+                if outcome != Outcome::Completed {
+                    return handed;
                 }
-                if let Some(payload) = entry.payload.take() {
+                let n = plain.min((max - handed) as u64);
+                self.wrs.take_plain(n, |_, payload, _| {
                     handed += 1;
                     f(payload);
+                });
+                if n < plain {
+                    return handed;
                 }
             }
-            passed += 1;
+            match self.wrs.peek() {
+                None => return handed,
+                Some((_, true)) => {}
+                Some((Outcome::Completed, false)) if handed < max => {}
+                Some(_) => return handed,
+            }
+            if let Some(payload) = self.wrs.take().and_then(|t| t.payload) {
+                handed += 1;
+                f(payload);
+            }
         }
-        self.retired -= passed;
-        self.head_seq += passed as u64;
-        self.ring.drain(..passed);
-        handed
     }
 
     // ----- internals -----------------------------------------------------------------
@@ -894,35 +834,29 @@ impl<T> SendTracker<T> {
     /// completion's `wr_id`, as polled).
     fn check_completion(&self, seq: u64, wc: &WorkCompletion) -> Result<u64, CompletionError> {
         let wr_id = wc.wr_id;
-        if seq >= self.next_seq || seq < self.first_seq {
+        if seq >= self.wrs.next() || seq < self.first_seq {
             return Err(CompletionError::Unknown {
                 wr_id,
-                next: Seq(self.next_seq),
+                next: Seq(self.wrs.next()),
             });
         }
-        if seq < self.head_seq + self.retired as u64 {
+        if seq < self.wrs.retired_end() {
             return Err(CompletionError::AlreadyRetired { wr_id });
         }
-        let earliest_signaled = self.signaled_seqs.front().copied();
+        let earliest_signaled = self.wrs.earliest_signaled();
         match (wc.status, self.error) {
             (WcStatus::Success, Some((first, _))) => {
                 Err(CompletionError::SuccessAfterError { wr_id, first })
             }
-            (WcStatus::Success, None) => {
-                let entry = &self.ring[(seq - self.head_seq) as usize];
-                if entry.signal.is_none() {
-                    Err(CompletionError::Unsignaled { wr_id })
-                } else if earliest_signaled != Some(seq) {
-                    // `seq` is signaled and outstanding, so it is in `signaled_seqs`, and
-                    // something earlier is at the front.
-                    Err(CompletionError::OutOfOrder {
-                        wr_id,
-                        expected: Seq(earliest_signaled.unwrap_or(seq)),
-                    })
-                } else {
-                    Ok(seq)
-                }
-            }
+            (WcStatus::Success, None) if earliest_signaled == Some(seq) => Ok(seq),
+            (WcStatus::Success, None) => match self.wrs.is_signaled(seq) {
+                false => Err(CompletionError::Unsignaled { wr_id }),
+                // `seq` is signaled and outstanding, and something earlier is signaled.
+                true => Err(CompletionError::OutOfOrder {
+                    wr_id,
+                    expected: Seq(earliest_signaled.unwrap_or(seq)),
+                }),
+            },
             // The first error (or flush) completion: every earlier signaled work request
             // must have completed before it.
             (_, None) => match earliest_signaled {
@@ -946,7 +880,7 @@ impl<T> SendTracker<T> {
         if outstanding >= self.sq_capacity {
             return Err(Refusal::Full(self.sq_capacity));
         }
-        if self.next_seq == self.seq_end {
+        if self.wrs.next() == self.seq_end {
             return Err(Refusal::SeqExhausted);
         }
         match &self.cq {
@@ -972,7 +906,7 @@ impl<T> SendTracker<T> {
         match &self.cq {
             CqBudget::Exclusive(n) => {
                 let outstanding = self.outstanding();
-                let seqs = u32::try_from(self.seq_end - self.next_seq).unwrap_or(u32::MAX);
+                let seqs = u32::try_from(self.seq_end - self.wrs.next()).unwrap_or(u32::MAX);
                 self.sq_capacity
                     .min(*n)
                     .saturating_sub(outstanding)
@@ -999,12 +933,67 @@ impl<T> SendTracker<T> {
         debug_assert!(matches!(self.reserve(), Ok(false)), "no room reserved");
         let reason = self.decide(signal, false, now_ns);
         self.record_post(Some(payload), reason, now_ns);
-        let seq = self.next_seq - 1;
+        let seq = self.wrs.next() - 1;
         Posted {
             wr_id: seq | self.wr_id_tag,
             seq: Seq(seq),
             signal: reason,
         }
+    }
+
+    /// How many of the next `limit` work requests [`push_reserved`](Self::push_reserved)
+    /// would surely leave unsignaled, with [`Signal::Auto`]: what `decide` finds without
+    /// its full rule, for each of them.
+    #[inline]
+    fn quiet_room(&self, limit: usize) -> usize {
+        let by_policy = self.auto_limit.saturating_sub(self.run + 1) as u64;
+        let by_seq = self.seq_end - self.wrs.next() - 1;
+        (limit as u64).min(by_policy).min(by_seq) as usize
+    }
+
+    /// [`push_reserved`](Self::push_reserved) with [`Signal::Auto`] for up to `k` payloads
+    /// of `payloads`, which [`quiet_room`](Self::quiet_room) allowed, each decision handed
+    /// to `f`; how many it took.
+    #[inline(always)]
+    fn push_quiet(
+        &mut self,
+        payloads: &mut impl Iterator<Item = T>,
+        k: usize,
+        now_ns: u64,
+        f: &mut impl FnMut(Posted),
+    ) -> usize {
+        /// Counts the work requests taken, also when `f` unwinds.
+        struct Counts<'a> {
+            run: &'a mut u32,
+            posted: &'a mut u64,
+            n: u32,
+        }
+        impl Drop for Counts<'_> {
+            fn drop(&mut self) {
+                *self.run += self.n;
+                *self.posted += u64::from(self.n);
+            }
+        }
+        if self.clocked {
+            self.wrs.stamp(now_ns);
+        }
+        if self.run == 0 {
+            self.run_start_ns = now_ns;
+        }
+        let tag = self.wr_id_tag;
+        let mut counts = Counts {
+            run: &mut self.run,
+            posted: &mut self.stats.posted,
+            n: 0,
+        };
+        self.wrs.push_run(payloads, k, |seq| {
+            counts.n += 1;
+            f(Posted {
+                wr_id: seq | tag,
+                seq: Seq(seq),
+                signal: None,
+            })
+        })
     }
 
     #[inline(always)]
@@ -1016,7 +1005,7 @@ impl<T> SendTracker<T> {
         let now_ns = self.nanos(now);
         let reason = self.decide(signal, last_credit, now_ns);
         self.record_post(Some(payload), reason, now_ns);
-        let seq = self.next_seq - 1;
+        let seq = self.wrs.next() - 1;
         Ok(Posted {
             wr_id: seq | self.wr_id_tag,
             seq: Seq(seq),
@@ -1032,7 +1021,7 @@ impl<T> SendTracker<T> {
         // number; what follows would find the same, with more checks.
         if signal == Signal::Auto
             && run_after < self.auto_limit
-            && self.next_seq + 1 != self.seq_end
+            && self.wrs.next() + 1 != self.seq_end
         {
             return last_credit.then_some(SignalReason::CqCredit);
         }
@@ -1059,7 +1048,7 @@ impl<T> SendTracker<T> {
             Some(SignalReason::Requested)
         } else if by_policy {
             Some(SignalReason::Policy)
-        } else if run_after >= self.run_limit || self.next_seq == self.seq_end - 1 {
+        } else if run_after >= self.run_limit || self.wrs.next() == self.seq_end - 1 {
             // The run limit, or the last sequence number: no later marker could confirm an
             // unsignaled run.
             Some(SignalReason::Deadlock)
@@ -1072,18 +1061,13 @@ impl<T> SendTracker<T> {
 
     #[inline(always)]
     fn record_post(&mut self, payload: Option<T>, signal: Option<SignalReason>, now_ns: u64) {
-        let seq = self.next_seq;
         let user = payload.is_some();
-        self.ring.push_back(Entry {
-            payload,
-            posted_ns: now_ns,
-            signal,
-            outcome: Outcome::Completed,
-        });
-        self.next_seq += 1;
+        if self.clocked {
+            self.wrs.stamp(now_ns);
+        }
+        self.wrs.push(payload, signal);
         match signal {
             Some(reason) => {
-                self.signaled_seqs.push_back(seq);
                 self.run = 0;
                 if user {
                     self.stats.signaled += 1;
@@ -1105,8 +1089,6 @@ impl<T> SendTracker<T> {
         }
         if user {
             self.stats.posted += 1;
-        } else {
-            self.unretired_markers += 1;
         }
     }
 
@@ -1265,9 +1247,10 @@ mod tests {
     /// states it): the payload (an `Option` of it: markers have none), the post's
     /// timestamp, the signal's reason, the outcome.
     #[test]
-    fn an_outstanding_work_request_takes_32_bytes_with_a_u64_payload() {
-        assert_eq!(std::mem::size_of::<Entry<u64>>(), 32);
-        assert_eq!(std::mem::size_of::<Entry<()>>(), 16);
+    fn an_outstanding_work_request_takes_16_bytes_with_a_u64_payload() {
+        assert_eq!(wrs::SLOT_BYTES_U64, 16);
+        assert_eq!(wrs::PER_SIGNALED_BYTES, 16);
+        assert_eq!(wrs::PER_INSTANT_BYTES, 16);
     }
 
     /// The same for `poll_completed_with`: the payload the closure failed on is its own,
