@@ -544,7 +544,12 @@ impl<T> SendTracker<T> {
         }
         self.reserve().map_err(|refusal| refusal.with(()))?;
         let now_ns = self.nanos(now);
-        self.record_post(None, Some(SignalReason::Marker), now_ns);
+        if self.clocked {
+            self.wrs.stamp(now_ns);
+        }
+        self.wrs.push_marker();
+        self.run = 0;
+        self.stats.markers += 1;
         Ok(Seq(self.wrs.next() - 1))
     }
 
@@ -932,7 +937,7 @@ impl<T> SendTracker<T> {
         debug_assert!(self.error.is_none() && !self.draining);
         debug_assert!(matches!(self.reserve(), Ok(false)), "no room reserved");
         let reason = self.decide(signal, false, now_ns);
-        self.record_post(Some(payload), reason, now_ns);
+        self.record_post(payload, reason, now_ns);
         let seq = self.wrs.next() - 1;
         Posted {
             wr_id: seq | self.wr_id_tag,
@@ -1004,7 +1009,7 @@ impl<T> SendTracker<T> {
         };
         let now_ns = self.nanos(now);
         let reason = self.decide(signal, last_credit, now_ns);
-        self.record_post(Some(payload), reason, now_ns);
+        self.record_post(payload, reason, now_ns);
         let seq = self.wrs.next() - 1;
         Ok(Posted {
             wr_id: seq | self.wr_id_tag,
@@ -1059,25 +1064,22 @@ impl<T> SendTracker<T> {
         }
     }
 
+    /// Registers one of the caller's work requests, signaled for `signal` or not.
     #[inline(always)]
-    fn record_post(&mut self, payload: Option<T>, signal: Option<SignalReason>, now_ns: u64) {
-        let user = payload.is_some();
+    fn record_post(&mut self, payload: T, signal: Option<SignalReason>, now_ns: u64) {
         if self.clocked {
             self.wrs.stamp(now_ns);
         }
         self.wrs.push(payload, signal);
+        self.stats.posted += 1;
         match signal {
             Some(reason) => {
                 self.run = 0;
-                if user {
-                    self.stats.signaled += 1;
-                    match reason {
-                        SignalReason::Requested => self.stats.requested += 1,
-                        SignalReason::Deadlock | SignalReason::CqCredit => self.stats.forced += 1,
-                        _ => {}
-                    }
-                } else {
-                    self.stats.markers += 1;
+                self.stats.signaled += 1;
+                match reason {
+                    SignalReason::Requested => self.stats.requested += 1,
+                    SignalReason::Deadlock | SignalReason::CqCredit => self.stats.forced += 1,
+                    _ => {}
                 }
             }
             None => {
@@ -1086,9 +1088,6 @@ impl<T> SendTracker<T> {
                 }
                 self.run += 1;
             }
-        }
-        if user {
-            self.stats.posted += 1;
         }
     }
 

@@ -183,25 +183,36 @@ impl<T> Wrs<T> {
 
     // ----- posting ---------------------------------------------------------------------
 
-    /// Registers the next work request: the caller's (`Some(payload)`) or a marker
-    /// (`None`, signaled with [`SignalReason::Marker`]).
+    /// Registers the next work request, the caller's, signaled for `signal` or not.
     #[inline(always)]
-    pub fn push(&mut self, payload: Option<T>, signal: Option<SignalReason>) {
+    pub fn push(&mut self, payload: T, signal: Option<SignalReason>) {
         let seq = self.next;
         if seq - self.head > self.mask {
             self.grow();
         }
-        *self.slot(seq) = match (payload, signal) {
-            (None, _) => {
-                self.markers += 1;
-                Slot::Marker
+        let slot = &mut self.slots[(seq & self.mask) as usize];
+        match signal {
+            None => *slot = Slot::Unsignaled(payload),
+            Some(reason) => {
+                *slot = Slot::Signaled(payload);
+                self.signaled.push_back(Sig { seq, reason });
             }
-            (Some(payload), None) => Slot::Unsignaled(payload),
-            (Some(payload), Some(_)) => Slot::Signaled(payload),
-        };
-        if let Some(reason) = signal {
-            self.signaled.push_back(Sig { seq, reason });
         }
+        self.next = seq + 1;
+    }
+
+    /// Registers the next work request, a marker (signaled, with no payload).
+    pub fn push_marker(&mut self) {
+        let seq = self.next;
+        if seq - self.head > self.mask {
+            self.grow();
+        }
+        *self.slot(seq) = Slot::Marker;
+        self.markers += 1;
+        self.signaled.push_back(Sig {
+            seq,
+            reason: SignalReason::Marker,
+        });
         self.next = seq + 1;
     }
 
