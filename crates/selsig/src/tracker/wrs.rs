@@ -334,6 +334,11 @@ impl<T> Wrs<T> {
         while self.stamps.len() > 1 && self.stamps[1].seq <= seq + 1 {
             self.stamps.pop_front();
         }
+        // The segments of work requests all taken already go (the last stays: it may
+        // merge with this one).
+        while self.segments.len() > 1 && self.segments[0].end <= self.head {
+            self.segments.pop_front();
+        }
         let completed = Outcome::Completed;
         match self.segments.back_mut() {
             Some(last)
