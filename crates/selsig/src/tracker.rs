@@ -664,6 +664,14 @@ impl<T> SendTracker<T> {
         wc: &WorkCompletion,
         now: Instant,
     ) -> Result<Handled, CompletionError> {
+        // The common completion: a success for the earliest outstanding signaled work
+        // request (which `check_completion` would accept).
+        if wc.status == WcStatus::Success
+            && self.error.is_none()
+            && self.wrs.earliest_signaled() == Some(seq.0)
+        {
+            return Ok(self.handle_success(seq.0, now));
+        }
         let seq = match self.check_completion(seq.0, wc) {
             Ok(seq) => seq,
             Err(e) => {
@@ -727,6 +735,32 @@ impl<T> SendTracker<T> {
             retired: user,
             entered_error,
         })
+    }
+
+    /// [`handle_send`](Self::handle_send) of a success for `seq`, the earliest
+    /// outstanding signaled work request.
+    #[inline]
+    fn handle_success(&mut self, seq: u64, now: Instant) -> Handled {
+        let now_ns = self.nanos(now);
+        let first = self.wrs.retired_end();
+        let lag_ns = &mut self.stats.lag_ns;
+        let record = |posted_ns: u64, n: u64| {
+            let lag = now_ns.saturating_sub(posted_ns).min(MAX_LAG_NS);
+            lag_ns.saturating_record_n(lag, n);
+        };
+        let completed = (Outcome::Completed, Outcome::Completed);
+        let (user, _) = self.wrs.retire(seq, completed, self.measure_lag, record);
+        self.stats.cqes += 1;
+        self.stats.success_cqes += 1;
+        self.stats.completed += user;
+        self.stats.wrs_per_cqe.saturating_record(user);
+        self.release_credits((seq + 1 - first) as u32);
+        Handled {
+            first: Seq(first),
+            seq: Seq(seq),
+            retired: user,
+            entered_error: false,
+        }
     }
 
     // ----- outputs -------------------------------------------------------------------
