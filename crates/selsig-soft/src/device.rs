@@ -24,7 +24,7 @@ use crate::events::CqEvents;
 use crate::mem;
 use crate::mr::{MrInner, MrTable, random_u32};
 use crate::ring::{self, CompletionRing, MAX_INLINE, RecvRing, Rqe, SendRing, Wqe};
-use crate::state::{CqInner, DeviceInner, PollState, Producer, QpInner, Registry};
+use crate::state::{CqInner, DeviceInner, PollState, Producer, QpChange, QpInner, Registry};
 use crate::sync::Padded;
 use crate::times::ExecTimes;
 
@@ -347,11 +347,10 @@ impl Drop for SoftQp {
     fn drop(&mut self) {
         // Gone for its peer too: from now on the NIC delivers nothing to it.
         self.qp.destroy();
-        self.dev
-            .qps
-            .lock()
-            .list
-            .retain(|q| !Arc::ptr_eq(q, &self.qp));
+        let mut reg = self.dev.qps.lock();
+        reg.list.retain(|q| !Arc::ptr_eq(q, &self.qp));
+        reg.record(QpChange::Destroyed(Arc::clone(&self.qp)));
+        drop(reg);
         let version = self.dev.bump();
         // Once destroyed, a QP executes nothing more (rxe stops its tasks, mlx5 its
         // hardware queue, before destroy returns): wait until the NIC no longer serves it.
@@ -730,6 +729,10 @@ impl QueuePair for SoftQp {
                 "the QP left the init state",
             ));
         }
+        self.dev
+            .qps
+            .lock()
+            .record(QpChange::Connected(Arc::clone(&self.qp)));
         self.dev.bump();
         self.dev.ring_doorbell();
         Ok(())
@@ -1101,6 +1104,7 @@ impl Device for SoftDevice {
         let mut reg = self.dev.qps.lock();
         reg.list.push(Arc::clone(&qp));
         reg.by_num.insert(qpn, Arc::downgrade(&qp));
+        reg.record(QpChange::Created(Arc::clone(&qp)));
         drop(reg);
         self.dev.bump();
         Ok(SoftQp {

@@ -19,7 +19,7 @@ use crate::config::Personality;
 use crate::mem;
 use crate::mr::{MrInner, MrTable};
 use crate::ring::{Cqe, Wqe, op};
-use crate::state::{CqInner, DeviceInner, Pushed, QpInner};
+use crate::state::{CqInner, DeviceInner, Pushed, QpChange, QpInner};
 
 mod data;
 use data::{List, Source, copy, copy_part, source};
@@ -60,6 +60,9 @@ impl Drop for Engine {
         }
     }
 }
+
+/// QPs served between two looks at whether the device's QPs changed.
+const CHANGE_CHECK: usize = 64;
 
 /// Work requests of one send queue executed per turn.
 pub(crate) const BUDGET: u64 = 256;
@@ -125,6 +128,8 @@ fn listens(qp: &QpInner) -> bool {
 
 pub(crate) fn run(dev: Arc<DeviceInner>) {
     let mut served: Vec<Served> = Vec::new();
+    // Where the next turn starts in `served` (a turn cut short by a change goes on there).
+    let mut resume = 0usize;
     let mut version = u64::MAX;
     let mut idle = 0u32;
     loop {
@@ -132,33 +137,37 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
         if dev.stop.load(Ordering::Acquire) || dev.fatal.load(Ordering::Acquire) {
             return;
         }
-        let v = dev.qps_version.load(Ordering::Acquire);
-        if v != version {
-            version = v;
-            served = dev
-                .qps
-                .lock()
-                .list
-                .iter()
-                .map(|qp| Served {
-                    qp: Arc::clone(qp),
-                    peer: qp.peer.lock().as_ref().and_then(|w| w.upgrade()),
-                    wait: None,
-                })
-                .collect();
+        if dev.qps_version.load(Ordering::Acquire) != version {
+            version = take_changes(&dev, &mut served, &mut resume, version == u64::MAX);
             // No QP removed before `version` is served from here on (`SoftQp`'s drop
             // waits for this before it cleans the QP's completions away).
             dev.served_version.store(version, Ordering::Release);
         }
         let mut progress = false;
         dev.step();
+        let mut cut = false;
         {
             let mrs = dev.mrs.read();
-            for s in &mut served {
-                progress |= serve(&dev, s, &mrs);
+            let n = served.len();
+            let mut at = resume;
+            for k in 1..=n {
+                progress |= serve(&dev, &mut served[at], &mrs);
+                at = if at + 1 == n { 0 } else { at + 1 };
+                // A change to the QPs (which a destroy waits for) is taken without finishing
+                // the turn: with thousands of QPs a turn is long. The next goes on from here.
+                if k % CHANGE_CHECK == 0 && dev.qps_version.load(Ordering::Relaxed) != version {
+                    resume = at;
+                    cut = true;
+                    break;
+                }
             }
         }
-        signal_armed(&served);
+        // A turn cut short with nothing done is followed at once by the next: only
+        // another device's NIC can have added completions meanwhile, and the next full
+        // turn (or the idle path) makes their events.
+        if progress || !cut {
+            signal_armed(&served);
+        }
         if progress {
             idle = 0;
             continue;
@@ -187,6 +196,64 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
             dev.sleeping.store(false, Ordering::Relaxed);
         }
     }
+}
+
+/// The NIC thread's view of `qp`, waiting for nothing.
+fn served(qp: &Arc<QpInner>) -> Served {
+    Served {
+        qp: Arc::clone(qp),
+        peer: qp.peer.lock().as_ref().and_then(|w| w.upgrade()),
+        wait: None,
+    }
+}
+
+/// Brings `served` up to date with the device's QPs: the changes since the last look, or
+/// (`whole`, or where changes were lost) the whole list. Every wait is looked at again,
+/// as after any change; `resume` keeps pointing at the same QP (or the next). Returns the
+/// version it is up to date with.
+fn take_changes(
+    dev: &DeviceInner,
+    served: &mut Vec<Served>,
+    resume: &mut usize,
+    whole: bool,
+) -> u64 {
+    let mut reg = dev.qps.lock();
+    if whole || reg.changes_lost {
+        *served = reg.list.iter().map(self::served).collect();
+        reg.changes.clear();
+        reg.changes_lost = false;
+    } else {
+        let at = |served: &[Served], qp: &Arc<QpInner>| {
+            served.iter().position(|s| Arc::ptr_eq(&s.qp, qp))
+        };
+        for change in reg.changes.drain(..) {
+            match change {
+                QpChange::Created(qp) => served.push(self::served(&qp)),
+                // Removed in place: the others keep their order of service.
+                QpChange::Destroyed(qp) => {
+                    if let Some(i) = at(served, &qp) {
+                        served.remove(i);
+                        if i < *resume {
+                            *resume -= 1;
+                        }
+                    }
+                }
+                QpChange::Connected(qp) => {
+                    if let Some(i) = at(served, &qp) {
+                        served[i] = self::served(&qp);
+                    }
+                }
+            }
+        }
+        for s in served.iter_mut() {
+            s.wait = None;
+        }
+    }
+    if *resume >= served.len() {
+        *resume = 0;
+    }
+    // Read under the lock: every change recorded before the version it reads is taken.
+    dev.qps_version.load(Ordering::Acquire)
 }
 
 /// An event for each armed CQ that got completions past its arm (`CqEvents`).

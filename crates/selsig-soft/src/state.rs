@@ -53,6 +53,35 @@ pub(crate) struct DeviceInner {
 pub(crate) struct Registry {
     pub(crate) list: Vec<Arc<QpInner>>,
     pub(crate) by_num: HashMap<u32, Weak<QpInner>>,
+    /// What changed in `list` and the QPs' connections since the NIC thread last looked,
+    /// in order: it applies them to its own list instead of taking the whole list again.
+    pub(crate) changes: Vec<QpChange>,
+    /// Too many changes piled up (no NIC thread took them): it takes the whole list.
+    pub(crate) changes_lost: bool,
+}
+
+/// A change to the device's QPs, for the NIC thread.
+#[derive(Debug)]
+pub(crate) enum QpChange {
+    Created(Arc<QpInner>),
+    Destroyed(Arc<QpInner>),
+    /// Connected: its peer is set.
+    Connected(Arc<QpInner>),
+}
+
+impl Registry {
+    /// Records `change` for the NIC thread (bump the version after, as for any change).
+    pub(crate) fn record(&mut self, change: QpChange) {
+        // A thread that runs takes them at its next turn; past this, none does (the device
+        // was lost): it would take the whole list.
+        if self.changes.len() > self.list.len() + 1024 {
+            self.changes.clear();
+            self.changes_lost = true;
+        }
+        if !self.changes_lost {
+            self.changes.push(change);
+        }
+    }
 }
 
 impl DeviceInner {

@@ -3420,3 +3420,75 @@ fn rxe_retries_forever_with_a_retry_count_of_7() {
         assert_eq!(&seen, expected, "{personality}, retry_cnt {retry_cnt}");
     }
 }
+
+/// The NIC thread takes QPs created and destroyed as they come (not the whole list again at
+/// each change, nor only once a pass over all of them is done): among 150 connected pairs
+/// whose every other pair is destroyed while the rest write, each pair left, and one
+/// created after the destroys, is served, and its WRITE lands.
+#[test]
+fn qps_created_and_destroyed_among_many_are_served_as_they_come() {
+    const PAIRS: usize = 150;
+    let dev = SoftDevice::open(SoftConfig::default()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(4096).unwrap();
+    let other = dev.create_cq(4096).unwrap();
+    let init = depths(4, 1);
+    let local = dev
+        .reg_mr(&pd, 8 * (PAIRS + 1), Access::LOCAL_WRITE)
+        .unwrap();
+    let remote = dev
+        .reg_mr(
+            &pd,
+            8 * (PAIRS + 1),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    for i in 0..=PAIRS {
+        local.write(8 * i, &pattern(i as u64, 8)).unwrap();
+    }
+    let pair = |i: usize| {
+        let a = dev.create_qp(&pd, &cq, &other, &init).unwrap();
+        let b = dev.create_qp(&pd, &other, &other, &init).unwrap();
+        connect_pair(&a, &b, &ConnectOptions::default()).unwrap();
+        (i, a, b)
+    };
+    let mut pairs: Vec<_> = (0..PAIRS).map(pair).collect();
+    let mut posted = Vec::new();
+    // Destroys among the posts: each destroy waits until the NIC no longer serves its QPs.
+    pairs.retain(|(i, a, _)| {
+        if i % 2 == 1 {
+            return false;
+        }
+        let wr = write(*i as u64, &local, 8 * i, 8, remote.remote(8 * *i), true);
+        a.post_send(&[wr]).unwrap();
+        posted.push(*i as u64);
+        true
+    });
+    let (last, a, b) = pair(PAIRS);
+    let wr = write(
+        last as u64,
+        &local,
+        8 * last,
+        8,
+        remote.remote(8 * last),
+        true,
+    );
+    a.post_send(&[wr]).unwrap();
+    posted.push(last as u64);
+    pairs.push((last, a, b));
+    let mut done: Vec<u64> = poll_n(&cq, posted.len())
+        .iter()
+        .map(|wc| {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            wc.wr_id
+        })
+        .collect();
+    done.sort_unstable();
+    assert_eq!(done, posted);
+    for &i in &posted {
+        let mut got = [0u8; 8];
+        remote.read(8 * i as usize, &mut got).unwrap();
+        assert_eq!(got.to_vec(), pattern(i, 8), "pair {i}");
+    }
+    assert_no_more(&cq);
+}
