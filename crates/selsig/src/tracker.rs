@@ -821,25 +821,25 @@ impl<T> SendTracker<T> {
     #[inline]
     pub fn poll_completed_with(&mut self, max: usize, mut f: impl FnMut(T)) -> usize {
         let mut handed = 0;
-        loop {
+        while handed < max {
             let (plain, outcome) = self.wrs.plain();
             if plain > 0 {
                 if outcome != Outcome::Completed {
                     return handed;
                 }
+                // At least one work request, and no more payloads than `max` allows (a
+                // marker among them has none: the loop goes on).
                 let n = plain.min((max - handed) as u64);
                 self.wrs.take_plain(n, |_, payload, _| {
                     handed += 1;
                     f(payload);
                 });
-                if n < plain {
-                    return handed;
-                }
+                continue;
             }
             match self.wrs.peek() {
                 None => return handed,
                 Some((_, true)) => {}
-                Some((Outcome::Completed, false)) if handed < max => {}
+                Some((Outcome::Completed, false)) => {}
                 Some(_) => return handed,
             }
             if let Some(payload) = self.wrs.take().and_then(|t| t.payload) {
@@ -847,6 +847,7 @@ impl<T> SendTracker<T> {
                 f(payload);
             }
         }
+        handed
     }
 
     // ----- internals -----------------------------------------------------------------
@@ -1284,6 +1285,27 @@ mod tests {
         assert_eq!(wrs::SLOT_BYTES_U64, 16);
         assert_eq!(wrs::PER_SIGNALED_BYTES, 16);
         assert_eq!(wrs::PER_INSTANT_BYTES, 16);
+    }
+
+    /// `poll_completed_with`'s `max` counts payloads handed, not work requests passed: a
+    /// marker among the completed ones takes none of it.
+    #[test]
+    fn poll_completed_with_hands_max_payloads_past_a_marker() {
+        let (mut t, now) = tracker(8, 8, Policy::Never);
+        post_n(&mut t, now, 2);
+        let marker = t.confirm_all(now).unwrap().unwrap();
+        assert_eq!(marker, Seq(3));
+        post_n(&mut t, now, 1);
+        let last = t.post(5, Signal::Force, now).unwrap();
+        t.handle_completion(&wc(3, WcStatus::Success), now).unwrap();
+        t.handle_completion(&wc(last.wr_id, WcStatus::Success), now)
+            .unwrap();
+        let mut handed = Vec::new();
+        assert_eq!(t.poll_completed_with(3, |p| handed.push(p)), 3);
+        assert_eq!(handed, [1, 2, 4]);
+        assert_eq!(t.poll_completed_with(3, |p| handed.push(p)), 1);
+        assert_eq!(handed, [1, 2, 4, 5]);
+        assert_eq!(t.pending_retired(), 0);
     }
 
     /// The same for `poll_completed_with`: the payload the closure failed on is its own,
