@@ -155,7 +155,10 @@ pub(crate) fn run(dev: Arc<DeviceInner>) {
                 at = if at + 1 == n { 0 } else { at + 1 };
                 // A change to the QPs (which a destroy waits for) is taken without finishing
                 // the turn: with thousands of QPs a turn is long. The next goes on from here.
-                if k % CHANGE_CHECK == 0 && dev.qps_version.load(Ordering::Relaxed) != version {
+                if k % CHANGE_CHECK == 0
+                    && k < n
+                    && dev.qps_version.load(Ordering::Relaxed) != version
+                {
                     resume = at;
                     cut = true;
                     break;

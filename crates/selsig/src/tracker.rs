@@ -231,8 +231,7 @@ impl<T> SendTracker<T> {
             CqBudget::Exclusive(n) => config.sq_capacity.min(*n),
             CqBudget::Shared(_) => config.sq_capacity,
         };
-        let slots = config.sq_capacity as usize + 1;
-        let Some(wrs) = Wrs::new(slots, config.first_seq) else {
+        let Some(wrs) = Wrs::new(config.sq_capacity as usize, config.first_seq) else {
             return Err(ConfigError::TooLarge(config.sq_capacity));
         };
         Ok(SendTracker {
@@ -544,9 +543,7 @@ impl<T> SendTracker<T> {
         }
         self.reserve().map_err(|refusal| refusal.with(()))?;
         let now_ns = self.nanos(now);
-        if self.clocked {
-            self.wrs.stamp(now_ns);
-        }
+        self.wrs.stamp(now_ns);
         self.wrs.push_marker();
         self.run = 0;
         self.stats.markers += 1;
@@ -1014,9 +1011,7 @@ impl<T> SendTracker<T> {
                 *self.posted += u64::from(self.n);
             }
         }
-        if self.clocked {
-            self.wrs.stamp(now_ns);
-        }
+        self.wrs.stamp(now_ns);
         if self.run == 0 {
             self.run_start_ns = now_ns;
         }
@@ -1102,9 +1097,7 @@ impl<T> SendTracker<T> {
     /// Registers one of the caller's work requests, signaled for `signal` or not.
     #[inline(always)]
     fn record_post(&mut self, payload: T, signal: Option<SignalReason>, now_ns: u64) {
-        if self.clocked {
-            self.wrs.stamp(now_ns);
-        }
+        self.wrs.stamp(now_ns);
         self.wrs.push(payload, signal);
         self.stats.posted += 1;
         match signal {
@@ -1285,6 +1278,26 @@ mod tests {
         assert_eq!(wrs::SLOT_BYTES_U64, 16);
         assert_eq!(wrs::PER_SIGNALED_BYTES, 16);
         assert_eq!(wrs::PER_INSTANT_BYTES, 16);
+    }
+
+    /// A rollback's payloads that the caller does not take from the iterator are dropped
+    /// with it, not kept until their slots are used again.
+    #[test]
+    fn a_rollback_drops_the_payloads_not_taken_with_its_iterator() {
+        let now = Instant::now();
+        let mut t: SendTracker<std::rc::Rc<()>> =
+            SendTracker::new(TrackerConfig::new(8, 8), now).unwrap();
+        let payload = std::rc::Rc::new(());
+        for _ in 0..4 {
+            t.post(std::rc::Rc::clone(&payload), Signal::Auto, now)
+                .unwrap();
+        }
+        assert_eq!(std::rc::Rc::strong_count(&payload), 5);
+        let mut back = t.rollback(Seq(1)).unwrap();
+        assert!(back.next().is_some());
+        drop(back);
+        assert_eq!(std::rc::Rc::strong_count(&payload), 1);
+        assert_eq!(t.outstanding(), 0);
     }
 
     /// `poll_completed_with`'s `max` counts payloads handed, not work requests passed: a

@@ -7,7 +7,8 @@
 //! - `signaled`: the outstanding signaled work requests' sequence numbers and reasons
 //!   (markers are those whose reason is [`SignalReason::Marker`]);
 //! - `stamps`: the instants of posting, one per run of work requests posted at one
-//!   instant (a batch), for the confirmation lag; only while the tracker reads the clock;
+//!   instant (a batch), for the confirmation lag and the `Adaptive` policy (0 while the
+//!   tracker does not read the clock);
 //! - `segments`: the outcomes of the retired work requests, one per completion handled
 //!   (merged where they say the same): `before` for each, `this` for the last.
 //!
@@ -98,10 +99,10 @@ pub(super) struct Wrs<T> {
 }
 
 impl<T> Wrs<T> {
-    /// Room for `slots` outstanding work requests without allocating; `None` if it cannot
-    /// be allocated.
-    pub fn new(slots: usize, first_seq: u64) -> Option<Self> {
-        let len = slots.checked_next_power_of_two()?;
+    /// Room for `capacity` outstanding work requests (markers included) without
+    /// allocating; `None` if it cannot be allocated.
+    pub fn new(capacity: usize, first_seq: u64) -> Option<Self> {
+        let len = capacity.checked_next_power_of_two()?;
         let mut wrs = Wrs {
             slots: Vec::new(),
             mask: len as u64 - 1,
@@ -114,10 +115,13 @@ impl<T> Wrs<T> {
             markers: 0,
             last_stamp: None,
         };
+        // A stamp per outstanding work request at most (each posted at an instant of its
+        // own), and one before them that covers retired ones; outcome segments beyond a
+        // few come only with errors.
         let ok = wrs.slots.try_reserve_exact(len).is_ok()
-            && wrs.signaled.try_reserve_exact(slots).is_ok()
-            && wrs.stamps.try_reserve_exact(slots).is_ok()
-            && wrs.segments.try_reserve_exact(slots + 1).is_ok();
+            && wrs.signaled.try_reserve_exact(capacity).is_ok()
+            && wrs.stamps.try_reserve_exact(capacity + 1).is_ok()
+            && wrs.segments.try_reserve_exact(4).is_ok();
         if !ok {
             return None;
         }
@@ -291,16 +295,15 @@ impl<T> Wrs<T> {
     }
 
     /// The payloads of the `n` work requests of the caller's that
-    /// [`truncate`](Self::truncate) cut off, in posting order.
-    pub fn take_back(&mut self, n: usize) -> impl Iterator<Item = T> + '_ {
-        let (from, mask) = (self.next, self.mask);
-        let slots = &mut self.slots;
-        (from..)
-            .filter_map(move |seq| match slots[(seq & mask) as usize].take() {
-                Slot::Unsignaled(payload) | Slot::Signaled(payload) => Some(payload),
-                Slot::Empty | Slot::Marker => None,
-            })
-            .take(n)
+    /// [`truncate`](Self::truncate) cut off, in posting order; those not taken from the
+    /// iterator are dropped with it.
+    pub fn take_back(&mut self, n: usize) -> TakeBack<'_, T> {
+        TakeBack {
+            seq: self.next,
+            mask: self.mask,
+            slots: &mut self.slots,
+            left: n,
+        }
     }
 
     // ----- retiring --------------------------------------------------------------------
@@ -512,5 +515,38 @@ impl<T> Wrs<T> {
                 Slot::Marker | Slot::Empty => {}
             }
         }
+    }
+}
+
+/// The payloads [`Wrs::take_back`] hands back.
+pub(super) struct TakeBack<'a, T> {
+    slots: &'a mut [Slot<T>],
+    mask: u64,
+    /// The next slot to look at.
+    seq: u64,
+    /// Payloads left to hand back.
+    left: usize,
+}
+
+impl<T> Iterator for TakeBack<'_, T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        while self.left > 0 {
+            let slot = self.slots[(self.seq & self.mask) as usize].take();
+            self.seq += 1;
+            if let Slot::Unsignaled(payload) | Slot::Signaled(payload) = slot {
+                self.left -= 1;
+                return Some(payload);
+            }
+        }
+        None
+    }
+}
+
+impl<T> Drop for TakeBack<'_, T> {
+    fn drop(&mut self) {
+        // Dropped now, as a rollback's payloads not taken were before.
+        for _ in self.by_ref() {}
     }
 }
