@@ -1270,9 +1270,9 @@ mod tests {
         assert_eq!(drain(&mut t), [(9, Outcome::Completed)]);
     }
 
-    /// What one outstanding work request holds in the tracker's ring (docs/performance.md
-    /// states it): the payload (an `Option` of it: markers have none), the post's
-    /// timestamp, the signal's reason, the outcome.
+    /// What the tracker's store holds (docs/performance.md states it): a slot per work
+    /// request (its payload and whether it was signaled, or a marker), and beside the slots
+    /// an entry per outstanding signaled work request and one per post instant.
     #[test]
     fn an_outstanding_work_request_takes_16_bytes_with_a_u64_payload() {
         assert_eq!(wrs::SLOT_BYTES_U64, 16);

@@ -44,8 +44,7 @@ pub(super) const SLOT_BYTES_U64: usize = std::mem::size_of::<Slot<u64>>();
 #[cfg(test)]
 pub(super) const PER_SIGNALED_BYTES: usize = std::mem::size_of::<Sig>();
 
-/// Bytes more for each instant work requests were posted at (a batch), where the tracker
-/// reads the clock.
+/// Bytes more for each instant work requests were posted at (a batch).
 #[cfg(test)]
 pub(super) const PER_INSTANT_BYTES: usize = std::mem::size_of::<Stamp>();
 
