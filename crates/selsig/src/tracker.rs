@@ -705,16 +705,7 @@ impl<T> SendTracker<T> {
         }
         let first = self.wrs.retired_end();
         let count = seq + 1 - first;
-        // Lags are recorded a run of work requests posted at one instant (a batch) at a
-        // time.
-        let lag_ns = &mut self.stats.lag_ns;
-        let record = |posted_ns: u64, n: u64| {
-            let lag = now_ns.saturating_sub(posted_ns).min(MAX_LAG_NS);
-            lag_ns.saturating_record_n(lag, n);
-        };
-        let (user, own_user) = self
-            .wrs
-            .retire(seq, (before, this), self.measure_lag, record);
+        let (user, own_user) = self.retire(seq, (before, this), now_ns);
         let own_user = u64::from(own_user);
         for (outcome, n) in [(before, user - own_user), (this, own_user)] {
             match outcome {
@@ -734,19 +725,27 @@ impl<T> SendTracker<T> {
         })
     }
 
+    /// Retires the outstanding work requests up to `seq` with `outcomes` (see
+    /// [`Wrs::retire`]), recording their lags at `now_ns` where lags are measured: a run of
+    /// work requests posted at one instant (a batch) at a time.
+    #[inline(always)]
+    fn retire(&mut self, seq: u64, outcomes: (Outcome, Outcome), now_ns: u64) -> (u64, bool) {
+        let lag_ns = &mut self.stats.lag_ns;
+        let record = |posted_ns: u64, n: u64| {
+            let lag = now_ns.saturating_sub(posted_ns).min(MAX_LAG_NS);
+            lag_ns.saturating_record_n(lag, n);
+        };
+        self.wrs.retire(seq, outcomes, self.measure_lag, record)
+    }
+
     /// [`handle_send`](Self::handle_send) of a success for `seq`, the earliest
     /// outstanding signaled work request.
     #[inline]
     fn handle_success(&mut self, seq: u64, now: Instant) -> Handled {
         let now_ns = self.nanos(now);
         let first = self.wrs.retired_end();
-        let lag_ns = &mut self.stats.lag_ns;
-        let record = |posted_ns: u64, n: u64| {
-            let lag = now_ns.saturating_sub(posted_ns).min(MAX_LAG_NS);
-            lag_ns.saturating_record_n(lag, n);
-        };
         let completed = (Outcome::Completed, Outcome::Completed);
-        let (user, _) = self.wrs.retire(seq, completed, self.measure_lag, record);
+        let (user, _) = self.retire(seq, completed, now_ns);
         self.stats.cqes += 1;
         self.stats.success_cqes += 1;
         self.stats.completed += user;
